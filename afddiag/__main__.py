@@ -1,0 +1,3 @@
+from afddiag.cli import main
+
+main()

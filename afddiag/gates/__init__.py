@@ -1,0 +1,71 @@
+"""Gates judge facts into verdicts. They never touch the host.
+
+One explicit, ordered registry (:data:`REGISTRY`); each gate is a pure function of a
+:class:`Context` and returns one :class:`~afddiag.verdict.Verdict` for the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from afddiag.collect import Inputs, Observation
+from afddiag.facts import Entry, FabricFacts, usable_rocev2
+from afddiag.verdict import ERROR, Verdict
+
+
+@dataclass
+class FabricIp:
+    """The fabric IP the gates judge, and how it was chosen."""
+
+    ip: str | None
+    source: str  # "--fabric-ip", "only IPv4 RoCE v2 GID on an ACTIVE port", "ambiguous", "none"
+    candidates: list[Entry] = field(default_factory=list)
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.ip is None and len({e.ip for e in self.candidates}) > 1
+
+
+def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp:
+    """``--fabric-ip`` when given; else the only IPv4 RoCE v2 GID on an ACTIVE port; else None."""
+    cands = usable_rocev2(fabric) if fabric else []
+    if given:
+        return FabricIp(given, "--fabric-ip", cands)
+    ips = sorted({e.ip for e in cands})
+    if len(ips) == 1:
+        return FabricIp(ips[0], "only IPv4 RoCE v2 GID on an ACTIVE port", cands)
+    return FabricIp(None, "ambiguous" if ips else "none", cands)
+
+
+@dataclass
+class Context:
+    """Everything a gate may look at: the facts of one run and what the user asked."""
+
+    obs: Observation
+    inputs: Inputs
+    fabric_ip: FabricIp
+
+
+Gate = Callable[[Context], Verdict]
+
+
+def registry() -> list[tuple[str, str, Gate]]:
+    """Ordered ``(gate id, family, function)``: fabric gates, then GPU gates."""
+    from afddiag.gates import fabric, gpu
+
+    return [(gid, "fabric", fn) for gid, fn in fabric.GATES] + [(gid, "gpu", fn) for gid, fn in gpu.GATES]
+
+
+def run_gates(ctx: Context, families: set[str]) -> list[Verdict]:
+    """Run every registered gate of ``families``; a gate that raises gives ERROR, never a traceback."""
+    out: list[Verdict] = []
+    for gid, family, fn in registry():
+        if family not in families:
+            continue
+        try:
+            out.append(fn(ctx))
+        except Exception as e:  # noqa: BLE001 - a bug in one gate must not hide the others
+            out.append(Verdict(gid, ERROR, f"{gid}: gate failed on these facts ({type(e).__name__}: {e})",
+                               "report this as an afddiag bug with `afddiag all --json` attached"))
+    return out

@@ -1,0 +1,355 @@
+"""Fabric gates: RDMA presence, link, RoCE v2 IPv4 GID, path MTU, the device the engine opens,
+launch-environment device selection, and the QP walk to RTR."""
+
+from __future__ import annotations
+
+from afddiag.catalog import remedy
+from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
+from afddiag.facts import ROCE_V2, Entry, carriers, gid_for_ipv4, ipv4_entries, to_jsonable, usable_rocev2
+from afddiag.gates import Context
+from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
+
+ROCE_MTUS = (4096, 2048, 1024, 512, 256)
+ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
+
+ERRNO_WORDS = {
+    110: "address resolution timed out (no ARP reply from the peer on this port)",
+    101: "network unreachable from this GID's netdev",
+    22: "invalid attribute (this GID cannot reach that destination: no IPv4 on this port?)",
+    61: "the GID slot is empty",
+    113: "no route to host",
+    19: "no such device",
+    95: "operation not supported by this device",
+}
+
+
+def roce_mtu(netdev_mtu: int) -> int:
+    """RoCE path MTU (bytes) for a netdev MTU, as the kernel's ``iboe_get_mtu`` computes it:
+    the largest of 256…4096 that fits the netdev MTU less RoCE headers (1500 → 1024, 9000 → 4096).
+    Returns 0 below 256."""
+    room = netdev_mtu - ROCE_OVERHEAD
+    return next((m for m in ROCE_MTUS if room >= m), 0)
+
+
+def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
+    """SKIP/WARN when the fabric facts or the fabric IP are missing; None when the gate can judge."""
+    fab = ctx.obs.fabric
+    if fab is None or not fab.captured:
+        why = "; ".join(fab.notes) if fab and fab.notes else "fabric not probed"
+        return Verdict(gid, SKIP, f"fabric not captured: {why}", remedy("snapshot.fabric"))
+    if not fab.devices:
+        return Verdict(gid, SKIP, "no RDMA device on this host", remedy("fabric.rdma-present"))
+    fip = ctx.fabric_ip
+    if fip.ip is None:
+        cands = sorted({f"{e.ip} ({e.device} GID {e.gid_index})" for e in fip.candidates})
+        if fip.ambiguous:
+            return Verdict(gid, WARN, f"fabric IP ambiguous: {len(cands)} IPv4 RoCE v2 GIDs on ACTIVE ports: "
+                           + ", ".join(cands), remedy("fabric.ambiguous"), {"candidates": cands})
+        return Verdict(gid, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on an ACTIVE port and no --fabric-ip",
+                       remedy("fabric.rocev2-ipv4"))
+    return None
+
+
+def _port_of(ctx: Context, e: Entry):
+    for d in ctx.obs.fabric.devices:
+        if d.name == e.device:
+            for p in d.ports:
+                if p.num == e.port:
+                    return d, p
+    return None, None
+
+
+def _best_carrier(ctx: Context) -> Entry | None:
+    """The fabric IP's entry: RoCE v2 on an ACTIVE port first, then any carrier."""
+    cs = carriers(ctx.obs.fabric, ctx.fabric_ip.ip)
+    cs.sort(key=lambda e: (e.gid_type != ROCE_V2, e.port_state != "ACTIVE"))
+    return cs[0] if cs else None
+
+
+def _where(e: Entry) -> str:
+    return f"{e.device} port {e.port} GID {e.gid_index} ({e.gid_type or 'type unknown'}, {e.netdev})"
+
+
+def rdma_present(ctx: Context) -> Verdict:
+    gid = "fabric.rdma-present"
+    fab = ctx.obs.fabric
+    if fab is None or not fab.captured:
+        return Verdict(gid, SKIP, "fabric not captured: " + ("; ".join(fab.notes) if fab else "not probed"),
+                       remedy("snapshot.fabric"))
+    if not fab.devices:
+        why = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
+        return Verdict(gid, SKIP, f"no RDMA device on this host ({why[-1]})", remedy(gid), {"notes": fab.notes})
+    devs = [
+        {"name": d.name, "index": d.index, "hca_type": d.hca_type, "fw_ver": d.fw_ver, "node_guid": d.node_guid,
+         "ports": [{"port": p.num, "state": p.state, "phys_state": p.phys_state, "link_layer": p.link_layer,
+                    "rate": p.rate, "gid_slots": p.gid_slots, "gids_populated": len(p.gids)} for p in d.ports]}
+        for d in fab.devices
+    ]
+    names = ", ".join(d.name for d in fab.devices)
+    return Verdict(gid, PASS, f"{len(fab.devices)} RDMA device(s) in enumeration order ({fab.order_source}): {names}",
+                   "nothing to do", {"devices": devs, "order_source": fab.order_source, "notes": fab.notes})
+
+
+def link(ctx: Context) -> Verdict:
+    gid = "fabric.link"
+    if (v := _need_fabric(ctx, gid)) is not None:
+        return v
+    e = _best_carrier(ctx)
+    ip = ctx.fabric_ip.ip
+    if e is None:
+        return Verdict(gid, SKIP, f"fabric IP {ip}: no port carries it, so no link to judge (see fabric.rocev2-ipv4)",
+                       remedy("fabric.rocev2-ipv4"))
+    _, port = _port_of(ctx, e)
+    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
+    facts = {"device": e.device, "port": e.port, "state": port.state, "phys_state": port.phys_state,
+             "rate": port.rate, "netdev": e.netdev, "netdev_operstate": nd.operstate if nd else None}
+    subject = f"{e.device} port {e.port} (fabric IP {ip}, {e.netdev})"
+    if port.state != "ACTIVE" or (port.phys_state and port.phys_state != "LinkUp"):
+        return Verdict(gid, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gid), facts)
+    if nd and nd.operstate in ("down", "lowerlayerdown", "notpresent"):
+        return Verdict(gid, FAIL, f"{subject}: netdev {e.netdev} is {nd.operstate}", remedy(gid), facts)
+    return Verdict(gid, PASS, f"{subject}: ACTIVE, LinkUp, {port.rate}", "nothing to do", facts)
+
+
+def mtu(ctx: Context) -> Verdict:
+    gid = "fabric.mtu"
+    if (v := _need_fabric(ctx, gid)) is not None:
+        return v
+    e = _best_carrier(ctx)
+    ip = ctx.fabric_ip.ip
+    if e is None:
+        return Verdict(gid, SKIP, f"fabric IP {ip}: no port carries it (see fabric.rocev2-ipv4)",
+                       remedy("fabric.rocev2-ipv4"))
+    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
+    if nd is None or nd.mtu is None:
+        return Verdict(gid, SKIP, f"{e.netdev}: netdev MTU not read", remedy("snapshot.fabric"))
+    rm = roce_mtu(nd.mtu)
+    facts = {"netdev": e.netdev, "netdev_mtu": nd.mtu, "roce_mtu": rm, "device": e.device, "port": e.port}
+    subject = f"{e.device} port {e.port} ({e.netdev}, fabric IP {ip})"
+    if rm < 4096:
+        return Verdict(gid, WARN, f"{subject}: netdev MTU {nd.mtu} gives RoCE path MTU {rm}, below 4096",
+                       remedy(gid).format(netdev=e.netdev), facts)
+    return Verdict(gid, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts)
+
+
+def rocev2_ipv4(ctx: Context) -> Verdict:
+    gid = "fabric.rocev2-ipv4"
+    fab = ctx.obs.fabric
+    if fab is None or not fab.captured or not fab.devices:
+        return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+    entries = ipv4_entries(fab)
+    inventory = [to_jsonable(e) for e in entries]
+    ip = ctx.fabric_ip.ip
+    usable = usable_rocev2(fab)
+    if ip is None:
+        if usable:  # several candidates: each one has a RoCE v2 GID
+            cands = sorted({f"{e.ip}={e.device} (GID {e.gid_index})" for e in usable})
+            return Verdict(gid, PASS, f"IPv4 RoCE v2 GIDs on ACTIVE ports: {', '.join(cands)}",
+                           "nothing to do; pass --fabric-ip to say which one the launcher uses",
+                           {"inventory": inventory})
+        kinds = sorted({e.gid_type or "unknown type" for e in entries})
+        detail = (f"IPv4-mapped GIDs exist only as {', '.join(kinds)} or on ports that are not ACTIVE"
+                  if entries else "no GID on any device is IPv4-mapped (only fe80/IPv6 entries)")
+        return Verdict(gid, FAIL, f"no IPv4 RoCE v2 GID on any ACTIVE port: {detail}", remedy(gid),
+                       {"inventory": inventory})
+    mine = [e for e in usable if e.ip == ip]
+    if mine:
+        e = mine[0]
+        return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)} on an ACTIVE port", "nothing to do",
+                       {"entry": to_jsonable(e), "inventory": inventory})
+    cs = carriers(fab, ip)
+    if cs:
+        kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
+        why = ("only as RoCE v1" if all(e.gid_type != ROCE_V2 for e in cs) else "not on an ACTIVE port")
+        return Verdict(gid, FAIL, f"fabric IP {ip}: {why}: {kinds}", remedy(gid), {"inventory": inventory})
+    stray = [e for e in entries if e.ip == ip]
+    if stray:
+        return Verdict(gid, FAIL, f"fabric IP {ip}: GID present ({_where(stray[0])}) but netdev "
+                       f"{stray[0].netdev} does not hold the address", remedy(gid), {"inventory": inventory})
+    holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
+    where = (f"it is on netdev {', '.join(holders)}, which no RDMA port is bound to" if holders
+             else "no netdev on this host holds it")
+    return Verdict(gid, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gid), {"inventory": inventory})
+
+
+def engine_device(ctx: Context) -> tuple[str | None, str]:
+    """The device the engine opens: the map's entry for the fabric IP, else the first enumerated."""
+    env = ctx.obs.env or {}
+    fab = ctx.obs.fabric
+    ip = ctx.fabric_ip.ip
+    if MAP_VAR in env:
+        entries, _ = parse_device_map(env[MAP_VAR])
+        if ip in entries:
+            return entries[ip], f"{MAP_VAR} names it for {ip}"
+    first = fab.devices[0].name if fab and fab.devices else None
+    how = "first enumerated device, " + (f"{MAP_VAR} has no entry for {ip}" if MAP_VAR in env else
+                                         f"{MAP_VAR} not set")
+    return first, how
+
+
+def first_device(ctx: Context) -> Verdict:
+    gid = "fabric.first-device"
+    if (v := _need_fabric(ctx, gid)) is not None:
+        return v
+    ip = ctx.fabric_ip.ip
+    dev, how = engine_device(ctx)
+    cs = carriers(ctx.obs.fabric, ip)
+    carrying = sorted({e.device for e in cs})
+    order = [d.name for d in ctx.obs.fabric.devices]
+    facts = {"engine_device": dev, "chosen_by": how, "carrying_devices": carrying, "enumeration_order": order,
+             "order_source": ctx.obs.fabric.order_source}
+    if dev in carrying:
+        return Verdict(gid, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts)
+    good = [e for e in usable_rocev2(ctx.obs.fabric) if e.ip == ip]
+    if good:
+        e = good[0]
+        fix = f"export {MAP_VAR}={ip}={e.device} on this host's launcher"
+        where = f"fabric IP {ip} is on {e.device} GID {e.gid_index}"
+    elif carrying:
+        fix = remedy(gid)
+        where = f"fabric IP {ip} is on {', '.join(carrying)}"
+    else:
+        fix = remedy("fabric.rocev2-ipv4")
+        where = f"no device carries fabric IP {ip}"
+    if dev not in order:
+        return Verdict(gid, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts)
+    return Verdict(gid, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts)
+
+
+def devicemap_env(ctx: Context) -> Verdict:
+    gid = "fabric.devicemap-env"
+    env = ctx.obs.env
+    if env is None:
+        return Verdict(gid, SKIP, "launch environment not captured", remedy("snapshot.fabric"))
+    set_vars = {k: env[k] for k in (MAP_VAR, NCCL_HCA_VAR, NCCL_GID_VAR) if k in env}
+    if not set_vars:
+        return Verdict(gid, SKIP, f"none of {MAP_VAR}, {NCCL_HCA_VAR}, {NCCL_GID_VAR} is set "
+                       f"({ctx.obs.env_source})", "nothing to judge; fabric.first-device covers the default")
+    fab = ctx.obs.fabric
+    if fab is None or not fab.captured or not fab.devices:
+        return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+    ip = ctx.fabric_ip.ip
+    usable = usable_rocev2(fab)
+    fails: list[str] = []
+    warns: list[str] = []
+    facts: dict = {"set": set_vars}
+    if MAP_VAR in set_vars:
+        entries, problems = parse_device_map(set_vars[MAP_VAR])
+        fails += [f"{MAP_VAR}: {p}" for p in problems]
+        local = {e.ip for e in ipv4_entries(fab)} | {a.split("/")[0] for n in fab.netdevs.values() for a in n.ipv4}
+        for eip, dev in entries.items():
+            if eip not in local:
+                continue  # another host's entry in a fleet-wide map
+            ok = [e for e in usable if e.ip == eip]
+            if not any(e.device == dev for e in ok):
+                right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2 on an ACTIVE port)"
+                fails.append(f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
+        if ip and ip not in entries:
+            warns.append(f"{MAP_VAR} has no entry for fabric IP {ip}: the engine falls back to the first device")
+    target = [e for e in usable if e.ip == ip] if ip else []
+    need_ip = (NCCL_HCA_VAR in set_vars or NCCL_GID_VAR in set_vars)
+    if need_ip and not target:
+        if ip is None:
+            warns.append(f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} set but the fabric IP is "
+                         f"{'ambiguous' if ctx.fabric_ip.ambiguous else 'unknown'}: give --fabric-ip")
+        else:
+            fails.append(f"fabric IP {ip} has no RoCE v2 GID on an ACTIVE port, so no NCCL setting can reach it")
+    if NCCL_HCA_VAR in set_vars and target:
+        try:
+            spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
+        except ValueError as e:
+            fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]!r}: {e}")
+        else:
+            t = target[0]
+            chosen = [f"{d.name}:{p.num}" for d in fab.devices for p in d.ports if spec.selects(d.name, p.num)]
+            facts["nccl_selects"] = chosen
+            if not spec.selects(t.device, t.port):
+                fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} selects {', '.join(chosen) or 'nothing'}, "
+                             f"not {t.device}:{t.port} which carries {ip}")
+            else:
+                idle = [c for c in chosen if not any(f"{e.device}:{e.port}" == c for e in usable)]
+                if idle:
+                    warns.append(f"{NCCL_HCA_VAR} also selects {', '.join(idle)}, which carry no IPv4 RoCE v2 GID "
+                                 f"(NCCL matches by prefix unless the value starts with '=')")
+    if NCCL_GID_VAR in set_vars and target:
+        raw = set_vars[NCCL_GID_VAR].strip()
+        t = target[0]
+        if not raw.isdigit():
+            fails.append(f"{NCCL_GID_VAR}={raw!r} is not a GID index")
+        elif int(raw) != t.gid_index:
+            _, port = _port_of(ctx, t)
+            g = next((g for g in port.gids if g.index == int(raw)), None)
+            what = f"{g.gid} ({g.type})" if g else "an empty slot"
+            fails.append(f"{NCCL_GID_VAR}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
+                         f"(that is GID index {t.gid_index})")
+    fix = []
+    if target:
+        t = target[0]
+        fix.append(f"{MAP_VAR}={ip}={t.device}")
+        if NCCL_HCA_VAR in set_vars:
+            fix.append(f"{NCCL_HCA_VAR}=={t.device}:{t.port}")
+        if NCCL_GID_VAR in set_vars:
+            fix.append(f"{NCCL_GID_VAR}={t.gid_index}")
+    rem = ("set " + " ".join(fix) + " (or unset the wrong variable)") if fix else remedy(gid)
+    facts["problems"] = fails + warns
+    names = ", ".join(set_vars)
+    if fails:
+        return Verdict(gid, FAIL, "; ".join(fails), rem, facts)
+    if warns:
+        return Verdict(gid, WARN, "; ".join(warns), rem, facts)
+    return Verdict(gid, PASS, f"{names} point at the fabric IP's device"
+                   + (f" ({target[0].device} GID {target[0].gid_index})" if target else ""), "nothing to do", facts)
+
+
+def decode_errno(err: int | None) -> str:
+    """Words for a verbs errno (sign ignored: call sites differ)."""
+    if err is None:
+        return "no errno"
+    return ERRNO_WORDS.get(abs(err), f"errno {abs(err)}")
+
+
+def qp_rtr(ctx: Context) -> Verdict:
+    gid = "fabric.qp-rtr"
+    qp = ctx.obs.qp
+    fab = ctx.obs.fabric
+    if qp is None or not qp.ran:
+        why = qp.why if qp else "QP test not run"
+        rem = remedy(gid + ".no-pyverbs") if qp and qp.why and "pyverbs" in qp.why else "nothing to do"
+        return Verdict(gid, SKIP, f"QP test not run: {why}", rem)
+    if fab is None or not fab.devices:
+        return Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+    if ctx.fabric_ip.ip is None and ctx.fabric_ip.ambiguous:
+        dev, how = fab.devices[0].name, "first enumerated device (fabric IP ambiguous)"
+    else:
+        dev, how = engine_device(ctx)
+    results = [to_jsonable(r) for r in qp.results]
+    mine = [r for r in qp.results if r.device == dev]
+    facts = {"engine_device": dev, "chosen_by": how, "results": results, "notes": qp.notes}
+    if not mine:
+        return Verdict(gid, ERROR, f"{dev}: no QP result for the device the engine opens", remedy(gid), facts)
+    bad = [r for r in mine if r.reached not in ("RTR", "RTS")]
+    if bad:
+        r = bad[0]
+        step = next((s for s in r.steps if not s.ok), None)
+        to = step.to if step else "RTR"
+        return Verdict(gid, FAIL, f"{dev} ({how}): RC QP {r.reached}→{to} toward {r.target} failed: "
+                       f"errno {abs(r.errno) if r.errno is not None else '?'} {decode_errno(r.errno)} "
+                       f"[sgid index {r.sgid_index}: {r.sgid_choice}]",
+                       remedy(gid) if abs(r.errno or 0) != 110 else remedy(gid + ".timeout"), facts)
+    weak = all(r.target == "loopback" for r in mine)
+    targets = ", ".join(sorted({r.target or "?" for r in mine}))
+    tail = (" — loopback only, a weaker test (a QP aimed at its own GID reaches RTR even on the wrong port): "
+            "give --peer" if weak else "")
+    return Verdict(gid, PASS, f"{dev} ({how}): RC QP reached {mine[0].reached} toward {targets} "
+                   f"from GID index {mine[0].sgid_index}{tail}", "nothing to do", facts)
+
+
+GATES = [
+    ("fabric.rdma-present", rdma_present),
+    ("fabric.link", link),
+    ("fabric.mtu", mtu),
+    ("fabric.rocev2-ipv4", rocev2_ipv4),
+    ("fabric.first-device", first_device),
+    ("fabric.devicemap-env", devicemap_env),
+    ("fabric.qp-rtr", qp_rtr),
+]

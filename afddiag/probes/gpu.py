@@ -1,0 +1,496 @@
+"""Live GPU probe: what NVML and the CUDA driver say about each NVIDIA GPU on this host.
+
+:func:`read_gpu` returns a plain dict in the shape of a case's ``gpu.json`` (see
+``cases/README.md``), without ``expect``. Every fact names its source in :func:`read_gpu`'s docstring.
+Nothing here raises: whatever could not be read is ``None`` (or ``"NOT_SUPPORTED"`` where NVML said
+so) and the reason is a line in ``notes``.
+
+CUDA is read through ctypes on ``libcuda.so.1`` without creating a context; NVML through ``pynvml``
+(package ``nvidia-ml-py``), imported lazily. NVML and CUDA devices are joined by UUID, never by
+index: CUDA's ordinals follow ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``, NVML's do not.
+
+Run ``python -m afddiag.probes.gpu`` to print the readings as JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import json
+import platform
+import threading
+from typing import Any
+
+NOT_SUPPORTED = "NOT_SUPPORTED"
+
+# NVML clocks event reasons (nvml.h ``nvmlClocksEventReason*``), bit -> name.
+CLOCKS_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+# CUdevice_attribute values (cuda.h).
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CUDA_SUCCESS = 0
+
+LIBCUDA = "libcuda.so.1"
+LIBNVML = "libnvidia-ml.so.1"
+BIOS_VERSION_PATH = "/sys/class/dmi/id/bios_version"
+
+
+def clocks_event_reason_names(mask: Any) -> Any:
+    """Names of the bits set in an NVML clocks-event-reasons ``mask`` (lowest bit first).
+
+    Unknown bits are named ``unknown_0x...``. A non-int ``mask`` (``None``, ``"NOT_SUPPORTED"``) is
+    returned unchanged.
+    """
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        return mask
+    names = []
+    bit = 1
+    while bit <= mask:
+        if mask & bit:
+            names.append(CLOCKS_EVENT_REASONS.get(bit, f"unknown_{bit:#x}"))
+        bit <<= 1
+    return names
+
+
+def uuid_from_bytes(raw: bytes) -> str:
+    """NVML's text form ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` of a 16-byte CUDA ``CUuuid``."""
+    h = bytes(raw[:16]).hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _load_libcuda() -> Any:
+    """The CUDA driver library (a seam: tests replace it with a fake having the same methods)."""
+    return ctypes.CDLL(LIBCUDA)
+
+
+def _text(v: Any) -> Any:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
+    """``MemTotal`` and ``MemAvailable`` in kB from ``/proc/meminfo`` (raises OSError/ValueError)."""
+    out: dict[str, int] = {}
+    with open(path, encoding="ascii", errors="replace") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                out[key] = int(rest.split()[0])
+    missing = {"MemTotal", "MemAvailable"} - out.keys()
+    if missing:
+        raise ValueError(f"no {', '.join(sorted(missing))} line")
+    return out
+
+
+class _Run:
+    """State shared between :func:`read_gpu` and its worker thread.
+
+    The worker appends only finished pieces under ``lock``; the caller deep-copies under ``lock``,
+    so a worker hung inside a driver call never holds it.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_call: str | None = None  # the driver call in flight, for the timed-out note
+        self.notes: list[str] = []
+        self.nvml: dict[str, Any] = {"done": False, "why": None, "devices": []}
+        self.cuda: dict[str, Any] = {"done": False, "why": None, "devices": []}
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.notes.append(text)
+
+    def snapshot(self) -> tuple[dict, dict, list[str], str | None]:
+        with self.lock:
+            return (
+                copy.deepcopy(self.nvml),
+                copy.deepcopy(self.cuda),
+                list(self.notes),
+                self.in_call,
+            )
+
+
+# --- NVML -----------------------------------------------------------------------------------
+
+
+def _nvml_call(run: _Run, nv: Any, where: str, name: str, *args: Any) -> Any:
+    """Call ``nv.<name>(*args)``: its value, ``"NOT_SUPPORTED"``, or None with a note."""
+    run.in_call = f"{name} ({where})"
+    try:
+        fn = getattr(nv, name)
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a note
+        if getattr(e, "value", None) == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3):
+            return NOT_SUPPORTED
+        run.note(f"{where}: {name} failed: {type(e).__name__}: {e}")
+        return None
+    finally:
+        run.in_call = None
+
+
+def _nvml_device(run: _Run, nv: Any, i: int) -> dict[str, Any]:
+    where = f"NVML device {i}"
+    dev: dict[str, Any] = {"index": i, "name": None, "uuid": None, "pci_bus_id": None, "nvml": None}
+    h = _nvml_call(run, nv, where, "nvmlDeviceGetHandleByIndex", i)
+    if h is None or h == NOT_SUPPORTED:
+        return dev
+    call = lambda name, *a: _nvml_call(run, nv, where, name, h, *a)  # noqa: E731
+
+    name = call("nvmlDeviceGetName")
+    dev["name"] = _text(name) if name != NOT_SUPPORTED else None
+    uuid = call("nvmlDeviceGetUUID")
+    dev["uuid"] = _text(uuid) if uuid != NOT_SUPPORTED else None
+    pci = call("nvmlDeviceGetPciInfo")
+    dev["pci_bus_id"] = _text(getattr(pci, "busId", None)) if pci not in (None, NOT_SUPPORTED) else None
+
+    attrs = call("nvmlDeviceGetAttributes")
+    mp = attrs if attrs in (None, NOT_SUPPORTED) else getattr(attrs, "multiprocessorCount", None)
+
+    mem = call("nvmlDeviceGetMemoryInfo")
+    if mem not in (None, NOT_SUPPORTED):
+        mem = {"total_bytes": mem.total, "used_bytes": mem.used, "free_bytes": mem.free}
+
+    if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons"):
+        reasons = call("nvmlDeviceGetCurrentClocksEventReasons")
+    else:
+        reasons = call("nvmlDeviceGetCurrentClocksThrottleReasons")
+
+    util = call("nvmlDeviceGetUtilizationRates")
+    if util not in (None, NOT_SUPPORTED):
+        util = util.gpu
+
+    clock_sm = getattr(nv, "NVML_CLOCK_SM", 1)
+    dev["nvml"] = {
+        "multiprocessor_count": mp,
+        "memory_info": mem,
+        "clock_sm_mhz": call("nvmlDeviceGetClockInfo", clock_sm),
+        "clock_sm_max_mhz": call("nvmlDeviceGetMaxClockInfo", clock_sm),
+        "power_mw": call("nvmlDeviceGetPowerUsage"),
+        "power_limit_mw": call("nvmlDeviceGetEnforcedPowerLimit"),
+        "pstate": call("nvmlDeviceGetPerformanceState"),
+        "clocks_event_reasons": reasons,
+        "clocks_event_reasons_names": clocks_event_reason_names(reasons),
+        "temperature_c": call("nvmlDeviceGetTemperature", getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
+        "pcie": {
+            "gen": call("nvmlDeviceGetCurrPcieLinkGeneration"),
+            "width": call("nvmlDeviceGetCurrPcieLinkWidth"),
+        },
+        "utilization_pct": util,
+    }
+    return dev
+
+
+def _read_nvml(run: _Run) -> None:
+    try:
+        run.in_call = "import pynvml"
+        import pynvml as nv
+    except Exception as e:  # noqa: BLE001
+        run.nvml["why"] = f"NVML: python package nvidia-ml-py (pynvml) not importable: {e}"
+        return
+    finally:
+        run.in_call = None
+    try:
+        run.in_call = "nvmlInit"
+        nv.nvmlInit()
+    except Exception as e:  # noqa: BLE001
+        if getattr(e, "value", None) == getattr(nv, "NVML_ERROR_LIBRARY_NOT_FOUND", 12):
+            run.nvml["why"] = f"NVML: {LIBNVML} not found ({e}; is the NVIDIA driver installed?)"
+        else:
+            run.nvml["why"] = f"NVML: nvmlInit failed: {type(e).__name__}: {e}"
+        return
+    finally:
+        run.in_call = None
+    try:
+        driver = _nvml_call(run, nv, "NVML", "nvmlSystemGetDriverVersion")
+        nvml_version = _nvml_call(run, nv, "NVML", "nvmlSystemGetNVMLVersion")
+        with run.lock:
+            run.nvml["driver_version"] = _text(driver) if driver != NOT_SUPPORTED else None
+            run.nvml["nvml_version"] = _text(nvml_version) if nvml_version != NOT_SUPPORTED else None
+        count = _nvml_call(run, nv, "NVML", "nvmlDeviceGetCount")
+        if not isinstance(count, int):
+            run.nvml["why"] = "NVML: device count unreadable"
+            return
+        if count == 0:
+            run.nvml["why"] = "NVML: 0 devices"
+        for i in range(count):
+            dev = _nvml_device(run, nv, i)
+            with run.lock:
+                run.nvml["devices"].append(dev)
+    finally:
+        run.in_call = "nvmlShutdown"
+        try:
+            nv.nvmlShutdown()
+        except Exception as e:  # noqa: BLE001
+            run.note(f"NVML: nvmlShutdown failed: {type(e).__name__}: {e}")
+        run.in_call = None
+
+
+# --- CUDA driver ----------------------------------------------------------------------------
+
+
+def _cu_error(lib: Any, rc: int) -> str:
+    try:
+        s = ctypes.c_char_p()
+        if lib.cuGetErrorName(rc, ctypes.pointer(s)) == CUDA_SUCCESS and s.value:
+            return f"{s.value.decode()} ({rc})"
+    except Exception:  # noqa: BLE001
+        pass
+    return f"CUresult {rc}"
+
+
+def _cu_call(run: _Run, lib: Any, where: str, name: str, *args: Any) -> bool:
+    """Call ``lib.<name>(*args)``; True on CUDA_SUCCESS, else a note and False."""
+    run.in_call = f"{name} ({where})"
+    try:
+        rc = getattr(lib, name)(*args)
+    except Exception as e:  # noqa: BLE001
+        run.note(f"{where}: {name} failed: {type(e).__name__}: {e}")
+        return False
+    finally:
+        run.in_call = None
+    if rc != CUDA_SUCCESS:
+        run.note(f"{where}: {name} returned {_cu_error(lib, rc)}")
+        return False
+    return True
+
+
+def _cuda_device(run: _Run, lib: Any, ordinal: int) -> dict[str, Any]:
+    where = f"CUDA device {ordinal}"
+    dev: dict[str, Any] = {"ordinal": ordinal, "uuid": None, "name": None, "cuda": None}
+    handle = ctypes.c_int()
+    if not _cu_call(run, lib, where, "cuDeviceGet", ctypes.pointer(handle), ordinal):
+        return dev
+    d = handle.value
+
+    name = ctypes.create_string_buffer(256)
+    if _cu_call(run, lib, where, "cuDeviceGetName", name, 256, d):
+        dev["name"] = name.value.decode("utf-8", "replace")
+
+    uuid_fn = next(
+        (n for n in ("cuDeviceGetUuid_v2", "cuDeviceGetUuid") if getattr(lib, n, None) is not None),
+        None,
+    )
+    raw = (ctypes.c_ubyte * 16)()
+    if uuid_fn is None:
+        run.note(f"{where}: neither cuDeviceGetUuid_v2 nor cuDeviceGetUuid is exported")
+    elif _cu_call(run, lib, where, uuid_fn, raw, d):
+        dev["uuid"] = uuid_from_bytes(bytes(raw))
+
+    def attr(a: int) -> int | None:
+        v = ctypes.c_int()
+        return v.value if _cu_call(run, lib, where, "cuDeviceGetAttribute", ctypes.pointer(v), a, d) else None
+
+    major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+    minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    integrated = attr(CU_DEVICE_ATTRIBUTE_INTEGRATED)
+    dev["cuda"] = {
+        "sm_count": attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        "compute_capability": [major, minor] if major is not None and minor is not None else None,
+        "integrated": bool(integrated) if integrated is not None else None,
+    }
+    return dev
+
+
+def _read_cuda(run: _Run) -> None:
+    run.in_call = f"dlopen {LIBCUDA}"
+    try:
+        lib = _load_libcuda()
+    except Exception as e:  # noqa: BLE001
+        run.cuda["why"] = f"CUDA: {LIBCUDA} not loadable ({e})"
+        return
+    finally:
+        run.in_call = None
+
+    version = ctypes.c_int()
+    if _cu_call(run, lib, "CUDA", "cuDriverGetVersion", ctypes.pointer(version)):
+        with run.lock:
+            run.cuda["driver_version"] = version.value
+    if not _cu_call(run, lib, "CUDA", "cuInit", 0):
+        run.cuda["why"] = "CUDA: cuInit failed (see notes)"
+        return
+    count = ctypes.c_int()
+    if not _cu_call(run, lib, "CUDA", "cuDeviceGetCount", ctypes.pointer(count)):
+        run.cuda["why"] = "CUDA: cuDeviceGetCount failed (see notes)"
+        return
+    if count.value == 0:
+        run.cuda["why"] = "CUDA: 0 devices"
+    for ordinal in range(count.value):
+        dev = _cuda_device(run, lib, ordinal)
+        with run.lock:
+            run.cuda["devices"].append(dev)
+
+
+# --- join -----------------------------------------------------------------------------------
+
+
+def _worker(run: _Run) -> None:
+    for part, read in ((run.nvml, _read_nvml), (run.cuda, _read_cuda)):
+        try:
+            read(run)
+        except Exception as e:  # noqa: BLE001 - a bug here must not kill the probe
+            run.note(f"GPU probe: {read.__name__} raised {type(e).__name__}: {e}")
+        part["done"] = True
+
+
+def _join(nvml: dict, cuda: dict, notes: list[str]) -> list[dict[str, Any]]:
+    """NVML devices in NVML order, each with its CUDA view matched by UUID; then CUDA-only ones."""
+    by_uuid = {c["uuid"]: c for c in cuda["devices"] if c["uuid"]}
+    used: set[int] = set()
+    devices = []
+    for n in nvml["devices"]:
+        c = by_uuid.get(n["uuid"]) if n["uuid"] else None
+        if c is not None:
+            used.add(c["ordinal"])
+        elif cuda["done"] and cuda["devices"]:
+            notes.append(
+                f"NVML device {n['index']} ({n['uuid']}): no CUDA device with this UUID "
+                "(hidden by CUDA_VISIBLE_DEVICES, MIG mode, or its UUID unreadable)"
+            )
+        devices.append(
+            {
+                "index": n["index"],
+                "name": n["name"] or (c or {}).get("name"),
+                "uuid": n["uuid"],
+                "pci_bus_id": n["pci_bus_id"],
+                "cuda": c["cuda"] if c else None,
+                "nvml": n["nvml"],
+                "under_load": None,
+            }
+        )
+    for c in cuda["devices"]:
+        if c["ordinal"] in used:
+            continue
+        if nvml["done"] and nvml["devices"]:
+            notes.append(
+                f"CUDA device {c['ordinal']} ({c['uuid']}): no NVML device with this UUID; "
+                "index is the CUDA ordinal"
+            )
+        devices.append(
+            {
+                "index": c["ordinal"],
+                "name": c["name"],
+                "uuid": c["uuid"],
+                "pci_bus_id": None,
+                "cuda": c["cuda"],
+                "nvml": None,
+                "under_load": None,
+            }
+        )
+    return devices
+
+
+def read_gpu(timeout_s: float = 10.0, meminfo_path: str = "/proc/meminfo") -> dict:
+    """Read every NVIDIA GPU on this host through NVML and the CUDA driver, within ``timeout_s``.
+
+    Returns a dict (the ``gpu.json`` shape of a case, without ``expect``):
+
+    - ``driver_version`` (str): ``nvmlSystemGetDriverVersion``, e.g. ``"580.159.04"``.
+    - ``cuda_driver_version`` (int): ``cuDriverGetVersion``, 1000*major + 10*minor (13000 = 13.0).
+    - ``versions``: ``kernel`` (``platform.release()``), ``bios`` (``/sys/class/dmi/id/bios_version``),
+      ``nvml`` (``nvmlSystemGetNVMLVersion``).
+    - ``devices`` (list), NVML index order, NVML and CUDA joined by UUID:
+
+      - ``index`` (NVML index; the CUDA ordinal for a device NVML did not list), ``name``
+        (``nvmlDeviceGetName``, else ``cuDeviceGetName``), ``uuid`` (``nvmlDeviceGetUUID``;
+        ``GPU-`` + the 16 bytes of ``cuDeviceGetUuid_v2``), ``pci_bus_id``
+        (``nvmlDeviceGetPciInfo().busId``).
+      - ``cuda`` (None when CUDA does not see it): ``sm_count`` (``cuDeviceGetAttribute``
+        MULTIPROCESSOR_COUNT = 16), ``compute_capability`` ``[major, minor]`` (attributes 75, 76),
+        ``integrated`` (bool, attribute 18).
+      - ``nvml`` (None when NVML does not see it): ``multiprocessor_count``
+        (``nvmlDeviceGetAttributes``; NOT_SUPPORTED outside MIG on most boards), ``memory_info``
+        ``{total_bytes, used_bytes, free_bytes}`` in bytes (``nvmlDeviceGetMemoryInfo``;
+        NOT_SUPPORTED on unified-memory GB10), ``clock_sm_mhz`` (``nvmlDeviceGetClockInfo`` SM, MHz),
+        ``clock_sm_max_mhz`` (``nvmlDeviceGetMaxClockInfo`` SM, MHz), ``power_mw``
+        (``nvmlDeviceGetPowerUsage``, mW), ``power_limit_mw`` (``nvmlDeviceGetEnforcedPowerLimit``,
+        mW), ``pstate`` (``nvmlDeviceGetPerformanceState``, 0 = P0 ... 15, 32 = unknown),
+        ``clocks_event_reasons`` (bitmask, ``nvmlDeviceGetCurrentClocksEventReasons``, or
+        ``...ThrottleReasons`` with older bindings) and ``clocks_event_reasons_names``,
+        ``temperature_c`` (``nvmlDeviceGetTemperature`` GPU, °C), ``pcie`` ``{gen, width}``
+        (``nvmlDeviceGetCurrPcieLinkGeneration`` / ``...Width``, current link), ``utilization_pct``
+        (``nvmlDeviceGetUtilizationRates().gpu``, %, over the driver's last sample period).
+      - ``under_load``: None (this probe puts no load on the GPU).
+
+    - ``host_meminfo_kb``: ``{MemTotal, MemAvailable}`` in kB from ``meminfo_path``.
+    - ``notes`` (list of str): what could not be read, and why.
+    - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
+      no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
+      holds what was read before the hang and a note names the call in flight).
+
+    An NVML call that answers NVML_ERROR_NOT_SUPPORTED records ``"NOT_SUPPORTED"``; any other failure
+    records None and a note. No CUDA context is created. The read runs in a daemon thread; a driver
+    call that hangs is left behind in it. Never raises.
+    """
+    out: dict[str, Any] = {
+        "driver_version": None,
+        "cuda_driver_version": None,
+        "versions": {"kernel": None, "bios": None, "nvml": None},
+        "devices": [],
+        "host_meminfo_kb": None,
+        "notes": [],
+    }
+    notes: list[str] = out["notes"]
+    try:
+        out["versions"]["kernel"] = platform.release() or None
+        try:
+            with open(BIOS_VERSION_PATH, encoding="utf-8", errors="replace") as f:
+                out["versions"]["bios"] = f.read().strip() or None
+        except OSError as e:
+            notes.append(f"versions.bios: {BIOS_VERSION_PATH} unreadable: {e.strerror or e}")
+        try:
+            out["host_meminfo_kb"] = read_meminfo(meminfo_path)
+        except (OSError, ValueError) as e:
+            notes.append(f"host_meminfo_kb: {meminfo_path}: {e}")
+
+        run = _Run()
+        worker = threading.Thread(target=_worker, args=(run,), name="afddiag-gpu-probe", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        timed_out = worker.is_alive()
+        nvml, cuda, run_notes, in_call = run.snapshot()
+
+        out["driver_version"] = nvml.get("driver_version")
+        out["versions"]["nvml"] = nvml.get("nvml_version")
+        out["cuda_driver_version"] = cuda.get("driver_version")
+        notes.extend(run_notes)
+        out["devices"] = _join(nvml, cuda, notes)
+        whys = [w for w in (nvml["why"], cuda["why"]) if w]
+        notes.extend(whys)
+        if timed_out:
+            out["why"] = (
+                f"GPU probe timed out after {timeout_s:g}s (NVML or CUDA driver call hung)"
+            )
+            notes.append(f"GPU probe: call in flight at the timeout: {in_call or 'unknown'}")
+            for side, part in (("NVML", nvml), ("CUDA", cuda)):
+                if not part["done"]:
+                    notes.append(f"GPU probe: {side} read not finished at the timeout")
+        elif not out["devices"]:
+            out["why"] = "no NVIDIA GPU seen: " + ("; ".join(whys) or "NVML and CUDA list no devices")
+    except Exception as e:  # noqa: BLE001 - the probe never raises
+        notes.append(f"GPU probe failed: {type(e).__name__}: {e}")
+        out.setdefault("why", f"GPU probe failed: {type(e).__name__}: {e}")
+    return out
+
+
+def main() -> None:
+    """``python -m afddiag.probes.gpu [timeout_s]``: print :func:`read_gpu` as JSON."""
+    import sys
+
+    timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
+    print(json.dumps(read_gpu(timeout_s=timeout), indent=2))
+
+
+if __name__ == "__main__":
+    main()

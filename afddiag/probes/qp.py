@@ -1,0 +1,374 @@
+"""QP probe: walk a real RC queue pair RESET→INIT→RTR→RTS on every RDMA device (pyverbs).
+
+Why: an inference engine's transfer layer opens one device (the first enumerated one, or the one its
+device map names), picks a source GID and moves an RC QP to RTR toward the peer's GID. RTR is where
+the kernel resolves the destination (ARP/ND for RoCE): a source GID that cannot reach the peer fails
+there, with an errno that names the problem. This probe does exactly that walk, one transition at a
+time (``QP.to_rts()`` would silently run the earlier steps and hide which one failed; rdma-core's own
+``tests/base.py`` style), and records every step.
+
+Sources:
+- ``ibv_modify_qp(3)``, ``ibv_create_qp(3)``, ``ibv_query_port(3)`` (rdma-core man pages).
+- pyverbs (``python3-pyverbs``; rdma-core ``pyverbs/qp.pyx``, ``addr.pyx``, ``device.pyx``).
+- Errno meanings for RoCE address resolution: Linux ``drivers/infiniband/core/addr.c``
+  (``rdma_resolve_ip``/``ib_resolve_eth_dmac``: ETIMEDOUT when the neighbour never answers,
+  ENETUNREACH when there is no route, EINVAL when the source GID's netdev/address cannot reach the
+  destination) and ``cache.c`` (``rdma_get_gid_attr`` → ENODATA for an empty slot).
+
+Command-line equivalent (roughly): ``ibv_rc_pingpong -d <dev> -i <port> -g <sgid_index> <peer>``
+without the data exchange.
+
+Everything is bounded and never raises: failures become facts (``QpResult.errno``/``error``).
+"""
+
+from __future__ import annotations
+
+import errno as errno_mod
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from afddiag.facts import (
+    ROCE_V2,
+    FabricFacts,
+    Port,
+    QpFacts,
+    QpResult,
+    QpStep,
+    RdmaDevice,
+    gid_for_ipv4,
+    is_empty_gid,
+)
+
+NO_PYVERBS_WHY = (
+    "pyverbs is not installed: apt install python3-pyverbs (it must match the host's rdma-core) "
+    "and create the venv with --system-site-packages"
+)
+
+#: Errno → what it means at ``ibv_modify_qp`` RTR for a RoCE RC QP. Keys are positive errnos;
+#: look up ``abs(err)`` (libibverbs returns positive errnos, some pyverbs paths negative ones).
+ERRNO_MEANINGS: dict[int, str] = {
+    errno_mod.ETIMEDOUT: "address resolution timed out (no ARP reply from the peer)",  # 110
+    errno_mod.ENETUNREACH: "network unreachable",  # 101
+    errno_mod.EINVAL: (
+        "invalid attribute (the GID at sgid_index cannot reach that destination: "
+        "no IPv4 on this port?)"
+    ),  # 22
+    errno_mod.ENODATA: "GID slot empty",  # 61
+}
+
+SGID_FABRIC_IP = "fabric IP"
+SGID_FALLBACK = "first RoCE v2 GID (fallback)"
+
+# RTR/RTS attributes (ibv_modify_qp(3)); the values most RC users (perftest, NCCL, engines) pass.
+RTR_RQ_PSN = 0
+RTR_MAX_DEST_RD_ATOMIC = 1
+RTR_MIN_RNR_TIMER = 12  # 0.64 ms (IBTA encoding)
+AH_HOP_LIMIT = 64
+RTS_TIMEOUT = 14  # 4.096 us * 2^14 ≈ 67 ms local ACK timeout
+RTS_RETRY_CNT = 7
+RTS_RNR_RETRY = 7  # 7 = infinite
+RTS_SQ_PSN = 0
+RTS_MAX_RD_ATOMIC = 1
+
+
+def decode_errno(err: int | None) -> str | None:
+    """Words for an errno from a QP call; sign ignored (``abs``). None for None.
+
+    Known RoCE meanings come from :data:`ERRNO_MEANINGS`; anything else is ``os.strerror``.
+    """
+    if err is None:
+        return None
+    n = abs(int(err))
+    if n in ERRNO_MEANINGS:
+        return ERRNO_MEANINGS[n]
+    try:
+        return os.strerror(n)
+    except (ValueError, OverflowError):
+        return f"errno {n}"
+
+
+def mtu_enum_to_bytes(mtu: int | None) -> int | None:
+    """``enum ibv_mtu`` (1=256 … 5=4096) to bytes; None when out of range."""
+    if isinstance(mtu, int) and 1 <= mtu <= 5:
+        return 256 << (mtu - 1)
+    return None
+
+
+@dataclass
+class SgidChoice:
+    """Which port and source GID the walk uses on one device, and why."""
+
+    port: int
+    sgid_index: int | None
+    sgid: str | None  # kernel 8-group form
+    choice: str  # SGID_FABRIC_IP, SGID_FALLBACK, or why there is none
+
+
+def _port_carries(port: Port, ip: str) -> bool:
+    return any(g.ipv4 == ip for g in port.gids)
+
+
+def choose_port(dev: RdmaDevice, fabric_ip: str | None) -> int:
+    """The port the walk uses on ``dev``: the one whose GID table holds ``fabric_ip``'s IPv4-mapped
+    GID, else the first ACTIVE port, else port 1 (what engines open by default)."""
+    if fabric_ip:
+        for p in dev.ports:
+            if _port_carries(p, fabric_ip):
+                return p.num
+    for p in dev.ports:
+        if p.active:
+            return p.num
+    return 1
+
+
+def choose_sgid(dev: RdmaDevice, fabric_ip: str | None) -> SgidChoice:
+    """Pick port and source GID index for ``dev`` from the fabric facts (no I/O).
+
+    1. The port from :func:`choose_port`.
+    2. On it, the RoCE v2 GID whose IPv4 is ``fabric_ip`` → choice ``"fabric IP"``.
+    3. Else the lowest-index populated RoCE v2 GID on that port — what an engine with no better
+       information falls back to (often an fe80 link-local GID) → ``"first RoCE v2 GID (fallback)"``.
+    4. Else no source GID: ``sgid_index`` None, ``choice`` says why.
+    """
+    port_num = choose_port(dev, fabric_ip)
+    port = next((p for p in dev.ports if p.num == port_num), None)
+    if port is None:
+        return SgidChoice(port_num, None, None, f"no GID table read for {dev.name} port {port_num}")
+    gids = sorted((g for g in port.gids if not is_empty_gid(g.gid)), key=lambda g: g.index)
+    if fabric_ip:
+        for g in gids:
+            if g.ipv4 == fabric_ip and g.type == ROCE_V2:
+                return SgidChoice(port_num, g.index, g.gid, SGID_FABRIC_IP)
+    for g in gids:
+        if g.type == ROCE_V2:
+            return SgidChoice(port_num, g.index, g.gid, SGID_FALLBACK)
+    return SgidChoice(port_num, None, None, f"no RoCE v2 GID on {dev.name} port {port_num}")
+
+
+def destination_gid(target: str, own_sgid: str | None) -> str | None:
+    """The destination GID for ``target``: a peer IPv4's mapped GID, or ``own_sgid`` for
+    ``"loopback"``. None when ``target`` is not an IPv4 address (or loopback has no sgid)."""
+    if target == "loopback":
+        return own_sgid
+    try:
+        return gid_for_ipv4(target)
+    except ValueError:
+        return None
+
+
+def _import_pyverbs() -> dict[str, Any] | None:
+    """The pyverbs modules the walk needs, or None when pyverbs cannot be imported."""
+    try:
+        import pyverbs.addr as addr
+        import pyverbs.cq as cq
+        import pyverbs.device as device
+        import pyverbs.enums as enums
+        import pyverbs.pd as pd
+        import pyverbs.qp as qp
+    except Exception:  # ImportError, or a pyverbs built for another Python/rdma-core
+        return None
+    return {"addr": addr, "cq": cq, "device": device, "enums": enums, "pd": pd, "qp": qp}
+
+
+def _err_code(exc: BaseException) -> int | None:
+    """The errno carried by a pyverbs exception (``error_code``) or an OSError, as a positive int."""
+    code = getattr(exc, "error_code", None)
+    if not isinstance(code, int) or code == -1:
+        code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code not in (0, -1):
+        return abs(code)
+    return None
+
+
+def _walk(pv: dict[str, Any], res: QpResult, port: int, sgid_index: int | None) -> None:
+    """Open ``res.device``, create PD/CQ/RC QP, and step it RESET→INIT→RTR→RTS, filling ``res``.
+
+    Runs in the probe's worker thread. Every object created is closed in reverse order in
+    ``finally``; ``res.destroyed`` says whether that succeeded.
+    """
+    e = pv["enums"]
+    created: list[Any] = []  # in creation order; closed reversed
+    t0 = time.monotonic()
+    res.destroyed = False
+    try:
+        try:
+            ctx = pv["device"].Context(name=res.device)
+            created.append(ctx)
+            pd = pv["pd"].PD(ctx)
+            created.append(pd)
+            cq = pv["cq"].CQ(ctx, 4)
+            created.append(cq)
+            cap = pv["qp"].QPCap(max_send_wr=1, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+            init_attr = pv["qp"].QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap)
+            qp = pv["qp"].QP(pd, init_attr)
+            created.append(qp)
+            port_attr = ctx.query_port(port)
+        except Exception as exc:  # noqa: BLE001 - every failure is a fact
+            res.errno = _err_code(exc)
+            res.error = f"open {res.device} port {port} / create PD, CQ, QP failed: {exc}"
+            return
+        mtu_enum = port_attr.active_mtu
+        res.path_mtu = mtu_enum_to_bytes(mtu_enum)
+
+        def step(to: str, attr: Any, mask: int) -> bool:
+            s0 = time.monotonic()
+            st = QpStep(to=to, ok=False)
+            res.steps.append(st)
+            try:
+                qp.modify(attr, mask)
+                st.ok = True
+                res.reached = to
+            except Exception as exc:  # noqa: BLE001
+                st.errno = _err_code(exc)
+                st.message = str(exc)
+                res.errno = st.errno
+                meaning = decode_errno(st.errno) if st.errno is not None else str(exc)
+                res.error = f"{to}: errno {st.errno}, {meaning}" if st.errno else f"{to}: {exc}"
+            st.elapsed_ms = round((time.monotonic() - s0) * 1000.0, 3)
+            return st.ok
+
+        # RESET → INIT
+        a = pv["qp"].QPAttr()
+        a.qp_state = e.IBV_QPS_INIT
+        a.pkey_index = 0
+        a.port_num = port
+        a.qp_access_flags = (
+            e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+        )
+        if not step(
+            "INIT", a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS
+        ):
+            return
+        if sgid_index is None or res.dgid is None:
+            res.error = (
+                f"RTR not attempted: no source GID ({res.sgid_choice})"
+                if sgid_index is None
+                else f"RTR not attempted: no destination GID for {res.target!r}"
+            )
+            return
+        # INIT → RTR (address resolution of dgid from the GID at sgid_index happens here)
+        gr = pv["addr"].GlobalRoute(
+            dgid=pv["addr"].GID(res.dgid), sgid_index=sgid_index, hop_limit=AH_HOP_LIMIT
+        )
+        ah = pv["addr"].AHAttr(gr=gr, is_global=1, port_num=port)
+        a = pv["qp"].QPAttr()
+        a.qp_state = e.IBV_QPS_RTR
+        a.path_mtu = mtu_enum
+        a.dest_qp_num = qp.qp_num
+        a.rq_psn = RTR_RQ_PSN
+        a.max_dest_rd_atomic = RTR_MAX_DEST_RD_ATOMIC
+        a.min_rnr_timer = RTR_MIN_RNR_TIMER
+        a.ah_attr = ah
+        if not step(
+            "RTR",
+            a,
+            e.IBV_QP_STATE
+            | e.IBV_QP_AV
+            | e.IBV_QP_PATH_MTU
+            | e.IBV_QP_DEST_QPN
+            | e.IBV_QP_RQ_PSN
+            | e.IBV_QP_MAX_DEST_RD_ATOMIC
+            | e.IBV_QP_MIN_RNR_TIMER,
+        ):
+            return
+        # RTR → RTS
+        a = pv["qp"].QPAttr()
+        a.qp_state = e.IBV_QPS_RTS
+        a.timeout = RTS_TIMEOUT
+        a.retry_cnt = RTS_RETRY_CNT
+        a.rnr_retry = RTS_RNR_RETRY
+        a.sq_psn = RTS_SQ_PSN
+        a.max_rd_atomic = RTS_MAX_RD_ATOMIC
+        step(
+            "RTS",
+            a,
+            e.IBV_QP_STATE
+            | e.IBV_QP_TIMEOUT
+            | e.IBV_QP_RETRY_CNT
+            | e.IBV_QP_RNR_RETRY
+            | e.IBV_QP_SQ_PSN
+            | e.IBV_QP_MAX_QP_RD_ATOMIC,
+        )
+    except Exception as exc:  # noqa: BLE001 - never raise out of the worker
+        res.error = res.error or f"unexpected error: {exc!r}"
+    finally:
+        ok = True
+        for obj in reversed(created):
+            try:
+                obj.close()
+            except Exception as exc:  # noqa: BLE001
+                ok = False
+                res.error = res.error or f"destroy failed: {exc}"
+        res.destroyed = ok
+        res.elapsed_ms = round((time.monotonic() - t0) * 1000.0, 3)
+
+
+def probe_qp(
+    fabric: FabricFacts,
+    fabric_ip: str | None,
+    peers: list[str],
+    timeout_s: float = 5.0,
+) -> QpFacts:
+    """Walk an RC QP RESET→INIT→RTR→RTS on every device of ``fabric`` (enumeration order).
+
+    - ``fabric``: the fabric probe's facts (devices, ports, GIDs); port and source GID come from
+      them (:func:`choose_sgid`), not from a second read of sysfs.
+    - ``fabric_ip``: the address the launcher uses (dotted IPv4) or None.
+    - ``peers``: peer fabric IPv4 addresses; one :class:`QpResult` per (device, peer), destination
+      GID ``::ffff:<peer>``. Empty: one loopback walk per device toward its own source GID
+      (``target="loopback"``; a weaker test: a QP aimed at its own GID reaches RTR even from the
+      wrong port).
+    - ``timeout_s``: seconds each walk may take. The walk runs in a daemon thread; past the bound
+      the result says ``"timed out after Ns"`` with the steps seen so far. pyverbs holds the GIL
+      inside ``ibv_modify_qp``, so the bound is noticed only once the kernel call returns (the
+      kernel's own address resolution is itself bounded, ~1–2 s for RoCE).
+
+    Returns ``QpFacts(ran=False, why=...)`` when pyverbs cannot be imported. Never raises.
+    """
+    try:
+        pv = _import_pyverbs()
+        if pv is None:
+            return QpFacts(ran=False, why=NO_PYVERBS_WHY)
+        facts = QpFacts(ran=True)
+        if not fabric.devices:
+            facts.notes.append("no RDMA devices in the fabric facts: nothing to walk")
+            return facts
+        targets: list[str] = list(peers) if peers else ["loopback"]
+        for dev in fabric.devices:
+            choice = choose_sgid(dev, fabric_ip)
+            for target in targets:
+                res = QpResult(
+                    device=dev.name,
+                    port=choice.port,
+                    sgid_index=choice.sgid_index,
+                    sgid=choice.sgid,
+                    sgid_choice=choice.choice,
+                    target=target,
+                    dgid=destination_gid(target, choice.sgid),
+                )
+                facts.results.append(res)
+                t = threading.Thread(
+                    target=_walk,
+                    args=(pv, res, choice.port, choice.sgid_index),
+                    name=f"afddiag-qp-{dev.name}-{target}",
+                    daemon=True,
+                )
+                t0 = time.monotonic()
+                t.start()
+                t.join(timeout_s)
+                if t.is_alive():
+                    res.elapsed_ms = round((time.monotonic() - t0) * 1000.0, 3)
+                    res.error = f"timed out after {timeout_s:g}s" + (
+                        f" (last: {res.error})" if res.error else ""
+                    )
+                    res.destroyed = False
+                    facts.notes.append(
+                        f"{dev.name} → {target}: walk still running after {timeout_s:g}s; "
+                        "its QP is released when this process exits"
+                    )
+        return facts
+    except Exception as exc:  # noqa: BLE001 - never raise
+        return QpFacts(ran=False, why=f"QP probe failed unexpectedly: {exc!r}")

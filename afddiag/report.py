@@ -1,0 +1,97 @@
+"""Reports: render verdicts as a table for people, JSON for machines, and the device map."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shlex
+import sys
+from typing import Any, TextIO
+
+from afddiag import __version__
+from afddiag.envvars import MAP_VAR, format_device_map
+from afddiag.facts import FabricFacts, to_jsonable, usable_rocev2
+from afddiag.verdict import Verdict, exit_code
+
+SCHEMA_VERSION = 1
+COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
+
+
+def device_map(fabric: FabricFacts | None) -> dict[str, str]:
+    """Every IPv4 address with a RoCE v2 GID on an ACTIVE port whose netdev holds it → its device
+    (the first in enumeration order when several carry one address)."""
+    out: dict[str, str] = {}
+    for e in usable_rocev2(fabric) if fabric else []:
+        out.setdefault(e.ip, e.device)
+    return out
+
+
+def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
+          fabric: FabricFacts | None, notes: list[str] | None = None) -> dict[str, Any]:
+    """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1)."""
+    counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    for v in verdicts:
+        counts[v.verdict] += 1
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "afddiag_version": __version__,
+        "host": host,
+        "source": source,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "gates": [to_jsonable(v) for v in verdicts],
+        "device_map": device_map(fabric),
+        "counts": counts,
+        "exit_code": exit_code(verdicts),
+        "notes": list(notes or []),
+    }
+
+
+def write_json(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    json.dump(report, out, indent=2, sort_keys=False, default=str)
+    out.write("\n")
+
+
+def write_table(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    """A rich table; plain text when ``out`` is not a TTY or NO_COLOR is set."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    plain = not out.isatty() or "NO_COLOR" in os.environ
+    con = Console(file=out, no_color=plain, force_terminal=False if plain else None, highlight=False,
+                  width=None if not plain else 160, soft_wrap=plain)
+    if plain:
+        for g in report["gates"]:
+            out.write(f"{g['verdict']:<5}  {g['id']:<22} {g['summary']}\n")
+            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
+                out.write(f"{'':<5}  {'':<22} remedy: {g['remedy']}\n")
+    else:
+        t = Table(title=f"afddiag {report['afddiag_version']} — {report['host']} ({report['source']})",
+                  show_lines=False, expand=False)
+        t.add_column("verdict", no_wrap=True)
+        t.add_column("gate", no_wrap=True)
+        t.add_column("summary / remedy")
+        for g in report["gates"]:
+            body = Text(g["summary"])
+            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
+                body.append("\n→ " + g["remedy"], style="italic")
+            t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
+        con.print(t)
+    dm = report.get("device_map") or {}
+    if dm:
+        out.write(f"device map: {MAP_VAR}={format_device_map(dm)}\n")
+    c = report["counts"]
+    out.write(f"{c['PASS']} pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error"
+              f" — exit {report['exit_code']}\n")
+
+
+def format_devicemap(dm: dict[str, str], fmt: str) -> str:
+    """The device map as ``env`` (``VAR=ip=dev,...``), ``shell`` (``export VAR='...'``) or ``json``."""
+    if fmt == "json":
+        return json.dumps(dm, indent=2)
+    value = format_device_map(dm)
+    if fmt == "shell":
+        return f"export {MAP_VAR}={shlex.quote(value)}"
+    return f"{MAP_VAR}={value}"

@@ -1,0 +1,1 @@
+"""The gate catalog as data (gates.toml), installed as afddiag.checks."""

@@ -1,0 +1,1 @@
+"""Role playbooks as data, installed as afddiag.playbooks."""
