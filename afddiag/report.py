@@ -48,13 +48,15 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
     }
 
 
-def write_json(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     json.dump(report, out, indent=2, sort_keys=False, default=str)
     out.write("\n")
 
 
-def write_table(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
+def write_table(report: dict[str, Any], out: TextIO | None = None) -> None:
     """A rich table; plain text when ``out`` is not a TTY or NO_COLOR is set."""
+    out = out or sys.stdout
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text

@@ -1,0 +1,25 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = Path(os.environ.get("AFDDIAG_CASES", REPO.parent / "shared" / "cases"))
+
+
+def case_dirs(kind: str) -> list[Path]:
+    """The shared real-world cases of one kind; a missing folder is an error, never an empty list."""
+    d = CASES / kind
+    if not d.is_dir():
+        raise RuntimeError(f"shared cases not found at {d}: set AFDDIAG_CASES or clone beside ../shared")
+    return sorted(p for p in d.iterdir() if (p / "case.json").is_file())
+
+
+def load_case(path: Path) -> dict:
+    return json.loads((path / "case.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def report_schema() -> dict:
+    return json.loads((REPO / "afddiag" / "schema" / "report.schema.json").read_text())

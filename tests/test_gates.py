@@ -1,0 +1,185 @@
+"""Verdict rules on boundaries, on facts built directly (no host, no snapshot)."""
+
+import pytest
+
+from afddiag.collect import Inputs, Observation
+from afddiag.envvars import parse_device_map, parse_env_file, parse_nccl_hca
+from afddiag.facts import (FabricFacts, Gid, GpuDevice, GpuFacts, Netdev, Port, QpFacts, QpResult, QpStep,
+                           RdmaDevice, UnderLoad)
+from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
+from afddiag.verdict import Verdict, exit_code
+
+V4 = "0000:0000:0000:0000:0000:ffff:0a09:0002"  # 10.9.0.2
+FE80 = "fe80:0000:0000:0000:0817:58ff:fe65:b049"
+
+
+def host(env=None, mtu=1500, second_state="ACTIVE", qp=None, v4_type="RoCE v2"):
+    """zrxe0 (fe80 only) enumerates first; arxe1 carries 10.9.0.2 on netdev vc."""
+    f = FabricFacts(order_source="test", addresses_source="test")
+    f.devices = [
+        RdmaDevice("zrxe0", 0, ports=[Port(1, "ACTIVE", "LinkUp", "Ethernet", gids=[Gid(0, FE80, "RoCE v2", "va")])]),
+        RdmaDevice("arxe1", 1, ports=[Port(1, second_state, "LinkUp", "Ethernet", gids=[
+            Gid(0, FE80, "RoCE v2", "vc"), Gid(1, V4, v4_type, "vc", "10.9.0.2")])]),
+    ]
+    f.netdevs = {"va": Netdev("va", 1500, "up"), "vc": Netdev("vc", mtu, "up", ["10.9.0.2/24"])}
+    obs = Observation("h", "test", fabric=f, qp=qp or QpFacts(ran=False, why="test"), env=env or {})
+    return obs
+
+
+def ctx(obs, fabric_ip=None, **kw):
+    inputs = Inputs(fabric_ip=fabric_ip, **kw)
+    return Context(obs, inputs, resolve_fabric_ip(obs.fabric, fabric_ip))
+
+
+@pytest.mark.parametrize("netdev_mtu,roce", [(1500, 1024), (9000, 4096), (4192, 4096), (4191, 2048),
+                                             (1120, 1024), (1119, 512), (351, 0), (352, 256)])
+def test_roce_mtu_matches_iboe_get_mtu(netdev_mtu, roce):
+    assert fabric.roce_mtu(netdev_mtu) == roce
+
+
+def test_mtu_gate_boundary():
+    assert fabric.mtu(ctx(host(mtu=4192))).verdict == "PASS"
+    v = fabric.mtu(ctx(host(mtu=4191)))
+    assert v.verdict == "WARN" and "2048" in v.summary
+
+
+def test_fabric_ip_resolved_from_only_candidate_and_first_device_fails():
+    c = ctx(host())
+    assert c.fabric_ip.ip == "10.9.0.2" and c.fabric_ip.source.startswith("only")
+    v = fabric.first_device(c)
+    assert v.verdict == "FAIL"
+    assert "zrxe0" in v.summary and "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=arxe1" in v.remedy
+
+
+def test_map_rescues_first_device_only_when_right():
+    good = host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=arxe1"})
+    assert fabric.first_device(ctx(good)).verdict == "PASS"
+    assert fabric.devicemap_env(ctx(good)).verdict == "PASS"
+    bad = host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=zrxe0"})
+    assert fabric.first_device(ctx(bad)).verdict == "FAIL"
+    assert fabric.devicemap_env(ctx(bad)).verdict == "FAIL"
+    ghost = host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=mlx5_9"})
+    v = fabric.first_device(ctx(ghost))
+    assert v.verdict == "FAIL" and "not an RDMA device on this host" in v.summary
+
+
+def test_map_entries_for_other_hosts_are_ignored_and_garbage_fails():
+    fleet = host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.1=rocep1s0f1,10.9.0.2=arxe1"})
+    assert fabric.devicemap_env(ctx(fleet)).verdict == "PASS"
+    junk = host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=arxe1,oops"})
+    v = fabric.devicemap_env(ctx(junk))
+    assert v.verdict == "FAIL" and "'oops' is not ip=device" in v.summary
+
+
+def test_nccl_hca_prefix_and_exact():
+    assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "=arxe1:1"}))).verdict == "PASS"
+    assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "^arxe"}))).verdict == "FAIL"
+    assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "=arxe"}))).verdict == "FAIL"  # exact: no prefix
+    v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "arxe1:2"})))
+    assert v.verdict == "FAIL"  # wrong port
+    spec = parse_nccl_hca("roce")
+    assert all(spec.selects(d, 1) for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"))
+
+
+def test_nccl_gid_index():
+    assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "1"}))).verdict == "PASS"
+    v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "0"})))
+    assert v.verdict == "FAIL" and "GID index 1" in v.summary
+    assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "x"}))).verdict == "FAIL"
+
+
+def test_port_down_fails_link_and_rocev1_fails_rocev2():
+    assert fabric.link(ctx(host(second_state="DOWN"), "10.9.0.2")).verdict == "FAIL"
+    v = fabric.rocev2_ipv4(ctx(host(v4_type="IB/RoCE v1"), "10.9.0.2"))
+    assert v.verdict == "FAIL" and "only as RoCE v1" in v.summary
+
+
+def test_ambiguous_fabric_ip_warns_and_lists_candidates():
+    obs = host()
+    dev = obs.fabric.devices[0]
+    dev.ports[0].gids.append(Gid(1, "0000:0000:0000:0000:0000:ffff:0a08:0002", "RoCE v2", "va", "10.8.0.2"))
+    obs.fabric.netdevs["va"].ipv4 = ["10.8.0.2/24"]
+    c = ctx(obs)
+    assert c.fabric_ip.ambiguous
+    for g in (fabric.link, fabric.mtu, fabric.first_device):
+        v = g(c)
+        assert v.verdict == "WARN" and "ambiguous" in v.summary and "10.8.0.2" in v.summary
+    assert fabric.first_device(ctx(obs, "10.8.0.2")).verdict == "PASS"
+
+
+def test_qp_gate_judges_engine_device_and_decodes_errno():
+    fail = QpResult("zrxe0", 1, 0, FE80, "first RoCE v2 GID (fallback)", "10.9.0.1", reached="INIT", errno=-22,
+                    steps=[QpStep("INIT", True), QpStep("RTR", False, 22)])
+    ok = QpResult("arxe1", 1, 1, V4, "fabric IP", "10.9.0.1", reached="RTS",
+                  steps=[QpStep("INIT", True), QpStep("RTR", True), QpStep("RTS", True)])
+    qp = QpFacts(ran=True, results=[fail, ok])
+    v = fabric.qp_rtr(ctx(host(qp=qp), peers=["10.9.0.1"]))
+    assert v.verdict == "FAIL" and "errno 22" in v.summary and "invalid attribute" in v.summary
+    assert "INIT→RTR" in v.summary
+    mapped = host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=arxe1"}, qp=qp)
+    assert fabric.qp_rtr(ctx(mapped)).verdict == "PASS"
+    timeout = QpFacts(ran=True, results=[QpResult("arxe1", reached="INIT", errno=110, target="10.9.0.1")])
+    v = fabric.qp_rtr(ctx(host(env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=arxe1"}, qp=timeout)))
+    assert v.verdict == "FAIL" and "timed out" in v.summary and "ARP" in v.remedy
+    loop = QpFacts(ran=True, results=[QpResult("zrxe0", reached="RTS", target="loopback")])
+    v = fabric.qp_rtr(ctx(host(qp=loop)))
+    assert v.verdict == "PASS" and "weaker test" in v.summary
+    assert fabric.qp_rtr(ctx(host(qp=QpFacts(ran=True, results=[])))).verdict == "ERROR"
+
+
+def gpu_obs(ul=None, mx=3000.0, base=None, reasons=0, counters=None, util=100.0):
+    d = GpuDevice(0, "NVIDIA GB10", sm_count=48, clock_sm_max_mhz=mx, clocks_event_reasons=reasons,
+                  clocks_event_reason_counters_us=counters, memory_total_bytes=1, memory_source="nvml")
+    if ul is not None:
+        d.under_load = UnderLoad(clock_sm_mhz=ul, utilization_pct=util, bf16_tflops=(base or {}).get("got"))
+    return Observation("h", "test", gpu=GpuFacts(available=True, devices=[d], baseline=base))
+
+
+@pytest.mark.parametrize("clock,verdict", [(1499, "FAIL"), (1500, "PASS")])
+def test_slow_state_class_a_boundary_half_of_max(clock, verdict):
+    v = gpu.slow_state(ctx(gpu_obs(ul=clock, mx=3000)))
+    assert v.verdict == verdict
+    if verdict == "FAIL":
+        assert "class A" in v.summary
+
+
+@pytest.mark.parametrize("got,verdict", [(79.9, "FAIL"), (80.0, "PASS")])
+def test_slow_state_class_b_boundary_80_percent(got, verdict):
+    base = {"bf16_tflops": 100.0, "clock_sm_mhz_under_load": 2400, "got": got}
+    v = gpu.slow_state(ctx(gpu_obs(ul=2400, base=base)))
+    assert v.verdict == verdict
+    if verdict == "FAIL":
+        assert "class B" in v.summary and "bf16_tflops" in v.summary
+
+
+def test_slow_state_low_utilization_is_inconclusive_never_pass():
+    v = gpu.slow_state(ctx(gpu_obs(ul=2400, util=79)))
+    assert v.verdict == "WARN" and "inconclusive" in v.summary
+    assert gpu.slow_state(ctx(gpu_obs())).verdict == "SKIP"  # no under-load readings
+
+
+@pytest.mark.parametrize("mask,verdict", [(0x1, "PASS"), (0x4, "PASS"), (0x2 | 0x10, "PASS"), (0x20, "WARN"),
+                                          (0x8, "FAIL"), (0x40, "FAIL"), (0x80, "FAIL"), (0x24, "WARN")])
+def test_clock_event_bits(mask, verdict):
+    assert gpu.clock_events(ctx(gpu_obs(reasons=mask))).verdict == verdict
+
+
+def test_clock_event_counters_warn_without_a_current_bit():
+    v = gpu.clock_events(ctx(gpu_obs(counters={"hw_slowdown": 0, "sw_thermal_slowdown": 2_000_000})))
+    assert v.verdict == "WARN" and "2.00 s" in v.summary
+
+
+def test_exit_code_precedence():
+    mk = lambda *vs: [Verdict("x.y", v, "s") for v in vs]  # noqa: E731
+    assert exit_code(mk("PASS", "SKIP")) == 0
+    assert exit_code(mk("PASS", "WARN")) == 1
+    assert exit_code(mk("WARN", "ERROR")) == 3
+    assert exit_code(mk("ERROR", "FAIL", "WARN")) == 2
+
+
+def test_parsers():
+    assert parse_device_map("10.0.0.1=mlx5_0, 10.0.0.2=mlx5_1,") == ({"10.0.0.1": "mlx5_0", "10.0.0.2": "mlx5_1"}, [])
+    _, probs = parse_device_map("10.0.0.1=a,10.0.0.1=b,x=y,10.0.0.3=")
+    assert len(probs) == 3
+    env = parse_env_file("# c\nexport A='1 2'\nB=\"x=y\"\n\ngarbage\nC=3\n")
+    assert env == {"A": "1 2", "B": "x=y", "C": "3"}
