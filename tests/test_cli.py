@@ -1,0 +1,90 @@
+"""The command line as a user meets it: exit codes, JSON alone on stdout, plain output, device maps."""
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+from click.testing import CliRunner
+
+from afddiag import __version__
+from afddiag.cli import cli, run
+from conftest import CASES
+
+C01 = str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device")
+C02 = str(CASES / "fabric" / "02-spark-map-set-healthy")
+C07 = str(CASES / "fabric" / "07-ipv6-only-no-ipv4-gid")
+
+
+def invoke(args, env=None):
+    return CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=False, env=env)
+
+
+def test_usage_errors_exit_64_with_one_clear_line(capsys):
+    assert run(["fabric", "--fabric-ip", "10.9.0"]) == 64
+    err = capsys.readouterr().err
+    assert "'10.9.0' is not an IPv4 address" in err
+    assert run(["all", "--snapshot", "/nonexistent/snap"]) == 64
+    assert "not a directory" in capsys.readouterr().err
+    assert run(["nosuchcommand"]) == 64
+    assert run(["gpu", "--expect-sm", "0"]) == 64
+
+
+def test_exit_codes_follow_worst_verdict():
+    assert run(["fabric", "--json", "--snapshot", C01, "--fabric-ip", "192.168.100.10"]) == 2
+    assert run(["fabric", "--json", "--snapshot", C02, "--fabric-ip", "192.168.100.11"]) == 0
+    assert run(["fabric", "--json", "--snapshot", str(CASES / "fabric" / "10-spark-mtu-1500-vs-peer-9000"),
+                "--fabric-ip", "192.168.101.10"]) == 1
+
+
+def test_json_is_alone_on_stdout_and_valid(report_schema):
+    proc = subprocess.run([sys.executable, "-m", "afddiag", "all", "--json", "--snapshot", C01],
+                          capture_output=True, text=True)
+    rep = json.loads(proc.stdout)  # nothing but JSON on stdout
+    jsonschema.validate(rep, report_schema)
+    # two addressed rails and no --fabric-ip: the gates that need one WARN "ambiguous", never guess
+    assert proc.returncode == rep["exit_code"] == 1
+    assert rep["inputs"]["fabric_ip"] is None and rep["inputs"]["fabric_ip_source"] == "ambiguous"
+    first = next(g for g in rep["gates"] if g["id"] == "fabric.first-device")
+    assert first["verdict"] == "WARN" and "192.168.100.10" in first["summary"] and "192.168.101.10" in first["summary"]
+    assert rep["device_map"] == {"192.168.100.10": "rocep1s0f1", "192.168.101.10": "roceP2p1s0f1"}
+
+
+def test_schema_rejects_a_wrong_report(report_schema):
+    rep = json.loads(invoke(["fabric", "--json", "--snapshot", C02]).stdout)
+    rep["gates"][0]["verdict"] = "OK"
+    try:
+        jsonschema.validate(rep, report_schema)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("schema accepted verdict OK")
+
+
+def test_plain_table_without_tty_names_subject_and_remedy():
+    out = invoke(["fabric", "--snapshot", C01, "--fabric-ip", "192.168.100.10"], env={"NO_COLOR": "1"}).stdout
+    assert "\x1b[" not in out
+    line = next(l for l in out.splitlines() if "fabric.first-device" in l)
+    assert line.startswith("FAIL") and "rocep1s0f0" in line
+    assert "remedy: export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in out
+    assert out.rstrip().endswith("exit 2")
+
+
+def test_devicemap_formats():
+    assert invoke(["devicemap", "--snapshot", C01]).stdout.strip() == (
+        "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1,192.168.101.10=roceP2p1s0f1")
+    assert invoke(["devicemap", "--snapshot", C01, "--format", "shell"]).stdout.strip() == (
+        "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1,192.168.101.10=roceP2p1s0f1")
+    assert json.loads(invoke(["devicemap", "--snapshot", C01, "--format", "json"]).stdout) == {
+        "192.168.100.10": "rocep1s0f1", "192.168.101.10": "roceP2p1s0f1"}
+
+
+def test_devicemap_with_no_ipv4_rocev2_says_so_and_exits_2():
+    res = invoke(["devicemap", "--snapshot", C07])
+    assert res.return_value == 2 and res.stdout == ""
+    assert "no IPv4 RoCE v2 GID" in res.stderr
+
+
+def test_version():
+    assert run(["--version"]) == 0
+    assert __version__ in invoke(["--version"]).stdout
