@@ -369,3 +369,29 @@ def test_real_gpu_reads():
         assert d["cuda"]["sm_count"] > 0
         assert len(d["cuda"]["compute_capability"]) == 2
         assert d["nvml"]["clock_sm_max_mhz"] > 0
+
+
+def _shape(v):
+    """Nested key structure of a JSON value (dict keys; the first element of lists)."""
+    if isinstance(v, dict):
+        return {k: _shape(x) for k, x in v.items()}
+    if isinstance(v, list) and v and isinstance(v[0], dict):
+        return [_shape(v[0])]
+    return None
+
+
+def test_recorded_h200_fixture_has_the_probes_shape(fake_gpus, meminfo):
+    """tests/fixtures/gpu/h200-live-idle is read_gpu output: same keys as the probe produces now."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures" / "gpu"
+    recorded = json.loads((fixtures / "h200-live-idle" / "gpu.json").read_text())
+    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    assert _shape(gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)) == _shape(recorded)
+    assert recorded["devices"][0]["cuda"]["sm_count"] == 132
+
+    loaded = json.loads((fixtures / "h200-live-load" / "gpu.json").read_text())
+    ul = loaded["devices"][0]["under_load"]
+    assert set(ul) >= {"clock_sm_mhz", "power_mw", "utilization_pct", "clocks_event_reasons", "pstate", "achieved"}
+    assert loaded["expect"]["image_sm_count"] == 132
+    assert loaded["expect"]["baseline"]["bf16_tflops"] == ul["achieved"]["bf16_tflops"]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install afddiag on this host: Debian/Ubuntu packages it reads the host with, then a venv (.venv)
+# on the distro Python made with --system-site-packages, so that the distro's python3-pyverbs
+# (which matches the host's rdma-core) is importable, and afddiag installed into it.
+#
+#   sudo ./scripts/setup.sh && .venv/bin/afddiag all
+#
+# Idempotent; installs only what is missing. AFDDIAG_NO_APT=1 skips the package step (no root).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+PKGS=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers iproute2)
+
+if [ "${AFDDIAG_NO_APT:-0}" != 1 ] && command -v apt-get >/dev/null; then
+  missing=()
+  for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    echo "setup: installing ${missing[*]}" >&2
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+fi
+
+PY=/usr/bin/python3  # the distro Python: python3-pyverbs is built for it
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0 if sys.base_prefix == "/usr" else 1)' 2>/dev/null; then
+  rm -rf .venv
+  "$PY" -m venv --system-site-packages .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
+.venv/bin/python -c 'import afddiag, click, rich, psutil, pynvml' || { echo "setup: afddiag did not install into .venv" >&2; exit 1; }
+if .venv/bin/python -c 'import pyverbs' 2>/dev/null; then
+  echo "setup: ready (.venv/bin/afddiag; pyverbs available)" >&2
+else
+  echo "setup: ready (.venv/bin/afddiag; pyverbs NOT importable: the QP gate will SKIP)" >&2
+fi

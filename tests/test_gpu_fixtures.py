@@ -1,0 +1,55 @@
+"""GPU gates on readings recorded on the lent H200 (tests/fixtures/gpu, see its README)."""
+
+import copy
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from afddiag.cli import cli
+from conftest import REPO
+
+FIX = REPO / "tests" / "fixtures" / "gpu"
+
+
+def gates(snapshot, *extra):
+    res = CliRunner().invoke(cli, ["gpu", "--json", "--snapshot", str(snapshot), *extra], standalone_mode=False,
+                             catch_exceptions=False)
+    rep = json.loads(res.stdout)
+    return {g["id"]: g for g in rep["gates"]}
+
+
+def test_h200_idle_recording():
+    g = gates(FIX / "h200-live-idle", "--expect-sm", "132")
+    assert g["gpu.present"]["verdict"] == "PASS" and "132 SMs, cc 9.0" in g["gpu.present"]["summary"]
+    assert g["gpu.sm-count"]["verdict"] == "PASS"
+    assert g["gpu.memory"]["facts"]["0"]["total_bytes"] == 150754820096
+    # idle: 345 MHz with only the idle bit is low by design, never judged as a slow state
+    assert g["gpu.clock-events"]["verdict"] == "PASS"
+    assert g["gpu.slow-state"]["verdict"] == "SKIP"
+
+
+def test_h200_under_load_recording_passes_with_power_cap_bit():
+    g = gates(FIX / "h200-live-load")
+    assert all(v["verdict"] == "PASS" for v in g.values()), {k: v["summary"] for k, v in g.items()}
+    assert "sw_power_cap" in g["gpu.clock-events"]["summary"]  # seen under bf16 load, not a fault
+
+
+@pytest.mark.parametrize("field,scale,verdict,words", [
+    ("bf16_tflops", 1 / 1.5, "FAIL", "class B"),  # matmul 1.5x below baseline with a normal clock
+    ("copy_gbps", 0.95, "PASS", None),
+    ("clock_sm_mhz", 0.4, "FAIL", "class A"),
+])
+def test_derived_slow_state_fixtures(tmp_path, field, scale, verdict, words):
+    r = json.loads((FIX / "h200-live-load" / "gpu.json").read_text())
+    bad = copy.deepcopy(r)
+    ul = bad["devices"][0]["under_load"]
+    if field in ul:
+        ul[field] = ul[field] * scale
+    else:
+        ul["achieved"][field] = ul["achieved"][field] * scale
+    (tmp_path / "gpu.json").write_text(json.dumps(bad))
+    v = gates(tmp_path)["gpu.slow-state"]
+    assert v["verdict"] == verdict, v["summary"]
+    if words:
+        assert words in v["summary"] and "AC" in v["remedy"]
