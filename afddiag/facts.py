@@ -222,6 +222,36 @@ def to_jsonable(obj: Any) -> Any:
 
 NOT_SUPPORTED = "NOT_SUPPORTED"
 
+# NVML clocks event reasons (nvml.h ``nvmlClocksEventReason*``), bit -> name.
+CLOCKS_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def clocks_event_reason_names(mask: Any) -> Any:
+    """Names of the bits set in an NVML clocks-event-reasons ``mask`` (lowest bit first).
+
+    Unknown bits are named ``unknown_0x...``. A non-int ``mask`` (``None``, ``"NOT_SUPPORTED"``) is
+    returned unchanged.
+    """
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        return mask
+    names = []
+    bit = 1
+    while bit <= mask:
+        if mask & bit:
+            names.append(CLOCKS_EVENT_REASONS.get(bit, f"unknown_{bit:#x}"))
+        bit <<= 1
+    return names
+
 
 def _num(v: Any) -> Any:
     """A recorded reading to a number or None ("NOT_SUPPORTED", null, garbage → None)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from afddiag.catalog import remedy
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
-from afddiag.facts import ROCE_V2, Entry, carriers, gid_for_ipv4, ipv4_entries, to_jsonable, usable_rocev2
+from afddiag.facts import ROCE_V2, Entry, carriers, ipv4_entries, to_jsonable, usable_rocev2
 from afddiag.gates import Context
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -66,6 +66,17 @@ def _best_carrier(ctx: Context) -> Entry | None:
     return cs[0] if cs else None
 
 
+def _fabric_entry(ctx: Context, gid: str) -> Entry | Verdict:
+    """The entry of the port carrying the fabric IP, or the SKIP/WARN verdict that stops the gate."""
+    if (v := _need_fabric(ctx, gid)) is not None:
+        return v
+    e = _best_carrier(ctx)
+    if e is None:
+        return Verdict(gid, SKIP, f"fabric IP {ctx.fabric_ip.ip}: no port carries it, so nothing to judge "
+                       "(see fabric.rocev2-ipv4)", remedy("fabric.rocev2-ipv4"))
+    return e
+
+
 def _where(e: Entry) -> str:
     return f"{e.device} port {e.port} GID {e.gid_index} ({e.gid_type or 'type unknown'}, {e.netdev})"
 
@@ -92,13 +103,10 @@ def rdma_present(ctx: Context) -> Verdict:
 
 def link(ctx: Context) -> Verdict:
     gid = "fabric.link"
-    if (v := _need_fabric(ctx, gid)) is not None:
-        return v
-    e = _best_carrier(ctx)
+    e = _fabric_entry(ctx, gid)
+    if isinstance(e, Verdict):
+        return e
     ip = ctx.fabric_ip.ip
-    if e is None:
-        return Verdict(gid, SKIP, f"fabric IP {ip}: no port carries it, so no link to judge (see fabric.rocev2-ipv4)",
-                       remedy("fabric.rocev2-ipv4"))
     _, port = _port_of(ctx, e)
     nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
     facts = {"device": e.device, "port": e.port, "state": port.state, "phys_state": port.phys_state,
@@ -113,13 +121,10 @@ def link(ctx: Context) -> Verdict:
 
 def mtu(ctx: Context) -> Verdict:
     gid = "fabric.mtu"
-    if (v := _need_fabric(ctx, gid)) is not None:
-        return v
-    e = _best_carrier(ctx)
+    e = _fabric_entry(ctx, gid)
+    if isinstance(e, Verdict):
+        return e
     ip = ctx.fabric_ip.ip
-    if e is None:
-        return Verdict(gid, SKIP, f"fabric IP {ip}: no port carries it (see fabric.rocev2-ipv4)",
-                       remedy("fabric.rocev2-ipv4"))
     nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
     if nd is None or nd.mtu is None:
         return Verdict(gid, SKIP, f"{e.netdev}: netdev MTU not read", remedy("snapshot.fabric"))

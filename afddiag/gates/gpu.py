@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.facts import GpuDevice, to_jsonable
+from afddiag.facts import GpuDevice, clocks_event_reason_names, to_jsonable
 from afddiag.gates import Context
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
-# nvmlClocksEventReason* bits (nvml.h)
-REASONS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
 FAIL_BITS = 0x8 | 0x40 | 0x80
 WARN_BITS = 0x20
 SLOW_CLOCK_FRACTION = 0.5  # class A: under-load SM clock below half of max or of baseline
@@ -28,12 +16,8 @@ THROUGHPUT = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"), ("gemv_gbp
 
 
 def reason_names(mask: int | None) -> list[str]:
-    """Names of the set bits of an NVML clocks event reasons mask (unknown bits as hex)."""
-    if not mask:
-        return []
-    names = [n for b, n in REASONS.items() if mask & b]
-    rest = mask & ~sum(REASONS)
-    return names + ([hex(rest)] if rest else [])
+    """Names of the set bits of an NVML clocks event reasons mask ([] for none or unknown)."""
+    return clocks_event_reason_names(mask) if mask else []
 
 
 def _label(d: GpuDevice) -> str:

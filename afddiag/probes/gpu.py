@@ -21,20 +21,7 @@ import platform
 import threading
 from typing import Any
 
-NOT_SUPPORTED = "NOT_SUPPORTED"
-
-# NVML clocks event reasons (nvml.h ``nvmlClocksEventReason*``), bit -> name.
-CLOCKS_EVENT_REASONS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
+from afddiag.facts import NOT_SUPPORTED, clocks_event_reason_names
 
 # CUdevice_attribute values (cuda.h).
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -46,23 +33,6 @@ CUDA_SUCCESS = 0
 LIBCUDA = "libcuda.so.1"
 LIBNVML = "libnvidia-ml.so.1"
 BIOS_VERSION_PATH = "/sys/class/dmi/id/bios_version"
-
-
-def clocks_event_reason_names(mask: Any) -> Any:
-    """Names of the bits set in an NVML clocks-event-reasons ``mask`` (lowest bit first).
-
-    Unknown bits are named ``unknown_0x...``. A non-int ``mask`` (``None``, ``"NOT_SUPPORTED"``) is
-    returned unchanged.
-    """
-    if not isinstance(mask, int) or isinstance(mask, bool):
-        return mask
-    names = []
-    bit = 1
-    while bit <= mask:
-        if mask & bit:
-            names.append(CLOCKS_EVENT_REASONS.get(bit, f"unknown_{bit:#x}"))
-        bit <<= 1
-    return names
 
 
 def uuid_from_bytes(raw: bytes) -> str:
