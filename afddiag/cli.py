@@ -51,7 +51,9 @@ def diagnose(inputs: Inputs, families: set[str]) -> dict:
         {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
          "env": obs.env},
-        obs.fabric, notes)
+        obs.fabric, notes,
+        {"fabric": obs.fabric, "qp": obs.qp,
+         "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None})
 
 
 def common(f):

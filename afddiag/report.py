@@ -28,7 +28,8 @@ def device_map(fabric: FabricFacts | None) -> dict[str, str]:
 
 
 def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
-          fabric: FabricFacts | None, notes: list[str] | None = None) -> dict[str, Any]:
+          fabric: FabricFacts | None, notes: list[str] | None = None,
+          facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1)."""
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
@@ -45,6 +46,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "counts": counts,
         "exit_code": exit_code(verdicts),
         "notes": list(notes or []),
+        "facts": to_jsonable(facts or {}),
     }
 
 
