@@ -302,7 +302,7 @@ def devicemap_env(ctx: Context) -> Verdict:
         return Verdict(gid, FAIL, "; ".join(fails), rem, facts)
     if warns:
         return Verdict(gid, WARN, "; ".join(warns), rem, facts)
-    return Verdict(gid, PASS, f"{names} point at the fabric IP's device"
+    return Verdict(gid, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
                    + (f" ({target[0].device} GID {target[0].gid_index})" if target else ""), "nothing to do", facts)
 
 

@@ -29,7 +29,9 @@ def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
     if g is None or not g.captured:
         return Verdict(gid, SKIP, (g.why if g and g.why else "GPU not probed"), remedy("snapshot.gpu"))
     if not g.devices:
-        why = f"no GPU seen: {g.why or 'no devices'}" if gid == "gpu.present" else "no GPU seen (gpu.present says why)"
+        reason = g.why or "no devices"
+        reason = reason if reason.lower().startswith("no ") else f"no GPU seen: {reason}"
+        why = reason if gid == "gpu.present" else "no GPU seen (gpu.present says why)"
         return Verdict(gid, SKIP, why, remedy("gpu.present"))
     return None
 
