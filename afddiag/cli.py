@@ -16,7 +16,8 @@ from afddiag import __version__
 from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot
 from afddiag.verdict import EXIT_USAGE
 
-FAMILIES = {"fabric": {"fabric"}, "gpu": {"gpu"}, "all": {"fabric", "gpu"}}
+FAMILIES = {"fabric": {"fabric"}, "gpu": {"gpu"}, "all": {"fabric", "gpu", "launch"},
+            "preflight": {"fabric", "gpu", "launch"}}
 
 
 def _ipv4(ctx, param, value):
@@ -34,26 +35,33 @@ def diagnose(inputs: Inputs, families: set[str]) -> dict:
 
     Raises :class:`~afddiag.collect.SnapshotError` when ``inputs.snapshot`` is not a directory.
     """
+    return diagnose_full(inputs, families)[0]
+
+
+def diagnose_full(inputs: Inputs, families: set[str]):
+    """:func:`diagnose`, returning ``(report, observation)``."""
     from afddiag import report
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
 
-    want_fabric, want_gpu = "fabric" in families, "gpu" in families
+    want_fabric, want_gpu, want_launch = "fabric" in families, "gpu" in families, "launch" in families
     if inputs.snapshot:
-        obs = gather_snapshot(inputs, want_fabric, want_gpu)
+        obs = gather_snapshot(inputs, want_fabric, want_gpu, want_launch)
     else:
         obs = gather_live(inputs, want_fabric, want_gpu,
-                          lambda fab: resolve_fabric_ip(fab, inputs.fabric_ip).ip)
+                          lambda fab: resolve_fabric_ip(fab, inputs.fabric_ip).ip, want_launch)
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
     verdicts = run_gates(Context(obs, inputs, fip), families)
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
-    return report.build(
+    rep = report.build(
         verdicts, obs.host, obs.source,
         {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
-         "env": obs.env},
+         "env": obs.env, "role": (inputs.playbook.name if inputs.playbook else "generic"),
+         "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
         obs.fabric, notes,
         {"fabric": obs.fabric, "qp": obs.qp,
          "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None})
+    return rep, obs
 
 
 def common(f):
@@ -79,16 +87,57 @@ def gpu_opts(f):
                         help="SM count the image's kernels were exported for.")(f)
 
 
-def _run(cmd: str, snapshot, as_json, timeout_s, fabric_ip=None, peers=(), no_qp=False, qp_timeout=5.0,
-         expect_sm=None) -> int:
-    from afddiag import report
+def launch_opts(f):
+    f = click.option("--role", help="Role playbook: coordinator, expert, generic, or a site's "
+                     "(default: AFD_ROLE from --launch-env, else generic).")(f)
+    f = click.option("--playbook", "playbook_path", type=click.Path(dir_okay=False),
+                     help="A playbook file instead of a role name.")(f)
+    f = click.option("--launch-env", "launch_env_path", type=click.Path(dir_okay=False),
+                     help="The launcher's KEY=VALUE env file (AFD_FABRIC_IP, capacities, AFD_IMAGE, the map).")(f)
+    f = click.option("--expect-capacity", type=click.IntRange(1, 1 << 20),
+                     help="The other side's capacity flag (ranks' for a coordinator, coordinator's for a rank).")(f)
+    return f
 
-    inputs = Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
-                    probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp)
+
+def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=False, qp_timeout=5.0,
+                expect_sm=None, role=None, playbook_path=None, launch_env_path=None, expect_capacity=None) -> Inputs:
+    """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
+    from afddiag import playbook as pbmod
+    from afddiag.envvars import LaunchEnvError, parse_launch_env
+
+    launch_env = None
+    pb = None
     try:
-        rep = diagnose(inputs, FAMILIES[cmd])
+        if playbook_path or role:
+            pb = pbmod.load(role, playbook_path)
+        if launch_env_path:
+            try:
+                text = open(launch_env_path, encoding="utf-8").read()
+            except OSError as e:
+                raise click.UsageError(f"launch env {launch_env_path}: {e.strerror}: give the launcher's env file")
+            launch_env = parse_launch_env(text, launch_env_path, pb.aliases if pb else None)
+            if pb is None and launch_env.get("AFD_ROLE"):
+                pb = pbmod.load(launch_env["AFD_ROLE"])
+                if pb.aliases:  # the role's aliases apply to the file that named it
+                    launch_env = parse_launch_env(text, launch_env_path, pb.aliases)
+    except (LaunchEnvError, pbmod.PlaybookError) as e:
+        raise click.UsageError(str(e))
+    return Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
+                  probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
+                  launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb)
+
+
+def _diagnose(cmd: str, inputs: Inputs):
+    try:
+        return diagnose_full(inputs, FAMILIES[cmd])
     except SnapshotError as e:
         raise click.UsageError(str(e))
+
+
+def _run(cmd: str, as_json, **kw) -> int:
+    from afddiag import report
+
+    rep, _ = _diagnose(cmd, make_inputs(**kw))
     if as_json:
         report.write_json(rep)
     else:
@@ -108,6 +157,7 @@ def cli() -> None:
 @cli.command()
 @common
 @fabric_opts
+@launch_opts
 def fabric(**kw) -> int:
     """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR."""
     return _run("fabric", **kw)
@@ -116,6 +166,7 @@ def fabric(**kw) -> int:
 @cli.command()
 @common
 @gpu_opts
+@launch_opts
 def gpu(**kw) -> int:
     """GPUs through NVML and the CUDA driver: SM count, memory, clocks event reasons, slow state."""
     return _run("gpu", **kw)
@@ -125,20 +176,65 @@ def gpu(**kw) -> int:
 @common
 @fabric_opts
 @gpu_opts
+@launch_opts
 def all_(**kw) -> int:
-    """Every gate: fabric and GPU."""
+    """Every gate of the role: fabric, GPU and launch."""
     return _run("all", **kw)
 
 
 @cli.command()
 @click.option("--snapshot", type=click.Path(file_okay=False), help="Read a snapshot directory instead of this host.")
-@click.option("--format", "fmt", type=click.Choice(["env", "shell", "json"]), default="env", show_default=True)
-def devicemap(snapshot, fmt) -> int:
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=10.0, show_default=True)
+@fabric_opts
+@gpu_opts
+@launch_opts
+@click.option("--strict", is_flag=True, help="WARN fails the preflight too (exit 1).")
+@click.option("--export", "export", is_flag=True,
+              help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
+                   "UCX_NET_DEVICES, MC_GID_INDEX) on stdout.")
+def preflight(strict, export, **kw) -> int:
+    """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
+
+    Exit codes as `afddiag all`, except that WARN exits 0 unless --strict.
+    """
+    from afddiag import report
+
+    rep, obs = _diagnose("preflight", make_inputs(**kw))
+    code = rep["exit_code"]
+    if code == 1 and not strict:
+        code = 0
+    c = rep["counts"]
+    role = rep["inputs"]["role"]
+    if code == 0:
+        warned = [g["id"] for g in rep["gates"] if g["verdict"] == "WARN"]
+        line = (f"afddiag preflight: {role} on {rep['host']}: OK ({c['PASS']} pass, {c['WARN']} warn, "
+                f"{c['SKIP']} skip)" + (f"; warn: {', '.join(warned)}" if warned else ""))
+        click.echo(line, err=export)
+    else:
+        bad = [g for g in rep["gates"] if g["verdict"] in ("FAIL", "ERROR") or (strict and g["verdict"] == "WARN")]
+        click.echo(f"afddiag preflight: {role} on {rep['host']}: NOT FIT (exit {code})", err=True)
+        for g in bad:
+            click.echo(f"  {g['verdict']} {g['id']}: {g['summary']}", err=True)
+            click.echo(f"       remedy: {g['remedy']}", err=True)
+    if export and code == 0:
+        pairs = report.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
+        if pairs:
+            click.echo(report.format_exports(pairs, "shell"))
+    return code
+
+
+@cli.command()
+@click.option("--snapshot", type=click.Path(file_okay=False), help="Read a snapshot directory instead of this host.")
+@click.option("--format", "fmt", type=click.Choice(["env", "shell", "json", "nccl"]), default="env",
+              show_default=True, help="nccl: NCCL_IB_HCA==dev:port and NCCL_IB_GID_INDEX for the fabric IP.")
+@click.option("--fabric-ip", callback=_ipv4, help="The launcher's fabric IPv4 address (for --format nccl).")
+def devicemap(snapshot, fmt, fabric_ip) -> int:
     """Print DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP for this host (IPv4 RoCE v2 GIDs on ACTIVE ports).
 
     Exits 2 with a message on stderr when no address qualifies.
     """
     from afddiag import report
+    from afddiag.gates import resolve_fabric_ip
 
     inputs = Inputs(snapshot=snapshot, run_qp=False)
     try:
@@ -150,6 +246,15 @@ def devicemap(snapshot, fmt) -> int:
         click.echo("afddiag devicemap: no IPv4 RoCE v2 GID on an ACTIVE port: put the fabric address on the "
                    "RoCE netdev first (afddiag fabric says more)", err=True)
         return 2
+    if fmt == "nccl":
+        fip = resolve_fabric_ip(obs.fabric, fabric_ip)
+        pairs = [p for p in report.launch_exports(obs.fabric, fip.ip) if p[0].startswith("NCCL_")]
+        if not pairs:
+            click.echo(f"afddiag devicemap: fabric IP {fip.ip or 'ambiguous: ' + ', '.join(sorted(dm))} has no IPv4 "
+                       "RoCE v2 GID on an ACTIVE port: give --fabric-ip with one of the map's addresses", err=True)
+            return 2
+        click.echo(report.format_exports(pairs, "env"))
+        return 0
     click.echo(report.format_devicemap(dm, fmt))
     return 0
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from afddiag.envvars import WATCHED, parse_env_file
-from afddiag.facts import FabricFacts, GpuFacts, QpFacts, gpu_facts_from_readings
+from afddiag.envvars import MAP_VAR, WATCHED, parse_env_file
+from afddiag.facts import FabricFacts, GpuFacts, HostLimits, ImageFacts, QpFacts, gpu_facts_from_readings
 
 T = TypeVar("T")
 
@@ -32,6 +32,18 @@ class Inputs:
     probe_timeout_s: float = 10.0
     qp_timeout_s: float = 5.0
     run_qp: bool = True
+    launch_env: dict[str, str] | None = None  # parsed --launch-env file (afddiag's key names)
+    launch_env_path: str | None = None
+    expect_capacity: int | None = None
+    playbook: Any = None  # afddiag.playbook.Playbook
+
+    def __post_init__(self) -> None:
+        """The launch env feeds the fabric IP and peers when the flags do not give them."""
+        le = self.launch_env or {}
+        if not self.fabric_ip and le.get("AFD_FABRIC_IP"):
+            self.fabric_ip = le["AFD_FABRIC_IP"]
+        if not self.peers and le.get("AFD_PEER_FABRIC_IPS"):
+            self.peers = [p for p in le["AFD_PEER_FABRIC_IPS"].replace(",", " ").split() if p]
 
 
 @dataclass
@@ -45,7 +57,21 @@ class Observation:
     gpu: GpuFacts | None = None
     env: dict[str, str] | None = None  # None: not captured
     env_source: str = "process environment"
+    image: ImageFacts | None = None
+    limits: HostLimits | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def _overlay_launch_env(obs: Observation, inputs: Inputs) -> None:
+    """With --launch-env, the file's device-selection variables are what the launcher exports:
+    its map replaces the process's (absent in the file: no map)."""
+    if inputs.launch_env is None:
+        return
+    env = dict(obs.env or {})
+    env.pop(MAP_VAR, None)
+    env.update({k: v for k, v in inputs.launch_env.items() if k in WATCHED})
+    obs.env = env
+    obs.env_source = f"launch env {inputs.launch_env_path}"
 
 
 class ProbeTimeout(Exception):
@@ -97,10 +123,18 @@ def _qp_live(fabric: FabricFacts, inputs: Inputs, fabric_ip: str | None) -> QpFa
 
 
 def gather_live(inputs: Inputs, want_fabric: bool, want_gpu: bool,
-                resolve_ip: Callable[[FabricFacts], str | None]) -> Observation:
+                resolve_ip: Callable[[FabricFacts], str | None], want_launch: bool = False) -> Observation:
     """Probe this host. ``resolve_ip`` picks the fabric IP from fabric facts (for the QP probe)."""
     obs = Observation(host=socket.gethostname(), source="live")
     obs.env = {k: v for k, v in os.environ.items() if k in WATCHED}
+    _overlay_launch_env(obs, inputs)
+    if want_launch:
+        from afddiag.probes.launch import inspect_image, read_limits
+
+        obs.limits = read_limits()
+        ref = (inputs.launch_env or {}).get("AFD_IMAGE")
+        if ref:
+            obs.image = inspect_image(ref, inputs.probe_timeout_s)
     if want_fabric:
         try:
             obs.fabric = bounded(lambda: _fabric_live(inputs.probe_timeout_s),
@@ -143,10 +177,11 @@ def _load_json(path: Path, notes: list[str]) -> Any:
         return None
 
 
-def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool) -> Observation:
+def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_launch: bool = False) -> Observation:
     """Read a snapshot directory instead of the host: ``sys/``, ``rdma-dev.json``,
-    ``ip-addr.json``, ``env``, ``gpu.json``. Any part may be absent; what it would have fed is
-    marked not captured. Raises :class:`SnapshotError` when the directory does not exist."""
+    ``ip-addr.json``, ``env``, ``gpu.json``, ``image.json`` (image inspect), ``limits.json``. Any
+    part may be absent; what it would have fed is marked not captured. Raises
+    :class:`SnapshotError` when the directory does not exist."""
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
     from afddiag.probes.sysfs import probe_fabric
 
@@ -163,6 +198,18 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool) -> Observ
         obs.env_source = "snapshot env"
     else:
         obs.env, obs.env_source = {}, "snapshot (no env file: nothing set)"
+    _overlay_launch_env(obs, inputs)
+    if want_launch:
+        from afddiag.probes.launch import image_from_inspect, limits_from_json
+
+        raw = _load_json(root / "limits.json", obs.notes)
+        obs.limits = limits_from_json(raw) if raw is not None else HostLimits(
+            captured=False, notes=["limits not captured (no limits.json in the snapshot)"])
+        raw = _load_json(root / "image.json", obs.notes)
+        if raw is not None:
+            obs.image = image_from_inspect(raw, (inputs.launch_env or {}).get("AFD_IMAGE"), "image.json")
+        elif (inputs.launch_env or {}).get("AFD_IMAGE"):
+            obs.image = ImageFacts(ref=inputs.launch_env["AFD_IMAGE"], why="image not captured (no image.json)")
     if want_fabric:
         if not (root / "sys").is_dir():
             obs.fabric = FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])

@@ -105,3 +105,83 @@ def parse_env_file(text: str) -> dict[str, str]:
             val = val[1:-1]
         out[key.strip()] = val
     return out
+
+
+LAUNCH_KEYS = ("AFD_ROLE", "AFD_FABRIC_IP", "AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY", "AFD_PEER_FABRIC_IPS",
+               "AFD_IMAGE", "AFD_IMAGE_SM_COUNT", MAP_VAR)
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class LaunchEnvError(ValueError):
+    """A launch env file that cannot be used: the message names the file, the line and the fix."""
+
+
+def _unquote(val: str, where: str) -> str:
+    val = val.strip()
+    if val[:1] in ("'", '"'):
+        q = val[0]
+        end = val.find(q, 1)
+        if end < 0:
+            raise LaunchEnvError(f"{where}: unterminated {q} quote: close it")
+        rest = val[end + 1:].strip()
+        if rest and not rest.startswith("#"):
+            raise LaunchEnvError(f"{where}: text after the closing quote ({rest!r}): quote the whole value")
+        return val[1:end]
+    return val.split(" #", 1)[0].strip()
+
+
+def _check_value(key: str, val: str, where: str) -> None:
+    def ipv4(v: str) -> None:
+        try:
+            ipaddress.IPv4Address(v)
+        except ValueError:
+            raise LaunchEnvError(f"{where}: {key}={v!r} is not an IPv4 address (dotted form, e.g. 10.9.0.2)")
+
+    if key == "AFD_FABRIC_IP" and val:
+        ipv4(val)
+    elif key == "AFD_PEER_FABRIC_IPS" and val:
+        for v in re.split(r"[,\s]+", val.strip()):
+            if v:
+                ipv4(v)
+    elif key in ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY", "AFD_IMAGE_SM_COUNT") and val:
+        if not val.isdigit() or int(val) <= 0:
+            raise LaunchEnvError(f"{where}: {key}={val!r} is not a positive integer")
+    elif key == "AFD_ROLE" and val and not _KEY_RE.match(val.replace("-", "_")):
+        raise LaunchEnvError(f"{where}: AFD_ROLE={val!r} is not a role name (coordinator, expert, generic)")
+    elif key == MAP_VAR and val:
+        _, problems = parse_device_map(val)
+        if problems:
+            raise LaunchEnvError(f"{where}: {MAP_VAR}: {problems[0]} (form: ip=device[,ip=device])")
+
+
+def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, str] | None = None) -> dict[str, str]:
+    """Parse a launch env file strictly: ``KEY=VALUE`` lines, ``export`` prefixes, single or double
+    quotes, blank lines and ``#`` comments. ``aliases`` maps a site's own variable names to afddiag's
+    (``{"SITE_IP": "AFD_FABRIC_IP"}``). Returns every key (afddiag's names for aliased ones).
+
+    Raises :class:`LaunchEnvError` naming ``path`` and the line for garbage lines, duplicate keys
+    (aliases included) and bad values of the keys afddiag reads.
+    """
+    out: dict[str, str] = {}
+    first_line: dict[str, tuple[int, str]] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        where = f"{path}:{n}"
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export ") or line.startswith("export\t"):
+            line = line[7:].lstrip()
+        key, sep, val = line.partition("=")
+        key = key.strip()
+        if not sep or not _KEY_RE.match(key):
+            raise LaunchEnvError(f"{where}: not a KEY=VALUE line ({raw.strip()[:60]!r}): fix or comment it out")
+        name = (aliases or {}).get(key, key)
+        if name in first_line:
+            line0, key0 = first_line[name]
+            same = f" (as {key0}, an alias of {name})" if key0 != key else (f" (alias of {name})" if name != key else "")
+            raise LaunchEnvError(f"{where}: duplicate key {key}, first set on line {line0}{same}: keep one")
+        value = _unquote(val, where)
+        _check_value(name, value, where)
+        out[name] = value
+        first_line[name] = (n, key)
+    return out

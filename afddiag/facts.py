@@ -411,3 +411,37 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         notes=[n for n in (r.get("notes") or []) if isinstance(n, str)],
         readings=r,
     )
+
+
+@dataclass
+class ImageFacts:
+    """The container image the launcher runs (``docker|podman image inspect``, or a snapshot's image.json)."""
+
+    ref: str | None = None
+    source: str | None = None  # "docker", "podman", "image.json"
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the image's Config.Env
+    why: str | None = None  # why nothing was read
+
+
+@dataclass
+class DeviceNode:
+    """A character device the engine opens (``/dev/infiniband/uverbs0``, ``rdma_cm``)."""
+
+    path: str
+    exists: bool = False
+    readable: bool = False
+    writable: bool = False
+
+
+@dataclass
+class HostLimits:
+    """Process limits and RDMA device-node access of the launching user (``getrlimit``, ``access``)."""
+
+    captured: bool = True
+    memlock_soft_bytes: int | None = None  # -1: unlimited (RLIM_INFINITY)
+    memlock_hard_bytes: int | None = None
+    device_nodes: list[DeviceNode] = field(default_factory=list)
+    in_container: bool = False
+    user: str | None = None
+    notes: list[str] = field(default_factory=list)

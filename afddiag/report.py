@@ -91,6 +91,28 @@ def write_table(report: dict[str, Any], out: TextIO | None = None) -> None:
               f" — exit {report['exit_code']}\n")
 
 
+def launch_exports(fabric: FabricFacts | None, fabric_ip: str | None) -> list[tuple[str, str]]:
+    """What a launcher exports: the device map, and for the fabric IP's IPv4 RoCE v2 GID
+    ``NCCL_IB_HCA==dev:port`` (a leading '=' makes NCCL match exactly, not by prefix: 'roce' would
+    match all four Spark devices), ``NCCL_IB_GID_INDEX``, ``UCX_NET_DEVICES=dev:port``, ``MC_GID_INDEX``."""
+    out: list[tuple[str, str]] = []
+    dm = device_map(fabric)
+    if dm:
+        out.append((MAP_VAR, format_device_map(dm)))
+    entry = next((e for e in usable_rocev2(fabric) if e.ip == fabric_ip), None) if fabric and fabric_ip else None
+    if entry:
+        out += [("NCCL_IB_HCA", f"={entry.device}:{entry.port}"), ("NCCL_IB_GID_INDEX", str(entry.gid_index)),
+                ("UCX_NET_DEVICES", f"{entry.device}:{entry.port}"), ("MC_GID_INDEX", str(entry.gid_index))]
+    return out
+
+
+def format_exports(pairs: list[tuple[str, str]], fmt: str = "shell") -> str:
+    """``export K='v'`` lines (shell) or ``K=v`` lines (env)."""
+    if fmt == "shell":
+        return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in pairs)
+    return "\n".join(f"{k}={v}" for k, v in pairs)
+
+
 def format_devicemap(dm: dict[str, str], fmt: str) -> str:
     """The device map as ``env`` (``VAR=ip=dev,...``), ``shell`` (``export VAR='...'``) or ``json``."""
     if fmt == "json":

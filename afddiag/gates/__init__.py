@@ -46,22 +46,35 @@ class Context:
     inputs: Inputs
     fabric_ip: FabricIp
 
+    @property
+    def playbook(self):
+        """The role's playbook (generic when none was given)."""
+        from afddiag.playbook import Playbook
+
+        return self.inputs.playbook or Playbook()
+
+    def requires(self, what: str) -> bool:
+        """True when the role needs ``what`` ("gpu", "rdma"): its absence FAILs instead of SKIP."""
+        return what in self.playbook.requires
+
 
 Gate = Callable[[Context], Verdict]
 
 
 def registry() -> list[tuple[str, str, Gate]]:
-    """Ordered ``(gate id, family, function)``: fabric gates, then GPU gates."""
-    from afddiag.gates import fabric, gpu
+    """Ordered ``(gate id, family, function)``: fabric, GPU, then launch gates."""
+    from afddiag.gates import fabric, gpu, launch
 
-    return [(gid, "fabric", fn) for gid, fn in fabric.GATES] + [(gid, "gpu", fn) for gid, fn in gpu.GATES]
+    return ([(gid, "fabric", fn) for gid, fn in fabric.GATES] + [(gid, "gpu", fn) for gid, fn in gpu.GATES]
+            + [(gid, "launch", fn) for gid, fn in launch.GATES])
 
 
 def run_gates(ctx: Context, families: set[str]) -> list[Verdict]:
-    """Run every registered gate of ``families``; a gate that raises gives ERROR, never a traceback."""
+    """Run the registered gates of ``families`` that the role's playbook runs; a gate that raises
+    gives ERROR, never a traceback."""
     out: list[Verdict] = []
     for gid, family, fn in registry():
-        if family not in families:
+        if family not in families or not ctx.playbook.runs(gid):
             continue
         try:
             out.append(fn(ctx))

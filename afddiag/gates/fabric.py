@@ -89,7 +89,10 @@ def rdma_present(ctx: Context) -> Verdict:
                        remedy("snapshot.fabric"))
     if not fab.devices:
         why = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
-        return Verdict(gid, SKIP, f"no RDMA device on this host ({why[-1]})", remedy(gid), {"notes": fab.notes})
+        verdict = FAIL if ctx.requires("rdma") else SKIP
+        role = f"; role {ctx.playbook.name} requires one" if verdict == FAIL else ""
+        return Verdict(gid, verdict, f"no RDMA device on this host ({why[-1]}){role}", remedy(gid),
+                       {"notes": fab.notes})
     devs = [
         {"name": d.name, "index": d.index, "hca_type": d.hca_type, "fw_ver": d.fw_ver, "node_guid": d.node_guid,
          "ports": [{"port": p.num, "state": p.state, "phys_state": p.phys_state, "link_layer": p.link_layer,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from afddiag.catalog import remedy
 from afddiag.facts import GpuDevice, clocks_event_reason_names, to_jsonable
 from afddiag.gates import Context
@@ -39,8 +41,18 @@ def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
 def present(ctx: Context) -> Verdict:
     gid = "gpu.present"
     if (v := _need_gpu(ctx, gid)) is not None:
+        g = ctx.obs.gpu
+        if g is not None and g.captured and not g.devices and ctx.requires("gpu"):
+            v.verdict = FAIL
+            v.summary += f"; role {ctx.playbook.name} requires a GPU"
         return v
     g = ctx.obs.gpu
+    model = ctx.playbook.gpu_model
+    wrong = [d for d in g.devices if model and model.lower() not in (d.name or "").lower()]
+    if wrong:
+        return Verdict(gid, FAIL, f"{_label(wrong[0])}: role {ctx.playbook.name} expects a {model}",
+                       "run this role on the hardware its playbook names, or pick the right --role",
+                       {"devices": [to_jsonable(d) for d in g.devices], "expected_model": model})
     devs = [to_jsonable(d) for d in g.devices]
     names = "; ".join(
         f"{_label(d)} ({d.sm_count if d.sm_count is not None else '?'} SMs, cc "
@@ -50,14 +62,33 @@ def present(ctx: Context) -> Verdict:
                     "versions": g.versions, "notes": g.notes})
 
 
+SM_LABEL = "afd.export.sm_count"  # image label holding the SM count the AOT kernels were exported for
+ARCH_LABEL = "afd.cuda_arch_list"  # image label; else the image's TORCH_CUDA_ARCH_LIST
+
+
+def expected_sm(ctx: Context) -> tuple[int | None, str]:
+    """The image's exported SM count and where it came from: --expect-sm, the launch env's
+    AFD_IMAGE_SM_COUNT, the image label ``afd.export.sm_count``, a snapshot's expect."""
+    if ctx.inputs.expect_sm is not None:
+        return ctx.inputs.expect_sm, "--expect-sm"
+    le = ctx.inputs.launch_env or {}
+    if le.get("AFD_IMAGE_SM_COUNT", "").isdigit():
+        return int(le["AFD_IMAGE_SM_COUNT"]), f"AFD_IMAGE_SM_COUNT in {ctx.inputs.launch_env_path}"
+    img = ctx.obs.image
+    if img is not None and img.labels.get(SM_LABEL, "").strip().isdigit():
+        return int(img.labels[SM_LABEL]), f"image {img.ref} label {SM_LABEL}"
+    g = ctx.obs.gpu
+    if g is not None and g.expect_image_sm_count is not None:
+        return int(g.expect_image_sm_count), "snapshot expect.image_sm_count"
+    return None, ""
+
+
 def sm_count(ctx: Context) -> Verdict:
     gid = "gpu.sm-count"
     if (v := _need_gpu(ctx, gid)) is not None:
         return v
     g = ctx.obs.gpu
-    want, src = ctx.inputs.expect_sm, "--expect-sm"
-    if want is None:
-        want, src = g.expect_image_sm_count, "snapshot expect.image_sm_count"
+    want, src = expected_sm(ctx)
     have = {d.index: d.sm_count for d in g.devices}
     facts = {"expected": want, "expected_from": src if want is not None else None, "sm_count": have}
     if want is None:
@@ -89,6 +120,21 @@ def memory(ctx: Context) -> Verdict:
         d = missing[0]
         return Verdict(gid, WARN, f"{_label(d)}: total memory not read ({'; '.join(d.notes) or 'no reading'})",
                        remedy(gid), facts)
+    pb = ctx.playbook
+    for d in g.devices:
+        if pb.min_memory_bytes and d.memory_total_bytes < pb.min_memory_bytes:
+            return Verdict(gid, FAIL, f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
+                           f"{pb.min_memory_bytes / 1e9:.0f} GB", "run this role on a GPU with enough memory", facts)
+        if pb.reserve_fraction and not d.unified:
+            need = pb.reserve_fraction * d.memory_total_bytes
+            if d.memory_free_bytes is None:
+                return Verdict(gid, WARN, f"{_label(d)}: free memory not read, cannot check the "
+                               f"{pb.reserve_fraction:.0%} reservation", remedy(gid), facts)
+            if d.memory_free_bytes < need:
+                return Verdict(gid, FAIL, f"{_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
+                               f"{d.memory_total_bytes / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
+                               f"{need / 2**30:.2f} GiB", "stop the other processes holding GPU memory "
+                               "(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`)", facts)
     parts = [f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in g.devices]
     return Verdict(gid, PASS, "; ".join(parts), "nothing to do", facts)
 
@@ -187,9 +233,93 @@ def slow_state(ctx: Context) -> Verdict:
     return Verdict(gid, worst, summary, rem, facts)
 
 
+def parse_arch_list(text: str) -> list[tuple[int, int, str, bool]]:
+    """A CUDA arch list (``TORCH_CUDA_ARCH_LIST`` "8.0 9.0a 12.0+PTX", ``sm_120a``, ``compute_90``,
+    ``120``) → ``[(major, minor, suffix, is_ptx)]``; unparseable tokens are skipped."""
+    out = []
+    for tok in text.replace(";", " ").replace(",", " ").split():
+        t = tok.strip().lower()
+        ptx = t.endswith("+ptx") or t.startswith("compute_")
+        t = t.removesuffix("+ptx").removeprefix("sm_").removeprefix("compute_")
+        suffix = t[-1] if t and t[-1] in "af" else ""
+        t = t.rstrip("af")
+        if "." in t:
+            maj, _, mnr = t.partition(".")
+        elif t.isdigit() and len(t) >= 2:
+            maj, mnr = t[:-1], t[-1]
+        else:
+            continue
+        if maj.isdigit() and mnr.isdigit():
+            out.append((int(maj), int(mnr), suffix, ptx))
+    return out
+
+
+def _cuda_needed(img) -> tuple[int, int] | None:
+    """The CUDA version an image needs: NVIDIA_REQUIRE_CUDA "cuda>=12.8 ..." else CUDA_VERSION "12.8.1"."""
+    m = re.search(r"cuda>=(\d+)\.(\d+)", img.env.get("NVIDIA_REQUIRE_CUDA", ""))
+    if not m:
+        m = re.match(r"(\d+)\.(\d+)", img.env.get("CUDA_VERSION", ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def image_arch(ctx: Context) -> Verdict:
+    gid = "gpu.image-arch"
+    if (v := _need_gpu(ctx, gid)) is not None:
+        return v
+    img = ctx.obs.image
+    le = ctx.inputs.launch_env or {}
+    if img is None or img.why:
+        why = img.why if img and img.why else ("no AFD_IMAGE in the launch env" if le or ctx.inputs.launch_env_path
+                                               else "no image given (--launch-env with AFD_IMAGE)")
+        return Verdict(gid, SKIP, f"image not inspected: {why}", "give the launch env's AFD_IMAGE on a host with "
+                       "docker or podman, or a snapshot's image.json")
+    g = ctx.obs.gpu
+    arch_text = img.labels.get(ARCH_LABEL) or img.env.get("TORCH_CUDA_ARCH_LIST", "")
+    archs = parse_arch_list(arch_text)
+    need = _cuda_needed(img)
+    drv = g.cuda_driver_version
+    have = (drv // 1000, (drv % 1000) // 10) if isinstance(drv, int) and drv > 0 else None
+    facts = {"image": img.ref, "arch_list": arch_text, "cuda_needed": need, "driver_cuda": have,
+             "compute_capability": {str(d.index): d.compute_capability for d in g.devices}}
+    fails, warns = [], []
+    if need and have and have < need:
+        fails.append(f"the driver supports CUDA {have[0]}.{have[1]}, image {img.ref} needs {need[0]}.{need[1]}")
+    for d in g.devices:
+        cc = d.compute_capability
+        if not archs or cc is None:
+            continue
+        sm = f"sm_{cc[0]}{cc[1]}"
+        built = ", ".join(f"sm_{a}{b}{s}{'+PTX' if p else ''}" for a, b, s, p in archs)
+        if any((a, b) == cc and not p for a, b, s, p in archs):
+            continue
+        plain_lower = [(a, b) for a, b, s, p in archs if not p and not s and a == cc[0] and b < cc[1]]
+        ptx_ok = [(a, b) for a, b, s, p in archs if p and (a, b) <= cc]
+        if plain_lower:
+            warns.append(f"{_label(d)} is {sm}; image built for {built}: runs by binary compatibility, but "
+                         f"arch-specific kernels will not load")
+        elif ptx_ok:
+            warns.append(f"{_label(d)} is {sm}; image has only PTX for it ({built}): JIT-compiled at start")
+        else:
+            fails.append(f"{_label(d)} is {sm}; image {img.ref} built for {built}: no kernel image for this GPU")
+    if not archs and not need:
+        return Verdict(gid, SKIP, f"image {img.ref}: no arch list ({ARCH_LABEL} label or TORCH_CUDA_ARCH_LIST) and "
+                       "no CUDA requirement (NVIDIA_REQUIRE_CUDA, CUDA_VERSION)", "label the image with its arch list",
+                       facts)
+    if fails:
+        return Verdict(gid, FAIL, "; ".join(fails), remedy(gid), facts)
+    if warns:
+        return Verdict(gid, WARN, "; ".join(warns), remedy(gid), facts)
+    return Verdict(gid, PASS, f"image {img.ref} has kernels for "
+                   + ", ".join(f"sm_{d.compute_capability[0]}{d.compute_capability[1]}" for d in g.devices
+                               if d.compute_capability)
+                   + (f"; needs CUDA {need[0]}.{need[1]}, driver has {have[0]}.{have[1]}" if need and have else ""),
+                   "nothing to do", facts)
+
+
 GATES = [
     ("gpu.present", present),
     ("gpu.sm-count", sm_count),
+    ("gpu.image-arch", image_arch),
     ("gpu.memory", memory),
     ("gpu.clock-events", clock_events),
     ("gpu.slow-state", slow_state),

@@ -1,0 +1,128 @@
+"""Launch gates: what the launcher passes (fabric address, capacity flags) and what the engine's
+process needs from the host (locked-memory limit, RDMA device nodes)."""
+
+from __future__ import annotations
+
+from afddiag.catalog import remedy
+from afddiag.gates import Context
+from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
+
+CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
+OTHER_KEY = {"AFD_PREFILL_CAPACITY": "AFD_EXPERT_CAPACITY", "AFD_EXPERT_CAPACITY": "AFD_PREFILL_CAPACITY"}
+ENGINE_DEFAULT_CAPACITY = 1024
+NO_ENV = "no launch env file given (--launch-env FILE)"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def fabric_address(ctx: Context) -> Verdict:
+    gid = "launch.fabric-address"
+    le = ctx.inputs.launch_env
+    if le is None:
+        return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
+    ip = le.get("AFD_FABRIC_IP", "")
+    path = ctx.inputs.launch_env_path
+    if not ip:
+        verdict = FAIL if ctx.playbook.require_fabric_address else WARN
+        return Verdict(gid, verdict, f"{path}: AFD_FABRIC_IP is not set: the launcher will refuse to start",
+                       remedy(gid), {"launch_env": path})
+    fab = ctx.obs.fabric
+    if fab is not None and fab.captured and fab.netdevs:
+        holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
+        if not holders:
+            return Verdict(gid, FAIL, f"{path}: AFD_FABRIC_IP={ip} is on no netdev of this host",
+                           "set AFD_FABRIC_IP to this host's fabric address (`afddiag devicemap` lists them)",
+                           {"launch_env": path, "fabric_ip": ip})
+        return Verdict(gid, PASS, f"{path}: AFD_FABRIC_IP={ip} (on {', '.join(holders)})", "nothing to do",
+                       {"launch_env": path, "fabric_ip": ip, "netdevs": holders})
+    return Verdict(gid, PASS, f"{path}: AFD_FABRIC_IP={ip}", "nothing to do", {"launch_env": path, "fabric_ip": ip})
+
+
+def capacity(ctx: Context) -> Verdict:
+    gid = "launch.capacity"
+    le = ctx.inputs.launch_env
+    if le is None:
+        return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
+    key = ctx.playbook.capacity_key or CAPACITY_KEYS.get(le.get("AFD_ROLE", ""), "")
+    if not key:
+        return Verdict(gid, SKIP, "role unknown: neither the playbook nor AFD_ROLE says which capacity flag is "
+                       "this host's", "set AFD_ROLE=coordinator|expert in the launch env or pass --role")
+    raw = le.get(key)
+    own = int(raw) if raw else ENGINE_DEFAULT_CAPACITY
+    own_txt = f"{key}={own}" + ("" if raw else " (not set: the engine default)")
+    want, src = ctx.inputs.expect_capacity, "--expect-capacity"
+    other = OTHER_KEY.get(key, "")
+    if want is None and le.get(other):
+        want, src = int(le[other]), f"{other} in the same file"
+    facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None}
+    if want is None:
+        return Verdict(gid, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
+                       f"{'ranks' if key == 'AFD_PREFILL_CAPACITY' else 'coordinator'}' value",
+                       "pass --expect-capacity N (the other side's flag)", facts)
+    if own != want:
+        return Verdict(gid, FAIL, f"{own_txt} but {src} is {want}: the coordinator's batch flag and the ranks' "
+                       "capacity flag must agree", remedy(gid), facts)
+    return Verdict(gid, PASS, f"{own_txt} equals {src}", "nothing to do", facts)
+
+
+def memlock(ctx: Context) -> Verdict:
+    gid = "launch.memlock"
+    lim = ctx.obs.limits
+    if lim is None or not lim.captured:
+        return Verdict(gid, SKIP, "limits not captured" + (f" ({'; '.join(lim.notes)})" if lim and lim.notes else ""),
+                       "run on the host, or capture limits.json")
+    soft = lim.memlock_soft_bytes
+    facts = {"memlock_soft_bytes": soft, "memlock_hard_bytes": lim.memlock_hard_bytes, "user": lim.user,
+             "in_container": lim.in_container}
+    if soft is None:
+        return Verdict(gid, SKIP, "RLIMIT_MEMLOCK not read: " + "; ".join(lim.notes), remedy(gid), facts)
+    if soft == -1:
+        return Verdict(gid, PASS, f"RLIMIT_MEMLOCK unlimited for {lim.user}", "nothing to do", facts)
+    need = ctx.playbook.memlock_min_bytes
+    text = f"RLIMIT_MEMLOCK {_gib(soft)} for {lim.user}" + (" (in a container)" if lim.in_container else "")
+    if need == -1:
+        return Verdict(gid, FAIL, f"{text}; role {ctx.playbook.name} needs unlimited (verbs registrations pin "
+                       "memory)", remedy(gid), facts)
+    if need > 0 and soft < need:
+        return Verdict(gid, FAIL, f"{text}, below the {_gib(need)} role {ctx.playbook.name} needs", remedy(gid), facts)
+    if need == 0:
+        return Verdict(gid, WARN, f"{text}: RDMA engines register GPU and host buffers; unlimited is expected",
+                       remedy(gid), facts)
+    return Verdict(gid, PASS, f"{text}, at least the {_gib(need)} the role needs", "nothing to do", facts)
+
+
+def uverbs_access(ctx: Context) -> Verdict:
+    gid = "launch.uverbs-access"
+    lim = ctx.obs.limits
+    if lim is None or not lim.captured:
+        return Verdict(gid, SKIP, "device nodes not captured", "run on the host, or capture limits.json")
+    fab = ctx.obs.fabric
+    has_rdma = bool(fab and fab.devices)
+    nodes = lim.device_nodes
+    facts = {"device_nodes": [vars(n) for n in nodes], "user": lim.user, "in_container": lim.in_container}
+    uverbs = [n for n in nodes if "uverbs" in n.path]
+    where = "inside this container" if lim.in_container else "on this host"
+    if not uverbs:
+        if not has_rdma and not ctx.requires("rdma"):
+            return Verdict(gid, SKIP, "no RDMA device and no /dev/infiniband/uverbs*", "nothing to check", facts)
+        return Verdict(gid, FAIL, f"no /dev/infiniband/uverbs* {where}"
+                       + (" although RDMA devices are registered" if has_rdma else ""), remedy(gid), facts)
+    bad = [n for n in nodes if not (n.readable and n.writable)]
+    if bad:
+        return Verdict(gid, FAIL, f"{', '.join(n.path for n in bad)} not readable and writable by {lim.user}",
+                       remedy(gid), facts)
+    if not any(n.path.endswith("rdma_cm") for n in nodes):
+        return Verdict(gid, WARN, f"{len(uverbs)} uverbs node(s) usable by {lim.user}, but no /dev/infiniband/rdma_cm "
+                       f"{where} (engines that connect through RDMA CM need it)", remedy(gid), facts)
+    return Verdict(gid, PASS, f"{len(uverbs)} uverbs node(s) and rdma_cm readable and writable by {lim.user} {where}",
+                   "nothing to do", facts)
+
+
+GATES = [
+    ("launch.fabric-address", fabric_address),
+    ("launch.capacity", capacity),
+    ("launch.memlock", memlock),
+    ("launch.uverbs-access", uverbs_access),
+]

@@ -1,0 +1,141 @@
+"""Role playbooks: which gates run in a role, what hardware it requires, its thresholds.
+
+A playbook is a TOML file (``playbooks/<role>.toml``). A site adds a role by adding a file: roles are
+looked up in ``$AFDDIAG_PLAYBOOK_DIR``, then ``/etc/afddiag/playbooks``, then the packaged ones;
+``--playbook FILE`` names one directly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SITE_DIRS = ("/etc/afddiag/playbooks",)
+_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "aliases"}
+_GPU = {"model", "reserve_fraction", "min_memory_bytes", "load_probe"}
+_LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
+
+
+class PlaybookError(ValueError):
+    """A playbook that cannot be used (the message names the file or role and the fix)."""
+
+
+@dataclass
+class Playbook:
+    """One role's gate set and expectations (units: bytes; fractions 0..1)."""
+
+    name: str = "generic"
+    description: str = ""
+    gates: list[str] = field(default_factory=lambda: ["*"])
+    requires: list[str] = field(default_factory=list)  # "gpu", "rdma": their absence FAILs
+    gpu_model: str = ""
+    reserve_fraction: float = 0.0
+    min_memory_bytes: int = 0
+    load_probe: bool = False
+    capacity_key: str = ""
+    memlock_min_bytes: int = 0  # -1: must be unlimited; 0: not checked
+    require_fabric_address: bool = False
+    aliases: dict[str, str] = field(default_factory=dict)
+    path: str = ""
+
+    def runs(self, gate_id: str) -> bool:
+        return any(fnmatch.fnmatchcase(gate_id, pat) for pat in self.gates)
+
+
+def parse(text: str, path: str) -> Playbook:
+    """Parse a playbook's TOML. Raises :class:`PlaybookError` naming ``path`` on bad content."""
+    try:
+        d = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
+    for table, allowed in (("", _TOP), ("gpu", _GPU), ("launch", _LAUNCH)):
+        got = d if not table else d.get(table, {})
+        if not isinstance(got, dict):
+            raise PlaybookError(f"playbook {path}: [{table}] must be a table")
+        extra = set(got) - allowed
+        if extra:
+            raise PlaybookError(f"playbook {path}: unknown key(s) {', '.join(sorted(extra))}"
+                                f"{' in [' + table + ']' if table else ''}; known: {', '.join(sorted(allowed))}")
+    bad_req = set(d.get("requires", [])) - {"gpu", "rdma"}
+    if bad_req:
+        raise PlaybookError(f"playbook {path}: requires may hold 'gpu' and 'rdma', not {sorted(bad_req)}")
+    g, la = d.get("gpu", {}), d.get("launch", {})
+    try:
+        pb = Playbook(
+            name=str(d.get("name") or Path(path).stem),
+            description=str(d.get("description", "")),
+            gates=[str(x) for x in d.get("gates", ["*"])],
+            requires=list(d.get("requires", [])),
+            gpu_model=str(g.get("model", "")),
+            reserve_fraction=float(g.get("reserve_fraction", 0.0)),
+            min_memory_bytes=int(g.get("min_memory_bytes", 0)),
+            load_probe=bool(g.get("load_probe", False)),
+            capacity_key=str(la.get("capacity_key", "")),
+            memlock_min_bytes=int(la.get("memlock_min_bytes", 0)),
+            require_fabric_address=bool(la.get("require_fabric_address", False)),
+            aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
+            path=path,
+        )
+    except (TypeError, ValueError) as e:
+        raise PlaybookError(f"playbook {path}: bad value ({e})") from None
+    if not 0.0 <= pb.reserve_fraction <= 1.0:
+        raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
+    return pb
+
+
+def available() -> dict[str, str]:
+    """Role name → playbook path or packaged resource name, site directories first."""
+    found: dict[str, str] = {}
+    dirs = [os.environ.get("AFDDIAG_PLAYBOOK_DIR", "")] + list(SITE_DIRS)
+    for d in dirs:
+        if d and os.path.isdir(d):
+            for f in sorted(os.listdir(d)):
+                if f.endswith(".toml"):
+                    found.setdefault(f[:-5], os.path.join(d, f))
+    for f in sorted(_packaged()):
+        found.setdefault(f[:-5], f"<packaged>/{f}")
+    return found
+
+
+def _packaged() -> list[str]:
+    try:
+        return [p.name for p in resources.files("afddiag.playbooks").iterdir() if p.name.endswith(".toml")]
+    except ModuleNotFoundError:
+        return [p.name for p in (Path(__file__).resolve().parent.parent / "playbooks").glob("*.toml")]
+
+
+def _read(ref: str) -> str:
+    if ref.startswith("<packaged>/"):
+        name = ref.split("/", 1)[1]
+        try:
+            return resources.files("afddiag.playbooks").joinpath(name).read_text(encoding="utf-8")
+        except ModuleNotFoundError:
+            return (Path(__file__).resolve().parent.parent / "playbooks" / name).read_text(encoding="utf-8")
+    return Path(ref).read_text(encoding="utf-8")
+
+
+def load(role: str | None = None, path: str | None = None) -> Playbook:
+    """The playbook for ``role`` (default ``generic``) or the file ``path``.
+
+    Raises :class:`PlaybookError` for an unknown role (listing the known ones) or a bad file.
+    """
+    if path:
+        try:
+            return parse(Path(path).read_text(encoding="utf-8"), path)
+        except OSError as e:
+            raise PlaybookError(f"playbook {path}: {e.strerror}") from None
+    role = role or "generic"
+    roles = available()
+    if role not in roles:
+        raise PlaybookError(f"unknown role {role!r}: known roles are {', '.join(sorted(roles))} "
+                            f"(a site adds one as $AFDDIAG_PLAYBOOK_DIR/{role}.toml)")
+    return parse(_read(roles[role]), roles[role])

@@ -1,0 +1,95 @@
+"""Launch probes: the container image's labels and env, RLIMIT_MEMLOCK, RDMA device-node access.
+
+Read-only; bounded in time (the image inspect is one subprocess with a timeout); never raises.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import resource
+import shutil
+import subprocess
+
+from afddiag.facts import DeviceNode, HostLimits, ImageFacts
+
+
+def _env_list(items: object) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, str) and "=" in item:
+            k, _, v = item.partition("=")
+            out[k] = v
+    return out
+
+
+def image_from_inspect(data: object, ref: str | None, source: str) -> ImageFacts:
+    """``docker|podman image inspect`` JSON (a list of one object) → :class:`ImageFacts`."""
+    obj = data[0] if isinstance(data, list) and data else data
+    if not isinstance(obj, dict):
+        return ImageFacts(ref=ref, source=source, why=f"{source}: not an image inspect object")
+    cfg = obj.get("Config") if isinstance(obj.get("Config"), dict) else {}
+    labels = cfg.get("Labels") if isinstance(cfg.get("Labels"), dict) else {}
+    tags = obj.get("RepoTags") if isinstance(obj.get("RepoTags"), list) else []
+    return ImageFacts(ref=ref or (tags[0] if tags else obj.get("Id")), source=source,
+                      labels={str(k): str(v) for k, v in labels.items()}, env=_env_list(cfg.get("Env")))
+
+
+def inspect_image(ref: str, timeout_s: float = 10.0) -> ImageFacts:
+    """Inspect ``ref`` with docker, else podman (local image store only: never pulls)."""
+    for engine in ("docker", "podman"):
+        exe = shutil.which(engine)
+        if not exe:
+            continue
+        try:
+            p = subprocess.run([exe, "image", "inspect", ref], capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return ImageFacts(ref=ref, source=engine, why=f"{engine} image inspect timed out after {timeout_s:g} s")
+        except OSError as e:
+            return ImageFacts(ref=ref, source=engine, why=f"{engine}: {e}")
+        if p.returncode != 0:
+            msg = (p.stderr.strip().splitlines() or ["failed"])[-1]
+            return ImageFacts(ref=ref, source=engine, why=f"{engine} image inspect {ref}: {msg}")
+        try:
+            return image_from_inspect(json.loads(p.stdout), ref, engine)
+        except ValueError as e:
+            return ImageFacts(ref=ref, source=engine, why=f"{engine} printed no JSON: {e}")
+    return ImageFacts(ref=ref, why="neither docker nor podman is installed: give AFD_IMAGE_SM_COUNT in the launch env")
+
+
+def _limit(v: int) -> int:
+    return -1 if v == resource.RLIM_INFINITY else int(v)
+
+
+def read_limits(dev_glob: str = "/dev/infiniband/*") -> HostLimits:
+    """RLIMIT_MEMLOCK (bytes, -1 unlimited) of this process and access to ``/dev/infiniband/*``."""
+    lim = HostLimits()
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        lim.memlock_soft_bytes, lim.memlock_hard_bytes = _limit(soft), _limit(hard)
+    except (OSError, ValueError) as e:
+        lim.notes.append(f"getrlimit(RLIMIT_MEMLOCK): {e}")
+    for path in sorted(glob.glob(dev_glob)):
+        name = os.path.basename(path)
+        if name.startswith("uverbs") or name == "rdma_cm":
+            lim.device_nodes.append(DeviceNode(path, True, os.access(path, os.R_OK), os.access(path, os.W_OK)))
+    lim.in_container = os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
+    try:
+        import pwd
+
+        lim.user = pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        lim.user = str(os.geteuid())
+    return lim
+
+
+def limits_from_json(data: object) -> HostLimits:
+    """A snapshot's ``limits.json`` → :class:`HostLimits` (missing fields stay None)."""
+    if not isinstance(data, dict):
+        return HostLimits(captured=False, notes=["limits.json is not a JSON object"])
+    nodes = [DeviceNode(str(n.get("path")), bool(n.get("exists", True)), bool(n.get("readable")),
+                        bool(n.get("writable"))) for n in data.get("device_nodes", []) if isinstance(n, dict)]
+    num = lambda k: data.get(k) if isinstance(data.get(k), int) else None  # noqa: E731
+    return HostLimits(memlock_soft_bytes=num("memlock_soft_bytes"), memlock_hard_bytes=num("memlock_hard_bytes"),
+                      device_nodes=nodes, in_container=bool(data.get("in_container")), user=data.get("user"))

@@ -1,0 +1,273 @@
+"""Launch integration: launch env files, role playbooks, launch gates, preflight and the example
+launchers, run against snapshots composed from the shared real-world cases."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from afddiag.cli import cli, run
+from afddiag.envvars import LaunchEnvError, parse_launch_env
+from afddiag.playbook import PlaybookError, load
+from conftest import CASES, REPO
+
+UNLIMITED = {"memlock_soft_bytes": -1, "memlock_hard_bytes": -1, "user": "afd", "in_container": False,
+             "device_nodes": [{"path": "/dev/infiniband/uverbs0", "readable": True, "writable": True},
+                              {"path": "/dev/infiniband/rdma_cm", "readable": True, "writable": True}]}
+
+
+def snapshot(tmp_path, fabric_case, gpu_case, limits=UNLIMITED, image=None, name="snap"):
+    """A whole host: one fabric case's sys/ + JSON, one GPU case's gpu.json, limits and image."""
+    d = tmp_path / name
+    shutil.copytree(CASES / "fabric" / fabric_case, d, ignore=shutil.ignore_patterns("case.json", "env"))
+    shutil.copy(CASES / "gpu" / gpu_case / "gpu.json", d / "gpu.json")
+    if limits is not None:
+        (d / "limits.json").write_text(json.dumps(limits))
+    if image is not None:
+        (d / "image.json").write_text(json.dumps([image]))
+    return d
+
+
+def envfile(tmp_path, text, name="launch.env"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+COORD_ENV = """# coordinator launch settings
+export AFD_ROLE=coordinator
+AFD_FABRIC_IP="198.51.100.72"
+AFD_PREFILL_CAPACITY=256
+AFD_PEER_FABRIC_IPS='198.51.100.73'
+AFD_IMAGE=registry.example/afd/coordinator:2026.11
+AFD_IMAGE_SM_COUNT=170
+DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=198.51.100.72=mlx5_0
+"""
+EXPERT_ENV = """export AFD_ROLE=expert
+export AFD_FABRIC_IP=192.168.100.11
+export AFD_EXPERT_CAPACITY=256
+export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1
+"""
+GB10_IMAGE = {"RepoTags": ["registry.example/afd/expert:2026.11"],
+              "Config": {"Labels": {"afd.export.sm_count": "48"},
+                         "Env": ["CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0", "TORCH_CUDA_ARCH_LIST=12.1a"]}}
+
+
+def launcher(script, env_file, *args, afddiag_args="", extra_env=None):
+    env = dict(os.environ, AFDDIAG=f"{sys.executable} -m afddiag", AFDDIAG_ARGS=afddiag_args,
+               PYTHONPATH=str(REPO), NO_COLOR="1")
+    env.pop("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", None)
+    env.update(extra_env or {})
+    return subprocess.run(["bash", str(REPO / "playbooks" / script), str(env_file), *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+# --- the example launchers against snapshots ------------------------------------------------------
+
+def test_coordinator_launcher_healthy_starts_with_exports(tmp_path):
+    snap = snapshot(tmp_path, "12-cx7-single-port-healthy", "04-rtx5090-image-exported-for-188-sms")
+    p = launcher("launch-coordinator.sh", envfile(tmp_path, COORD_ENV), "--model", "m",
+                 afddiag_args=f"--snapshot {snap} --expect-capacity 256")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "would start: coordinator --batch 256 --fabric-ip 198.51.100.72 --model m"
+    # the launcher evaluated afddiag's exports: the map and the exact-match HCA reached its environment
+    assert "launch-coordinator: 198.51.100.72=mlx5_0 NCCL_IB_HCA==mlx5_0:1 batch=256" in p.stderr
+    assert "afddiag preflight: coordinator on snap: OK" in p.stderr
+
+
+def test_coordinator_launcher_refuses_image_for_188_sms(tmp_path):
+    snap = snapshot(tmp_path, "12-cx7-single-port-healthy", "04-rtx5090-image-exported-for-188-sms")
+    env = envfile(tmp_path, COORD_ENV.replace("AFD_IMAGE_SM_COUNT=170", "AFD_IMAGE_SM_COUNT=188"))
+    p = launcher("launch-coordinator.sh", env, afddiag_args=f"--snapshot {snap} --expect-capacity 256")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "FAIL gpu.sm-count: GPU 0 NVIDIA GeForce RTX 5090: image built for 188 SMs, this GPU has 170" in p.stderr
+    assert "rebuild the ahead-of-time export for 170 SMs" in p.stderr
+    assert "refusing to start" in p.stderr
+
+
+def test_coordinator_launcher_refuses_mismatched_capacity(tmp_path):
+    snap = snapshot(tmp_path, "12-cx7-single-port-healthy", "04-rtx5090-image-exported-for-188-sms")
+    env = envfile(tmp_path, COORD_ENV.replace("AFD_PREFILL_CAPACITY=256", "AFD_PREFILL_CAPACITY=1024"))
+    p = launcher("launch-coordinator.sh", env, afddiag_args=f"--snapshot {snap} --expect-capacity 256")
+    assert p.returncode == 2
+    assert "FAIL launch.capacity: AFD_PREFILL_CAPACITY=1024 but --expect-capacity is 256" in p.stderr
+
+
+def test_launchers_refuse_without_fabric_address(tmp_path):
+    env = envfile(tmp_path, COORD_ENV.replace('AFD_FABRIC_IP="198.51.100.72"\n', ""))
+    p = launcher("launch-coordinator.sh", env)
+    assert p.returncode == 78 and "AFD_FABRIC_IP is not set" in p.stderr
+    p = launcher("launch-expert.sh", envfile(tmp_path, "AFD_ROLE=expert\n", "e.env"), "3")
+    assert p.returncode == 78 and "rank 3" in p.stderr
+
+
+def test_expert_launcher_healthy_and_wrong_first_device(tmp_path):
+    good = snapshot(tmp_path, "02-spark-map-set-healthy", "01-gb10-healthy-unified-memory", image=GB10_IMAGE)
+    env = envfile(tmp_path, EXPERT_ENV + "AFD_IMAGE=registry.example/afd/expert:2026.11\n")
+    p = launcher("launch-expert.sh", env, "3", afddiag_args=f"--snapshot {good} --expect-capacity 256")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "would start: expert --rank 3 --capacity 256 --fabric-ip 192.168.100.11"
+    assert "NCCL_IB_HCA==rocep1s0f1:1" in p.stderr
+    # the incident: the same rank on a host where the map was never exported and the first device has no IPv4
+    bad = snapshot(tmp_path, "01-spark-fabric-ip-on-nonfirst-device", "01-gb10-healthy-unified-memory", name="bad")
+    env = envfile(tmp_path, "AFD_ROLE=expert\nAFD_FABRIC_IP=192.168.100.10\nAFD_EXPERT_CAPACITY=256\n", "bad.env")
+    p = launcher("launch-expert.sh", env, "0", afddiag_args=f"--snapshot {bad} --expect-capacity 256")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "FAIL fabric.first-device: rocep1s0f0" in p.stderr
+    assert "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in p.stderr
+
+
+def test_expert_launcher_refuses_sm120_image_on_gb10(tmp_path):
+    img = json.loads(json.dumps(GB10_IMAGE))
+    img["Config"]["Env"][-1] = "TORCH_CUDA_ARCH_LIST=12.0a"
+    snap = snapshot(tmp_path, "02-spark-map-set-healthy", "01-gb10-healthy-unified-memory", image=img)
+    env = envfile(tmp_path, EXPERT_ENV + "AFD_IMAGE=registry.example/afd/expert:sm120\n")
+    p = launcher("launch-expert.sh", env, "2", afddiag_args=f"--snapshot {snap} --expect-capacity 256")
+    assert p.returncode == 2
+    assert "FAIL gpu.image-arch: GPU 0 NVIDIA GB10 is sm_121; image registry.example/afd/expert:sm120 built for sm_120a" \
+        in p.stderr
+
+
+# --- gates through the CLI -----------------------------------------------------------------------
+
+def preflight_json(tmp_path, snap, env_text, *flags):
+    env = envfile(tmp_path, env_text, "pf.env")
+    res = CliRunner().invoke(cli, ["all", "--json", "--snapshot", str(snap), "--launch-env", str(env), *flags],
+                             standalone_mode=False, catch_exceptions=False)
+    rep = json.loads(res.stdout)
+    return {g["id"]: g for g in rep["gates"]}, rep
+
+
+def test_role_from_launch_env_and_requirements(tmp_path):
+    # an expert role on a host without RDMA devices and without a GPU: absence FAILs, not SKIP
+    snap = tmp_path / "empty"
+    (snap / "sys" / "class" / "net").mkdir(parents=True)
+    (snap / "gpu.json").write_text(json.dumps({"devices": [], "why": "no NVIDIA GPU seen"}))
+    (snap / "limits.json").write_text(json.dumps({**UNLIMITED, "device_nodes": []}))
+    g, rep = preflight_json(tmp_path, snap, EXPERT_ENV)
+    assert rep["inputs"]["role"] == "expert"
+    assert g["fabric.rdma-present"]["verdict"] == "FAIL" and "requires" in g["fabric.rdma-present"]["summary"]
+    assert g["gpu.present"]["verdict"] == "FAIL"
+    assert g["launch.uverbs-access"]["verdict"] == "FAIL"
+    # the same host in the generic role: absent hardware is SKIP
+    g, rep = preflight_json(tmp_path, snap, EXPERT_ENV.replace("AFD_ROLE=expert", "AFD_ROLE=generic"))
+    assert g["fabric.rdma-present"]["verdict"] == "SKIP" and g["gpu.present"]["verdict"] == "SKIP"
+
+
+def test_expert_role_on_wrong_gpu_model_fails(tmp_path):
+    snap = snapshot(tmp_path, "02-spark-map-set-healthy", "06-h200-healthy-measured")
+    g, _ = preflight_json(tmp_path, snap, EXPERT_ENV)
+    assert g["gpu.present"]["verdict"] == "FAIL" and "expects a GB10" in g["gpu.present"]["summary"]
+
+
+def test_coordinator_memory_reservation(tmp_path):
+    snap = snapshot(tmp_path, "12-cx7-single-port-healthy", "04-rtx5090-image-exported-for-188-sms")
+    g, _ = preflight_json(tmp_path, snap, COORD_ENV)
+    assert g["gpu.memory"]["verdict"] == "PASS"
+    r = json.loads((snap / "gpu.json").read_text())
+    mem = r["devices"][0]["nvml"]["memory_info"]
+    mem["used_bytes"], mem["free_bytes"] = 4 << 30, mem["total_bytes"] - (4 << 30)  # another tenant holds 4 GiB
+    (snap / "gpu.json").write_text(json.dumps(r))
+    g, _ = preflight_json(tmp_path, snap, COORD_ENV)
+    assert g["gpu.memory"]["verdict"] == "FAIL" and "97% reservation" in g["gpu.memory"]["summary"]
+
+
+def test_memlock_and_uverbs(tmp_path):
+    lim = {**UNLIMITED, "memlock_soft_bytes": 8 << 20, "device_nodes": [
+        {"path": "/dev/infiniband/uverbs0", "readable": True, "writable": False}]}
+    snap = snapshot(tmp_path, "12-cx7-single-port-healthy", "04-rtx5090-image-exported-for-188-sms", limits=lim)
+    g, _ = preflight_json(tmp_path, snap, COORD_ENV)
+    assert g["launch.memlock"]["verdict"] == "FAIL" and "8 MiB" in g["launch.memlock"]["summary"]
+    assert "ulimit -l unlimited" in g["launch.memlock"]["remedy"]
+    assert g["launch.uverbs-access"]["verdict"] == "FAIL" and "uverbs0" in g["launch.uverbs-access"]["summary"]
+    g, _ = preflight_json(tmp_path, snap, COORD_ENV.replace("AFD_ROLE=coordinator", "AFD_ROLE=generic"))
+    assert g["launch.memlock"]["verdict"] == "WARN"
+
+
+def test_fabric_ip_from_launch_env_and_its_map_is_what_is_judged(tmp_path, monkeypatch):
+    snap = snapshot(tmp_path, "01-spark-fabric-ip-on-nonfirst-device", "01-gb10-healthy-unified-memory")
+    monkeypatch.setenv("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", "192.168.100.10=rocep1s0f0")  # ignored: file given
+    g, rep = preflight_json(tmp_path, snap, EXPERT_ENV.replace("192.168.100.11=rocep1s0f1", "192.168.100.10=rocep1s0f1")
+                            .replace("AFD_FABRIC_IP=192.168.100.11", "AFD_FABRIC_IP=192.168.100.10"))
+    assert rep["inputs"]["fabric_ip"] == "192.168.100.10" and rep["inputs"]["fabric_ip_source"] == "--fabric-ip"
+    assert g["fabric.first-device"]["verdict"] == "PASS" and g["fabric.devicemap-env"]["verdict"] == "PASS"
+    g, _ = preflight_json(tmp_path, snap, "AFD_ROLE=expert\nAFD_FABRIC_IP=10.1.1.1\n")
+    assert g["launch.fabric-address"]["verdict"] == "FAIL" and "on no netdev" in g["launch.fabric-address"]["summary"]
+
+
+def test_preflight_warn_passes_unless_strict(tmp_path, capsys):
+    snap = snapshot(tmp_path, "10-spark-mtu-1500-vs-peer-9000", "01-gb10-healthy-unified-memory")
+    env = envfile(tmp_path, "AFD_ROLE=expert\nAFD_FABRIC_IP=192.168.101.10\nAFD_EXPERT_CAPACITY=256\n"
+                  "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.101.10=roceP2p1s0f1\n")
+    args = ["preflight", "--snapshot", str(snap), "--launch-env", str(env), "--expect-capacity", "256"]
+    assert run(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("afddiag preflight: expert on ") and "warn: fabric.mtu" in out[0]
+    assert run(args + ["--strict"]) == 1
+    assert "WARN fabric.mtu" in capsys.readouterr().err
+
+
+def test_devicemap_nccl_format():
+    c12 = str(CASES / "fabric" / "12-cx7-single-port-healthy")
+    res = CliRunner().invoke(cli, ["devicemap", "--snapshot", c12, "--format", "nccl"], standalone_mode=False)
+    assert res.stdout.splitlines() == ["NCCL_IB_HCA==mlx5_0:1", "NCCL_IB_GID_INDEX=3"]
+    c01 = str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device")
+    res = CliRunner().invoke(cli, ["devicemap", "--snapshot", c01, "--format", "nccl"], standalone_mode=False)
+    assert res.return_value == 2 and "ambiguous" in res.stderr
+    res = CliRunner().invoke(cli, ["devicemap", "--snapshot", c01, "--format", "nccl", "--fabric-ip",
+                                   "192.168.101.10"], standalone_mode=False)
+    assert res.stdout.splitlines() == ["NCCL_IB_HCA==roceP2p1s0f1:1", "NCCL_IB_GID_INDEX=3"]
+
+
+# --- env files and playbooks ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,words", [
+    ("AFD_FABRIC_IP=10.0.0.1\nAFD_FABRIC_IP=10.0.0.2\n", "f.env:2: duplicate key AFD_FABRIC_IP, first set on line 1"),
+    ("# ok\nthis is not a line\n", "f.env:2: not a KEY=VALUE line"),
+    ("AFD_EXPERT_CAPACITY=lots\n", "f.env:1: AFD_EXPERT_CAPACITY='lots' is not a positive integer"),
+    ("AFD_PEER_FABRIC_IPS=10.0.0.1,10.0.0\n", "is not an IPv4 address"),
+    ("AFD_IMAGE='abc\n", "unterminated ' quote"),
+    ("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.0.0.1:mlx5_0\n", "is not ip=device"),
+])
+def test_launch_env_errors_name_file_and_line(text, words):
+    with pytest.raises(LaunchEnvError) as e:
+        parse_launch_env(text, "f.env")
+    assert words in str(e.value)
+
+
+def test_launch_env_quotes_comments_export_and_aliases():
+    env = parse_launch_env("export SITE_IP='10.0.0.1'  # the fabric\nAFD_IMAGE=\"r/i:1 2\"\n\n# c\nX=a # b\n",
+                           "f.env", {"SITE_IP": "AFD_FABRIC_IP"})
+    assert env == {"AFD_FABRIC_IP": "10.0.0.1", "AFD_IMAGE": "r/i:1 2", "X": "a"}
+    with pytest.raises(LaunchEnvError, match="first set on line 1 \\(as SITE_IP, an alias of AFD_FABRIC_IP\\)"):
+        parse_launch_env("SITE_IP=10.0.0.1\nAFD_FABRIC_IP=10.0.0.1\n", "f.env", {"SITE_IP": "AFD_FABRIC_IP"})
+
+
+def test_bad_launch_env_is_a_usage_error(tmp_path, capsys):
+    env = envfile(tmp_path, "AFD_FABRIC_IP=10.0.0\n")
+    assert run(["all", "--launch-env", str(env), "--snapshot", str(tmp_path)]) == 64
+    assert f"{env}:1: AFD_FABRIC_IP='10.0.0' is not an IPv4 address" in capsys.readouterr().err
+    assert run(["all", "--launch-env", str(tmp_path / "nope.env")]) == 64
+
+
+def test_site_adds_a_role_with_a_file(tmp_path, monkeypatch):
+    (tmp_path / "pool.toml").write_text('name = "pool"\ngates = ["fabric.*"]\nrequires = ["rdma"]\n'
+                                        '[aliases]\nPOOL_IP = "AFD_FABRIC_IP"\n')
+    monkeypatch.setenv("AFDDIAG_PLAYBOOK_DIR", str(tmp_path))
+    pb = load("pool")
+    assert pb.requires == ["rdma"] and pb.runs("fabric.link") and not pb.runs("gpu.present")
+    env = envfile(tmp_path, "AFD_ROLE=pool\nPOOL_IP=192.168.100.10\n")
+    res = CliRunner().invoke(cli, ["all", "--json", "--snapshot", str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device"),
+                                   "--launch-env", str(env)], standalone_mode=False, catch_exceptions=False)
+    rep = json.loads(res.stdout)
+    assert {g["id"].split(".")[0] for g in rep["gates"]} == {"fabric"}
+    assert rep["inputs"]["fabric_ip"] == "192.168.100.10"
+    (tmp_path / "bad.toml").write_text('name = "bad"\n[gpu]\nmodle = "GB10"\n')
+    with pytest.raises(PlaybookError, match="unknown key"):
+        load("bad")
+    with pytest.raises(PlaybookError, match="known roles are"):
+        load("nosuch")
