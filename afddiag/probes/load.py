@@ -82,7 +82,7 @@ MAX_LAUNCHES = 4096  # memory kernels: launches in one timed run
 MAX_LOOP_ITERS = (1 << 31) - 1  # compute kernels: u32 loop counter
 
 # Order the kernels run in and the share of the budget each gets (memory first: the SM clock ramps up
-# during their warm-up; bf16 last so the trailing power average ends on the heaviest load).
+# during their warm-up; compute last, so NVML's trailing power average ends on the compute load).
 KERNEL_ORDER = ("copy", "gemv", "fp32", "bf16")
 BUDGET_WEIGHTS = {"copy": 0.22, "gemv": 0.22, "fp32": 0.26, "bf16": 0.30}
 
@@ -468,15 +468,19 @@ def plan_sizes(
     blocks_per_sm: dict[str, int],
     free_bytes: int,
     *,
-    max_buffer_bytes: int = MAX_BUFFER_BYTES,
-    min_buffer_bytes: int = MIN_BUFFER_BYTES,
-    free_fraction: float = FREE_FRACTION,
+    max_buffer_bytes: int | None = None,
+    min_buffer_bytes: int | None = None,
+    free_fraction: float | None = None,
 ) -> Plan | str:
     """Sizes from the SM count, each kernel's resident blocks per SM, and the free memory.
 
     Returns a :class:`Plan`, or a string saying why nothing fits. Both large buffers together take
-    at most ``free_fraction`` of ``free_bytes``; each is a whole number of copy rounds (no tail).
+    at most ``free_fraction`` of ``free_bytes``; each is a whole number of copy rounds (no tail). The
+    keyword limits default to ``MAX_BUFFER_BYTES``, ``MIN_BUFFER_BYTES`` and ``FREE_FRACTION``.
     """
+    max_buffer_bytes = MAX_BUFFER_BYTES if max_buffer_bytes is None else max_buffer_bytes
+    min_buffer_bytes = MIN_BUFFER_BYTES if min_buffer_bytes is None else min_buffer_bytes
+    free_fraction = FREE_FRACTION if free_fraction is None else free_fraction
     if sm_count <= 0:
         return f"SM count {sm_count} is not positive"
     grids = {k: sm_count * max(1, int(blocks_per_sm.get(k) or 1)) for k in KERNEL_ORDER}
@@ -1089,7 +1093,10 @@ def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
     }
     t0 = time.monotonic()
     try:
-        budget = float(budget_s)
+        try:
+            budget = float(budget_s)
+        except (TypeError, ValueError):
+            budget = math.nan
         if not math.isfinite(budget) or budget <= 0:
             raise ValueError(f"budget_s must be a positive number of seconds, not {budget_s!r}")
         st = _State(int(device_index), budget)
@@ -1126,7 +1133,7 @@ def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
             out["notes"].append("NVML sampler still running at return (an NVML call hung)")
     except Exception as e:  # noqa: BLE001 - the probe never raises
         out["notes"].append(f"load probe failed: {type(e).__name__}: {e}")
-        out["why"] = f"load probe failed: {type(e).__name__}: {e}"
+        out["why"] = str(e) if isinstance(e, ValueError) else f"load probe failed: {type(e).__name__}: {e}"
     out["elapsed_s"] = round(time.monotonic() - t0, 3)
     return out
 
