@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Boot the lab kernel once under QEMU (virtme-ng, host root shared read-only) and run every scenario
+# of lab/run-scenario.py inside it. Results land in OUTDIR (default <repo>/.lab-cache/out):
+# no-map.json, map.json, peer-gone.json, results.json, run.log; the console goes to OUTDIR/console.log.
+#
+#   bash lab/setup.sh          # once per machine (as root)
+#   bash lab/boot.sh [OUTDIR]
+#
+# Environment: AFDDIAG_LAB_PYTHON (the guest's Python; default <repo>/.venv/bin/python, which must
+# see Debian's python3-pyverbs: a venv made with --system-site-packages), AFDDIAG_LAB_KVM=1 to use
+# KVM (default off: nested KVM does not work on the CI machines), AFDDIAG_LAB_TIMEOUT (seconds, 540).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${AFDDIAG_LAB_CACHE:-$REPO/.lab-cache}"
+OUTDIR="${1:-$CACHE/out}"
+TIMEOUT="${AFDDIAG_LAB_TIMEOUT:-540}"
+
+if [ ! -f "$CACHE/kernel.env" ]; then
+  echo "lab/boot.sh: lab not set up ($CACHE/kernel.env missing): run lab/setup.sh as root" >&2
+  exit 3
+fi
+# shellcheck disable=SC1091
+. "$CACHE/kernel.env"
+[ -s "$LAB_VMLINUZ" ] || { echo "lab/boot.sh: $LAB_VMLINUZ missing: run lab/setup.sh" >&2; exit 3; }
+[ -x "$LAB_VNG" ] || { echo "lab/boot.sh: $LAB_VNG missing: run lab/setup.sh" >&2; exit 3; }
+
+PY="${AFDDIAG_LAB_PYTHON:-$REPO/.venv/bin/python}"
+[ -x "$PY" ] || PY=/usr/bin/python3
+
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+rm -f "$OUTDIR"/*.json "$OUTDIR"/run.log "$OUTDIR"/console.log
+
+KVM_OPT=(--disable-kvm)
+[ "${AFDDIAG_LAB_KVM:-0}" = 1 ] && KVM_OPT=()
+
+export PATH="$(dirname "$LAB_VNG"):$PATH"
+start=$(date +%s)
+rc=0
+cd "$REPO"
+timeout "$TIMEOUT" "$LAB_VNG" --run "$LAB_VMLINUZ" "${KVM_OPT[@]}" --user root \
+  --memory 2G --cpus "$(nproc 2>/dev/null | awk '{print ($1>4)?4:$1}')" \
+  --rwdir "$OUTDIR" \
+  --exec "$PY $REPO/lab/run-scenario.py $OUTDIR" >"$OUTDIR/console.log" 2>&1 || rc=$?
+echo "lab/boot.sh: kernel $LAB_KVER, vng exit $rc, $(( $(date +%s) - start ))s; results in $OUTDIR" >&2
+if [ ! -f "$OUTDIR/results.json" ]; then
+  echo "lab/boot.sh: no results.json: the guest did not finish; console tail:" >&2
+  tail -40 "$OUTDIR/console.log" >&2 || true
+  exit 4
+fi
+exit "$rc"
