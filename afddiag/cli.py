@@ -16,8 +16,8 @@ from afddiag import __version__
 from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot
 from afddiag.verdict import EXIT_USAGE
 
-FAMILIES = {"fabric": {"fabric"}, "gpu": {"gpu"}, "all": {"fabric", "gpu", "launch"},
-            "preflight": {"fabric", "gpu", "launch"}}
+FAMILIES = {"fabric": {"fabric"}, "gpu": {"gpu"}, "all": {"fabric", "gpu", "host", "launch"},
+            "preflight": {"fabric", "gpu", "host", "launch"}}
 
 
 def _ipv4(ctx, param, value):
@@ -43,12 +43,12 @@ def diagnose_full(inputs: Inputs, families: set[str]):
     from afddiag import report
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
 
-    want_fabric, want_gpu, want_launch = "fabric" in families, "gpu" in families, "launch" in families
+    want = {f: f in families for f in ("fabric", "gpu", "launch", "host")}
     if inputs.snapshot:
-        obs = gather_snapshot(inputs, want_fabric, want_gpu, want_launch)
+        obs = gather_snapshot(inputs, want["fabric"], want["gpu"], want["launch"], want["host"])
     else:
-        obs = gather_live(inputs, want_fabric, want_gpu,
-                          lambda fab: resolve_fabric_ip(fab, inputs.fabric_ip).ip, want_launch)
+        obs = gather_live(inputs, want["fabric"], want["gpu"],
+                          lambda fab: resolve_fabric_ip(fab, inputs.fabric_ip).ip, want["launch"], want["host"])
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
     verdicts = run_gates(Context(obs, inputs, fip), families)
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
@@ -60,7 +60,8 @@ def diagnose_full(inputs: Inputs, families: set[str]):
          "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
         obs.fabric, notes,
         {"fabric": obs.fabric, "qp": obs.qp,
-         "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None})
+         "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
+         "cpu": obs.cpu})
     return rep, obs
 
 
@@ -83,8 +84,13 @@ def fabric_opts(f):
 
 
 def gpu_opts(f):
-    return click.option("--expect-sm", type=click.IntRange(1, 100000),
-                        help="SM count the image's kernels were exported for.")(f)
+    f = click.option("--expect-sm", type=click.IntRange(1, 100000),
+                     help="SM count the image's kernels were exported for.")(f)
+    f = click.option("--load", is_flag=True, help="Run the GPU load probe (FP32, BF16, GEMV, copy; ~3 s a GPU) "
+                     "for gpu.slow-state (the expert playbook turns it on).")(f)
+    f = click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False),
+                     help="Baseline file (default: the user's state directory).")(f)
+    return f
 
 
 def launch_opts(f):
@@ -100,7 +106,8 @@ def launch_opts(f):
 
 
 def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=False, qp_timeout=5.0,
-                expect_sm=None, role=None, playbook_path=None, launch_env_path=None, expect_capacity=None) -> Inputs:
+                expect_sm=None, role=None, playbook_path=None, launch_env_path=None, expect_capacity=None,
+                load=False, baseline_path=None) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
     from afddiag import playbook as pbmod
     from afddiag.envvars import LaunchEnvError, parse_launch_env
@@ -124,7 +131,8 @@ def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=F
         raise click.UsageError(str(e))
     return Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
                   probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
-                  launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb)
+                  launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
+                  baseline_path=baseline_path)
 
 
 def _diagnose(cmd: str, inputs: Inputs):
@@ -256,6 +264,69 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         click.echo(report.format_exports(pairs, "env"))
         return 0
     click.echo(report.format_devicemap(dm, fmt))
+    return 0
+
+
+@cli.group()
+def baseline() -> None:
+    """Record or show this host's healthy load figures (gpu.slow-state and host.cpu-clock compare to them)."""
+
+
+@baseline.command("record")
+@click.option("--path", "baseline_path", type=click.Path(dir_okay=False), help="Where to write (default: state dir).")
+@click.option("--budget", "budget_s", type=click.FloatRange(0.5, 60), default=3.0, show_default=True,
+              help="Load probe time per GPU, seconds.")
+def baseline_record(baseline_path, budget_s) -> int:
+    """Run the GPU load probe and the CPU loop on this (healthy) host and store the figures."""
+    import socket
+
+    from afddiag import baseline as bl
+    from afddiag.collect import attach_load
+    from afddiag.probes.cpu import read_cpu
+    from afddiag.probes.gpu import read_gpu
+
+    readings = read_gpu()
+    if readings.get("devices"):
+        attach_load(readings, budget_s)
+    cpu = read_cpu()
+    cpu_fig = {k: cpu[k] for k in ("loop_mops", "under_load_mhz", "max_mhz") if cpu.get(k) is not None}
+    try:
+        path = bl.record(readings, cpu_fig, socket.gethostname(), baseline_path)
+    except ValueError as e:
+        click.echo(f"afddiag baseline record: {e}", err=True)
+        return 2
+    except OSError as e:
+        raise click.UsageError(f"baseline {baseline_path or bl.default_path()}: {e.strerror}: give --path somewhere "
+                               "writable")
+    data, _ = bl.load(path)
+    click.echo(f"recorded {len(data['gpus'])} GPU(s) and the CPU in {path}")
+    for uuid, g in data["gpus"].items():
+        click.echo(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items() if k != "name"))
+    return 0
+
+
+@baseline.command("show")
+@click.option("--path", "baseline_path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def baseline_show(baseline_path, as_json) -> int:
+    """Print the recorded baseline (exit 1 when none is recorded)."""
+    import json as _json
+
+    from afddiag import baseline as bl
+
+    data, why = bl.load(baseline_path)
+    if data is None:
+        click.echo(f"afddiag baseline show: {why}", err=True)
+        return 1
+    if as_json:
+        click.echo(_json.dumps(data, indent=2))
+        return 0
+    click.echo(f"{data['path']}: host {data.get('host')}, recorded {data.get('recorded_at')}, versions "
+               + ", ".join(f"{k} {v}" for k, v in (data.get("versions") or {}).items()))
+    for uuid, g in (data.get("gpus") or {}).items():
+        click.echo(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items() if k != "name"))
+    if data.get("cpu"):
+        click.echo("  cpu: " + ", ".join(f"{k}={v}" for k, v in data["cpu"].items()))
     return 0
 
 

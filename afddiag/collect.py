@@ -36,6 +36,9 @@ class Inputs:
     launch_env_path: str | None = None
     expect_capacity: int | None = None
     playbook: Any = None  # afddiag.playbook.Playbook
+    load: bool = False  # run the GPU load probe (also when the playbook asks)
+    load_budget_s: float = 3.0
+    baseline_path: str | None = None
 
     def __post_init__(self) -> None:
         """The launch env feeds the fabric IP and peers when the flags do not give them."""
@@ -59,6 +62,9 @@ class Observation:
     env_source: str = "process environment"
     image: ImageFacts | None = None
     limits: HostLimits | None = None
+    cpu: dict[str, Any] | None = None  # host CPU facts (probes/cpu.py); None: not probed
+    baseline: dict[str, Any] | None = None  # the host's recorded baseline
+    baseline_why: str = ""
     notes: list[str] = field(default_factory=list)
 
 
@@ -123,7 +129,8 @@ def _qp_live(fabric: FabricFacts, inputs: Inputs, fabric_ip: str | None) -> QpFa
 
 
 def gather_live(inputs: Inputs, want_fabric: bool, want_gpu: bool,
-                resolve_ip: Callable[[FabricFacts], str | None], want_launch: bool = False) -> Observation:
+                resolve_ip: Callable[[FabricFacts], str | None], want_launch: bool = False,
+                want_host: bool = False) -> Observation:
     """Probe this host. ``resolve_ip`` picks the fabric IP from fabric facts (for the QP probe)."""
     obs = Observation(host=socket.gethostname(), source="live")
     obs.env = {k: v for k, v in os.environ.items() if k in WATCHED}
@@ -157,10 +164,47 @@ def gather_live(inputs: Inputs, want_fabric: bool, want_gpu: bool,
             from afddiag.probes.gpu import read_gpu
 
             readings = read_gpu(timeout_s=inputs.probe_timeout_s)
+            if wants_load(inputs) and readings.get("devices"):
+                attach_load(readings, inputs.load_budget_s)
             obs.gpu = gpu_facts_from_readings(readings)
         except Exception as e:  # noqa: BLE001
             obs.gpu = GpuFacts(available=False, why=f"GPU probe failed: {e}")
+        _load_baseline(obs, inputs)
+    if want_host:
+        from afddiag.probes.cpu import read_cpu
+
+        try:
+            obs.cpu = bounded(lambda: read_cpu(), inputs.probe_timeout_s, "CPU probe")
+        except Exception as e:  # noqa: BLE001
+            obs.cpu = {"why": f"CPU probe failed: {e}"}
+        if obs.baseline is None and not obs.baseline_why:
+            _load_baseline(obs, inputs)
     return obs
+
+
+def wants_load(inputs: Inputs) -> bool:
+    """--load, or a playbook that turns the slow-state load probe on."""
+    return inputs.load or bool(inputs.playbook and inputs.playbook.load_probe)
+
+
+def attach_load(readings: dict[str, Any], budget_s: float) -> None:
+    """Run the load probe on every CUDA device and attach each result to the NVML device with the
+    same UUID as its ``under_load`` (a failed probe leaves ``{"why": ...}``)."""
+    from afddiag.probes.load import run_load_probe
+
+    by_uuid = {d.get("uuid"): d for d in readings["devices"]}
+    for ordinal in range(len(readings["devices"])):
+        ul = run_load_probe(ordinal, budget_s)
+        uuid = (ul.get("device") or {}).get("uuid")
+        target = by_uuid.get(uuid) or (readings["devices"][ordinal] if ordinal < len(readings["devices"]) else None)
+        if target is not None:
+            target["under_load"] = ul
+
+
+def _load_baseline(obs: Observation, inputs: Inputs) -> None:
+    from afddiag import baseline
+
+    obs.baseline, obs.baseline_why = baseline.load(inputs.baseline_path)
 
 
 class SnapshotError(ValueError):
@@ -177,7 +221,8 @@ def _load_json(path: Path, notes: list[str]) -> Any:
         return None
 
 
-def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_launch: bool = False) -> Observation:
+def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_launch: bool = False,
+                    want_host: bool = False) -> Observation:
     """Read a snapshot directory instead of the host: ``sys/``, ``rdma-dev.json``,
     ``ip-addr.json``, ``env``, ``gpu.json``, ``image.json`` (image inspect), ``limits.json``. Any
     part may be absent; what it would have fed is marked not captured. Raises
@@ -240,4 +285,10 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
             obs.gpu = GpuFacts(captured=False, why="GPU not captured (no gpu.json in the snapshot)")
         else:
             obs.gpu = gpu_facts_from_readings(raw)
+        _load_baseline(obs, inputs)
+    if want_host:
+        raw = _load_json(root / "cpu.json", obs.notes)
+        obs.cpu = raw if isinstance(raw, dict) else None
+        if obs.baseline is None and not obs.baseline_why:
+            _load_baseline(obs, inputs)
     return obs

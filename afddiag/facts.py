@@ -302,6 +302,11 @@ class GpuDevice:
     clocks_event_reason_counters_us: dict[str, int] | None = None
     temperature_c: float | None = None
     under_load: UnderLoad | None = None
+    load_why: str | None = None  # why the load probe gave no figures
+    ecc: dict[str, Any] | str | None = None  # {"mode_current", "volatile": {...}, "aggregate": {...}} or NOT_SUPPORTED
+    retired_pages: dict[str, Any] | str | None = None
+    remapped_rows: dict[str, Any] | str | None = None
+    processes: list[dict[str, Any]] | str | None = None  # other processes holding GPU memory
     notes: list[str] = field(default_factory=list)
 
 
@@ -319,6 +324,8 @@ class GpuFacts:
     versions: dict[str, Any] = field(default_factory=dict)
     expect_image_sm_count: int | None = None
     baseline: dict[str, float] | None = None
+    xid_events: list[dict[str, Any]] | None = None  # NVRM Xid lines from the kernel log; None: not read
+    xid_source: str | None = None
     notes: list[str] = field(default_factory=list)
     readings: dict[str, Any] | None = None  # the raw gpu.json-shaped readings
 
@@ -361,6 +368,10 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
             if isinstance(nvml.get("clocks_event_reason_counters_us"), dict)
             else None,
             temperature_c=_num(nvml.get("temperature_c")),
+            ecc=nvml.get("ecc") if isinstance(nvml.get("ecc"), (dict, str)) else None,
+            retired_pages=nvml.get("retired_pages") if isinstance(nvml.get("retired_pages"), (dict, str)) else None,
+            remapped_rows=nvml.get("remapped_rows") if isinstance(nvml.get("remapped_rows"), (dict, str)) else None,
+            processes=nvml.get("processes") if isinstance(nvml.get("processes"), (list, str)) else None,
         )
         mem = nvml.get("memory_info")
         if isinstance(mem, dict) and _num(mem.get("total_bytes")):
@@ -380,7 +391,9 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         else:
             dev.notes.append(f"memory not read (NVML memory_info: {mem!r})")
         ul = d.get("under_load")
-        if isinstance(ul, dict):
+        if isinstance(ul, dict) and isinstance(ul.get("why"), str):
+            dev.load_why = ul["why"]
+        elif isinstance(ul, dict):
             ach = ul.get("achieved") if isinstance(ul.get("achieved"), dict) else {}
             dev.under_load = UnderLoad(
                 clock_sm_mhz=_num(ul.get("clock_sm_mhz")),
@@ -409,6 +422,8 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         expect_image_sm_count=_num(expect.get("image_sm_count")),
         baseline=expect.get("baseline") if isinstance(expect.get("baseline"), dict) else None,
         notes=[n for n in (r.get("notes") or []) if isinstance(n, str)],
+        xid_events=r.get("xid_events") if isinstance(r.get("xid_events"), list) else None,
+        xid_source=r.get("xid_source") if isinstance(r.get("xid_source"), str) else None,
         readings=r,
     )
 

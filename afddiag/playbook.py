@@ -20,8 +20,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SITE_DIRS = ("/etc/afddiag/playbooks",)
-_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "aliases"}
+_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "aliases"}
 _GPU = {"model", "reserve_fraction", "min_memory_bytes", "load_probe"}
+_HOST = {"cpu_min_mhz"}
 _LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
 
 
@@ -44,6 +45,7 @@ class Playbook:
     capacity_key: str = ""
     memlock_min_bytes: int = 0  # -1: must be unlimited; 0: not checked
     require_fabric_address: bool = False
+    cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
     aliases: dict[str, str] = field(default_factory=dict)
     path: str = ""
 
@@ -57,7 +59,7 @@ def parse(text: str, path: str) -> Playbook:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
-    for table, allowed in (("", _TOP), ("gpu", _GPU), ("launch", _LAUNCH)):
+    for table, allowed in (("", _TOP), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST)):
         got = d if not table else d.get(table, {})
         if not isinstance(got, dict):
             raise PlaybookError(f"playbook {path}: [{table}] must be a table")
@@ -82,6 +84,7 @@ def parse(text: str, path: str) -> Playbook:
             capacity_key=str(la.get("capacity_key", "")),
             memlock_min_bytes=int(la.get("memlock_min_bytes", 0)),
             require_fabric_address=bool(la.get("require_fabric_address", False)),
+            cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
             path=path,
         )

@@ -23,3 +23,9 @@ def load_case(path: Path) -> dict:
 @pytest.fixture(scope="session")
 def report_schema() -> dict:
     return json.loads((REPO / "afddiag" / "schema" / "report.schema.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path, monkeypatch):
+    """Each test has its own state directory: a baseline recorded on this machine never leaks in."""
+    monkeypatch.setenv("AFDDIAG_STATE_DIR", str(tmp_path / "state"))

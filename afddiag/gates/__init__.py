@@ -62,11 +62,11 @@ Gate = Callable[[Context], Verdict]
 
 
 def registry() -> list[tuple[str, str, Gate]]:
-    """Ordered ``(gate id, family, function)``: fabric, GPU, then launch gates."""
-    from afddiag.gates import fabric, gpu, launch
+    """Ordered ``(gate id, family, function)``: fabric, GPU, host, then launch gates."""
+    from afddiag.gates import fabric, gpu, host, launch
 
     return ([(gid, "fabric", fn) for gid, fn in fabric.GATES] + [(gid, "gpu", fn) for gid, fn in gpu.GATES]
-            + [(gid, "launch", fn) for gid, fn in launch.GATES])
+            + [(gid, "host", fn) for gid, fn in host.GATES] + [(gid, "launch", fn) for gid, fn in launch.GATES])
 
 
 def run_gates(ctx: Context, families: set[str]) -> list[Verdict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from afddiag import baseline
 from afddiag.catalog import remedy
 from afddiag.facts import GpuDevice, clocks_event_reason_names, to_jsonable
 from afddiag.gates import Context
@@ -179,17 +180,21 @@ def slow_state(ctx: Context) -> Verdict:
     if (v := _need_gpu(ctx, gid)) is not None:
         return v
     g = ctx.obs.gpu
-    base = g.baseline or {}
     verdicts: list[tuple[str, str]] = []
-    facts: dict = {"baseline": base, "baseline_source": "snapshot expect.baseline" if base else None}
+    facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None}
     for d in g.devices:
         ul = d.under_load
         label = _label(d)
+        if d.load_why:
+            verdicts.append((WARN, f"{label}: inconclusive, the load probe gave no figures ({d.load_why})"))
+            continue
         if ul is None or (ul.clock_sm_mhz is None and all(getattr(ul, k) is None for k, _ in THROUGHPUT)):
             verdicts.append((SKIP, f"{label}: no under-load readings (idle clocks are low by design)"))
             continue
+        base, src = baseline.for_gpu(d.uuid, d.name, ctx.obs.baseline, g.baseline)
         f: dict = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "clock_sm_max_mhz": d.clock_sm_max_mhz,
-                   "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct}
+                   "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct,
+                   "baseline": base, "baseline_source": src or None}
         facts[str(d.index)] = f
         found: list[str] = []
         clk = ul.clock_sm_mhz
@@ -224,12 +229,12 @@ def slow_state(ctx: Context) -> Verdict:
         what = ([f"clock {clk:g} MHz of max {d.clock_sm_max_mhz:g}" if clk and d.clock_sm_max_mhz else
                  (f"clock {clk:g} MHz" if clk else "")] + [f"{k} {f[k]['ratio']:.0%} of baseline" for k in compared])
         verdicts.append((PASS, f"{label}: " + ", ".join(w for w in what if w)
-                         + ("" if compared else " (no throughput baseline)")))
+                         + (f" ({src.split(':')[0]})" if compared else " (no throughput baseline)")))
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
-    rem = {FAIL: remedy(gid), WARN: "run the load probe on an otherwise idle GPU", PASS: "nothing to do",
-           SKIP: "take under-load readings (the live load probe comes with `afddiag gpu --load`)"}[worst]
+    rem = {FAIL: remedy(gid), WARN: "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
+           PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
     return Verdict(gid, worst, summary, rem, facts)
 
 
@@ -316,6 +321,87 @@ def image_arch(ctx: Context) -> Verdict:
                    "nothing to do", facts)
 
 
+# Xids that mean the GPU or its memory needs a reset, a reboot or service (NVIDIA Xid catalog).
+XID_FATAL = {48: "double-bit ECC error", 63: "ECC page retirement or row remapping event",
+             64: "ECC page retirement or row remapper failure", 74: "NVLink error", 79: "GPU has fallen off the bus",
+             92: "high single-bit ECC error rate", 94: "contained ECC error", 95: "uncontained ECC error",
+             119: "GSP RPC timeout", 120: "GSP error", 140: "ECC unrecovered error"}
+
+
+def errors(ctx: Context) -> Verdict:
+    gid = "gpu.errors"
+    if (v := _need_gpu(ctx, gid)) is not None:
+        return v
+    g = ctx.obs.gpu
+    if g.xid_events is None and all(d.ecc is None and d.retired_pages is None and d.remapped_rows is None
+                                    for d in g.devices):
+        return Verdict(gid, SKIP, "no ECC, retirement, remapping or kernel-log readings (not captured)",
+                       "run on the host (as root for the kernel log)")
+    fails, warns, facts = [], [], {"xid_source": g.xid_source, "xid_events": g.xid_events}
+    for d in g.devices:
+        label = _label(d)
+        f = facts[str(d.index)] = {"ecc": d.ecc, "retired_pages": d.retired_pages, "remapped_rows": d.remapped_rows}
+        if isinstance(d.ecc, dict):
+            vol = d.ecc.get("volatile") or {}
+            agg = d.ecc.get("aggregate") or {}
+            if (vol.get("uncorrected") or 0) > 0:
+                fails.append(f"{label}: {vol['uncorrected']} uncorrected ECC error(s) since the last driver load")
+            elif (agg.get("uncorrected") or 0) > 0:
+                warns.append(f"{label}: {agg['uncorrected']} uncorrected ECC error(s) over its lifetime")
+        if isinstance(d.remapped_rows, dict):
+            rr = d.remapped_rows
+            if rr.get("failure"):
+                fails.append(f"{label}: row remapping failed (no spare rows)")
+            elif rr.get("pending"):
+                fails.append(f"{label}: row remapping pending: the GPU needs a reset")
+            elif (rr.get("uncorrectable") or 0) > 0:
+                warns.append(f"{label}: {rr['uncorrectable']} rows remapped for uncorrectable errors")
+        if isinstance(d.retired_pages, dict) and d.retired_pages.get("pending"):
+            fails.append(f"{label}: page retirement pending: the GPU needs a reset")
+        f["not_supported"] = [k for k in ("ecc", "retired_pages", "remapped_rows") if getattr(d, k) == "NOT_SUPPORTED"]
+    for ev in g.xid_events or []:
+        xid = ev.get("xid")
+        what = f"Xid {xid} ({XID_FATAL.get(xid, 'see the Xid catalog')}) on {ev.get('pci') or 'a GPU'}"
+        (fails if xid in XID_FATAL else warns).append(what)
+    if fails:
+        return Verdict(gid, FAIL, "; ".join(dict.fromkeys(fails)), remedy(gid), facts)
+    if warns:
+        return Verdict(gid, WARN, "; ".join(dict.fromkeys(warns)), remedy(gid), facts)
+    xid = ("no Xid in the kernel log" if g.xid_events is not None
+           else f"kernel log not read ({g.xid_source or 'not captured'})")
+    na = sorted({k for d in g.devices for k in facts[str(d.index)]["not_supported"]})
+    return Verdict(gid, PASS, f"{len(g.devices)} GPU(s): no uncorrected ECC, no pending retirement or remap; {xid}"
+                   + (f" ({', '.join(na)} N/A on this GPU: not a fault)" if na else ""), "nothing to do", facts)
+
+
+def processes(ctx: Context) -> Verdict:
+    gid = "gpu.processes"
+    if (v := _need_gpu(ctx, gid)) is not None:
+        return v
+    g = ctx.obs.gpu
+    others, unknown, facts = [], [], {}
+    for d in g.devices:
+        facts[str(d.index)] = d.processes
+        if isinstance(d.processes, list):
+            others += [(d, p) for p in d.processes if isinstance(p, dict)]
+        else:
+            unknown.append(d)
+    if others:
+        reserve = ctx.playbook.reserve_fraction
+        names = "; ".join(f"{_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
+                          + (f" {p['used_bytes'] / 2**30:.2f} GiB" if isinstance(p.get("used_bytes"), int) else "")
+                          for d, p in others)
+        verdict = FAIL if reserve else WARN
+        why = f" (a {reserve:.0%} memory reservation will fail)" if reserve else ""
+        return Verdict(gid, verdict, f"other processes hold GPU memory{why}: {names}", remedy(gid), facts)
+    if unknown and len(unknown) == len(g.devices):
+        return Verdict(gid, SKIP, "GPU process list not read (" + ", ".join(
+            f"{_label(d)}: {d.processes or 'not captured'}" for d in unknown) + ")",
+            "run on the host as a user NVML may ask (root in containers)", facts)
+    return Verdict(gid, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other process holds GPU memory",
+                   "nothing to do", facts)
+
+
 GATES = [
     ("gpu.present", present),
     ("gpu.sm-count", sm_count),
@@ -323,4 +409,6 @@ GATES = [
     ("gpu.memory", memory),
     ("gpu.clock-events", clock_events),
     ("gpu.slow-state", slow_state),
+    ("gpu.errors", errors),
+    ("gpu.processes", processes),
 ]

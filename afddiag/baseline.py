@@ -1,0 +1,112 @@
+"""Per-host baselines of healthy load figures, and the reference table used without one.
+
+The baseline file lives in the user's state directory: ``$AFDDIAG_STATE_DIR``, else
+``$XDG_STATE_HOME/afddiag``, else ``~/.local/state/afddiag``; ``--baseline PATH`` overrides it.
+It is written atomically (temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+FIGURES = ("clock_sm_mhz_under_load", "power_mw_under_load", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
+
+# Healthy figures by GPU model (NVML name), for hosts without a recorded baseline. Throughput figures
+# are the load probe's own (other tools measure other things); unknown figures are left out.
+REFERENCE: dict[str, dict[str, Any]] = {
+    "NVIDIA H200": {
+        "clock_sm_mhz_under_load": 1980, "fp32_tflops": 64.8, "bf16_tflops": 648.0, "gemv_gbps": 4515.8,
+        "copy_gbps": 3911.0,
+        "source": "afddiag load probe on a lent H200, 2026-11-30 (benchmarks/results/h200-gpu-load.txt)",
+    },
+    "NVIDIA GB10": {
+        "clock_sm_mhz_under_load": 2395, "power_mw_under_load": 92500,
+        "source": "healthy DGX Spark under load, 2385-2405 MHz at ~92.5 W (model-serving-minefield PR 55); "
+                  "throughput needs a recorded baseline (`afddiag baseline record`)",
+    },
+}
+
+
+def state_dir() -> Path:
+    """The user's afddiag state directory (not created here)."""
+    if os.environ.get("AFDDIAG_STATE_DIR"):
+        return Path(os.environ["AFDDIAG_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "afddiag"
+
+
+def default_path() -> Path:
+    return state_dir() / "baseline.json"
+
+
+def load(path: str | os.PathLike | None = None) -> tuple[dict[str, Any] | None, str]:
+    """Read a baseline file → (baseline or None, words on why none). Never raises."""
+    p = Path(path) if path else default_path()
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"no baseline recorded ({p})"
+    except (OSError, ValueError) as e:
+        return None, f"baseline {p} unreadable ({e}): record it again with `afddiag baseline record`"
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        return None, f"baseline {p} has another format: record it again with `afddiag baseline record`"
+    data["path"] = str(p)
+    return data, ""
+
+
+def from_under_load(ul: dict[str, Any]) -> dict[str, Any]:
+    """A load probe's under-load readings → baseline figures (units in the names)."""
+    ach = ul.get("achieved") or {}
+    out = {"clock_sm_mhz_under_load": ul.get("clock_sm_mhz"), "power_mw_under_load": ul.get("power_mw")}
+    out.update({k: ach.get(k) for k in ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")})
+    return {k: v for k, v in out.items() if isinstance(v, (int, float))}
+
+
+def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
+           path: str | os.PathLike | None = None) -> Path:
+    """Write the healthy figures of every GPU that has under-load readings (keyed by UUID) and the
+    CPU's, with kernel/driver/BIOS versions. Returns the path. Raises OSError when it cannot write,
+    ValueError when there is nothing to record."""
+    gpus = {}
+    for d in readings.get("devices") or []:
+        ul = d.get("under_load")
+        if isinstance(ul, dict) and not ul.get("why") and d.get("uuid"):
+            gpus[d["uuid"]] = {"name": d.get("name"), **from_under_load(ul)}
+    if not gpus and not cpu:
+        raise ValueError("nothing to record: the load probe gave no figures (see `afddiag gpu --load`)")
+    data = {"schema_version": SCHEMA_VERSION, "host": host,
+            "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "versions": {"driver": readings.get("driver_version"), **(readings.get("versions") or {})},
+            "gpus": gpus, "cpu": cpu or {}}
+    p = Path(path) if path else default_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".baseline.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return p
+
+
+def for_gpu(uuid: str | None, name: str | None, host_baseline: dict[str, Any] | None,
+            snapshot_baseline: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The baseline figures to judge one GPU by, and their source, in order of precedence: the host's
+    recorded baseline (by UUID), the snapshot's ``expect.baseline``, the reference table (by model)."""
+    if host_baseline and uuid and uuid in (host_baseline.get("gpus") or {}):
+        return host_baseline["gpus"][uuid], f"host baseline {host_baseline.get('path')} ({host_baseline.get('recorded_at')})"
+    if snapshot_baseline:
+        return snapshot_baseline, "snapshot expect.baseline"
+    ref = REFERENCE.get(name or "")
+    if ref:
+        return ({k: v for k, v in ref.items() if k != "source"}, f"reference table for {name}: {ref['source']}")
+    return {}, ""
