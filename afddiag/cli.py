@@ -153,7 +153,39 @@ def _run(cmd: str, as_json, **kw) -> int:
     return rep["exit_code"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Commands that live in their own modules, imported only when named (start-up stays cheap).
+LAZY_COMMANDS = {
+    "fleet": "afddiag.fleet:fleet",
+    "merge": "afddiag.fleet:merge",
+    "capture": "afddiag.capture:capture",
+    "history": "afddiag.history:history",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose extra commands are imported on first use (click's lazy-loading pattern)."""
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | {n for n in LAZY_COMMANDS if self._load(n)})
+
+    def get_command(self, ctx, name):
+        return super().get_command(ctx, name) or self._load(name)
+
+    @staticmethod
+    def _load(name):
+        import importlib
+
+        target = LAZY_COMMANDS.get(name)
+        if not target:
+            return None
+        mod, _, attr = target.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError):
+            return None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="afddiag")
 def cli() -> None:
     """Bring-up diagnostics for an attention-FFN-disaggregated fleet: RoCE v2 fabric and GPUs.

@@ -8,7 +8,10 @@
 #
 # Environment: AFDDIAG_LAB_PYTHON (the guest's Python; default <repo>/.venv/bin/python, which must
 # see Debian's python3-pyverbs: a venv made with --system-site-packages), AFDDIAG_LAB_KVM=1 to use
-# KVM (default off: nested KVM does not work on the CI machines), AFDDIAG_LAB_TIMEOUT (seconds, 540).
+# KVM (default off: nested KVM does not work on the CI machines), AFDDIAG_LAB_TIMEOUT (seconds, 540),
+# AFDDIAG_LAB_SCRIPT (the guest script, default lab/run-scenario.py; it gets OUTDIR as its argument and
+# must write OUTDIR/results.json). Boots are serialised with flock on /tmp/afddiag-lab.lock: two QEMU
+# guests under TCG on a 2-core machine would each run past their time.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,10 +42,13 @@ export PATH="$(dirname "$LAB_VNG"):$PATH"
 start=$(date +%s)
 rc=0
 cd "$REPO"
+SCRIPT="${AFDDIAG_LAB_SCRIPT:-$REPO/lab/run-scenario.py}"
+exec 9>/tmp/afddiag-lab.lock
+flock 9
 timeout "$TIMEOUT" "$LAB_VNG" --run "$LAB_VMLINUZ" "${KVM_OPT[@]}" --user root \
   --memory 2G --cpus "$(nproc 2>/dev/null | awk '{print ($1>4)?4:$1}')" \
   --rwdir "$OUTDIR" \
-  --exec "$PY $REPO/lab/run-scenario.py $OUTDIR" >"$OUTDIR/console.log" 2>&1 || rc=$?
+  --exec "$PY $SCRIPT $OUTDIR" >"$OUTDIR/console.log" 2>&1 || rc=$?
 echo "lab/boot.sh: kernel $LAB_KVER, vng exit $rc, $(( $(date +%s) - start ))s; results in $OUTDIR" >&2
 if [ ! -f "$OUTDIR/results.json" ]; then
   echo "lab/boot.sh: no results.json: the guest did not finish; console tail:" >&2
