@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -58,6 +60,14 @@ def fake_nvml_device(uuid: str, name: str = "NVIDIA H200", **over) -> dict:
         "gen": 5,
         "width": 16,
         "util": 0,
+        # health facts, as an H200 answers them (ECC on, row remapping, no retired pages)
+        "ecc_mode": [1, 1],
+        "ecc": {(0, 0): 0, (1, 0): 0, (0, 1): 0, (1, 1): 0},  # (error type, counter type) -> count
+        "retired": {0: FakeNVMLError(NOT_SUPPORTED_RC), 1: FakeNVMLError(NOT_SUPPORTED_RC)},
+        "retired_pending": FakeNVMLError(NOT_SUPPORTED_RC),
+        "remapped": (0, 0, 0, 0),
+        "compute_procs": [],
+        "graphics_procs": [],
     }
     d.update(over)
     return d
@@ -72,6 +82,13 @@ def make_fake_pynvml(devices: list[dict], block: threading.Event | None = None, 
     m.NVML_ERROR_LIBRARY_NOT_FOUND = 12
     m.NVML_CLOCK_SM = 1
     m.NVML_TEMPERATURE_GPU = 0
+    m.NVML_FEATURE_ENABLED = 1
+    m.NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    m.NVML_VOLATILE_ECC = 0
+    m.NVML_AGGREGATE_ECC = 1
+    m.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    m.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
     m.calls = []
 
     def answer(fn_name, value):
@@ -111,7 +128,28 @@ def make_fake_pynvml(devices: list[dict], block: threading.Event | None = None, 
     m.nvmlDeviceGetCurrPcieLinkWidth = lambda h: answer("nvmlDeviceGetCurrPcieLinkWidth", h["width"])
     m.nvmlDeviceGetUtilizationRates = lambda h: answer(
         "nvmlDeviceGetUtilizationRates", types.SimpleNamespace(gpu=h["util"], memory=0))
+    m.nvmlDeviceGetEccMode = lambda h: answer("nvmlDeviceGetEccMode", h["ecc_mode"])
+
+    def total_ecc(h, error_type, counter_type):
+        ecc = h["ecc"]
+        value = ecc if isinstance(ecc, Exception) else ecc[error_type, counter_type]
+        return answer("nvmlDeviceGetTotalEccErrors", value)
+
+    m.nvmlDeviceGetTotalEccErrors = total_ecc
+    m.nvmlDeviceGetRetiredPages = lambda h, cause: answer("nvmlDeviceGetRetiredPages", h["retired"][cause])
+    m.nvmlDeviceGetRetiredPagesPendingStatus = lambda h: answer(
+        "nvmlDeviceGetRetiredPagesPendingStatus", h["retired_pending"])
+    m.nvmlDeviceGetRemappedRows = lambda h: answer("nvmlDeviceGetRemappedRows", h["remapped"])
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: answer(
+        "nvmlDeviceGetComputeRunningProcesses", h["compute_procs"])
+    m.nvmlDeviceGetGraphicsRunningProcesses = lambda h: answer(
+        "nvmlDeviceGetGraphicsRunningProcesses", h["graphics_procs"])
     return m
+
+
+def proc(pid: int, used) -> types.SimpleNamespace:
+    """One entry of pynvml's process lists (``nvmlFriendlyObject`` has more fields; the probe reads these)."""
+    return types.SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
 
 
 def uuid_bytes(uuid: str) -> bytes:
@@ -354,6 +392,221 @@ def test_reason_names_and_uuid_format():
     assert gpu.uuid_from_bytes(uuid_bytes(UUID_B)) == UUID_B
 
 
+# --- (c) health facts: ECC, retired pages, remapped rows, processes -----------------------------
+
+GONE_PID = 2**31 - 2  # above any pid_max: no such process
+
+
+def test_health_facts_read_every_call(fake_gpus, meminfo):
+    dev = fake_nvml_device(
+        UUID_A, name="Tesla V100-SXM2-32GB",
+        ecc={(0, 0): 3, (1, 0): 0, (0, 1): 17, (1, 1): 1},
+        retired={0: [0x1000, 0x2000], 1: [0x3000]},  # page addresses; the probe counts them
+        retired_pending=1,
+        remapped=(2, 1, 0, 1),
+        compute_procs=[proc(os.getpid(), 2147483648), proc(GONE_PID, None)],
+        graphics_procs=[proc(GONE_PID, 2**64 - 1)],  # NVML_VALUE_NOT_AVAILABLE
+    )
+    nvml, _ = fake_gpus([dev], [{"uuid": UUID_A, "name": "x", "sm": 80, "cc": (7, 0), "integrated": False}])
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    n = r["devices"][0]["nvml"]
+    assert n["ecc"] == {
+        "mode_current": True,
+        "volatile": {"corrected": 3, "uncorrected": 0},
+        "aggregate": {"corrected": 17, "uncorrected": 1},
+    }
+    assert n["retired_pages"] == {"single_bit": 2, "double_bit": 1, "pending": True}
+    assert n["remapped_rows"] == {"correctable": 2, "uncorrectable": 1, "pending": False, "failure": True}
+    me = gpu.process_name(os.getpid())
+    assert isinstance(me, str) and me
+    assert n["processes"] == [
+        {"pid": os.getpid(), "name": me, "used_bytes": 2147483648, "type": "compute"},
+        {"pid": GONE_PID, "name": None, "used_bytes": None, "type": "compute"},
+        {"pid": GONE_PID, "name": None, "used_bytes": None, "type": "graphics"},
+    ]
+    assert nvml.calls.count("nvmlDeviceGetTotalEccErrors") == 4
+    assert nvml.calls.count("nvmlDeviceGetRetiredPages") == 2
+    assert not any("ecc" in s or "retired" in s or "remapped" in s or "process" in s for s in r["notes"]), r["notes"]
+    json.dumps(r)
+
+
+def test_health_facts_h200_style(fake_gpus, meminfo):
+    """Hopper: retired pages N/A (row remapping instead), ECC on, no graphics process list."""
+    dev = fake_nvml_device(UUID_A, compute_procs=[proc(GONE_PID, 1 << 30)],
+                           graphics_procs=FakeNVMLError(NOT_SUPPORTED_RC))
+    fake_gpus([dev], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    n = r["devices"][0]["nvml"]
+    assert n["ecc"]["mode_current"] is True
+    assert n["ecc"]["volatile"] == n["ecc"]["aggregate"] == {"corrected": 0, "uncorrected": 0}
+    assert n["retired_pages"] == "NOT_SUPPORTED"
+    assert n["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+    assert n["processes"] == [{"pid": GONE_PID, "name": None, "used_bytes": 1 << 30, "type": "compute"}]
+    assert not any("NVML device" in s for s in r["notes"]), r["notes"]
+
+
+def test_health_facts_not_supported_gb10(fake_gpus, meminfo):
+    """GB10 answers N/A for ECC, retired pages and remapped rows: NOT_SUPPORTED, not a fault, no notes."""
+    ns = FakeNVMLError(NOT_SUPPORTED_RC)
+    dev = fake_nvml_device(UUID_A, name="NVIDIA GB10", mem=ns, ecc_mode=ns, ecc=ns, retired={0: ns, 1: ns},
+                           retired_pending=ns, remapped=ns, compute_procs=ns, graphics_procs=ns)
+    nvml, _ = fake_gpus([dev], [{"uuid": UUID_A, "name": "x", "sm": 48, "cc": (12, 1), "integrated": True}])
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    n = r["devices"][0]["nvml"]
+    assert (n["ecc"], n["retired_pages"], n["remapped_rows"], n["processes"]) == ("NOT_SUPPORTED",) * 4
+    assert "nvmlDeviceGetTotalEccErrors" not in nvml.calls  # no counters without ECC
+    assert not any("NVML device" in s for s in r["notes"]), r["notes"]
+
+
+def test_health_facts_other_errors_are_null_with_a_note(fake_gpus, meminfo):
+    err = FakeNVMLError(999)
+    dev = fake_nvml_device(
+        UUID_A,
+        ecc={(0, 0): 5, (1, 0): err, (0, 1): FakeNVMLError(NOT_SUPPORTED_RC), (1, 1): 0},
+        retired={0: [], 1: err}, retired_pending=0,
+        remapped=err,
+        compute_procs=err,
+    )
+    fake_gpus([dev], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    n = r["devices"][0]["nvml"]
+    assert n["ecc"] == {"mode_current": True, "volatile": {"corrected": 5, "uncorrected": None},
+                        "aggregate": {"corrected": None, "uncorrected": 0}}
+    assert n["retired_pages"] == {"single_bit": 0, "double_bit": None, "pending": False}
+    assert n["remapped_rows"] == {"correctable": None, "uncorrectable": None, "pending": None, "failure": None}
+    assert n["processes"] is None  # a partial list could hide a busy GPU
+    notes = "\n".join(r["notes"])
+    assert "(volatile uncorrected): nvmlDeviceGetTotalEccErrors failed" in notes
+    assert "ecc.aggregate.corrected: NOT_SUPPORTED" in notes
+    assert "(double bit): nvmlDeviceGetRetiredPages failed" in notes
+    assert "nvmlDeviceGetRemappedRows failed" in notes
+    assert "nvmlDeviceGetComputeRunningProcesses failed" in notes and "processes not listed" in notes
+
+
+def test_health_facts_ecc_mode_off_and_old_bindings(fake_gpus, meminfo):
+    nvml, _ = fake_gpus([fake_nvml_device(UUID_A, ecc_mode=[0, 1])],
+                        [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    del nvml.nvmlDeviceGetRemappedRows  # bindings older than the call
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    n = r["devices"][0]["nvml"]
+    assert n["ecc"]["mode_current"] is False
+    assert n["remapped_rows"]["correctable"] is None
+    assert any("nvmlDeviceGetRemappedRows failed: AttributeError" in s for s in r["notes"])
+
+
+# --- (d) Xid events from the kernel log -------------------------------------------------------
+
+# Realistic kernel log lines: /dev/kmsg records (prio,seq,ts_us,flags;message + continuation lines),
+# dmesg and journalctl forms, and NVRM lines that are not Xids.
+XID_LINES = [
+    "4,1826,94727312,-;NVRM: Xid (PCI:0000:01:00): 79, pid=2291, name=python3, GPU has fallen off the bus.\n"
+    " SUBSYSTEM=pci\n DEVICE=+pci:0000:01:00.0\n",
+    "[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double "
+    "bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+    "Nov 30 12:03:06 node7 kernel: NVRM: Xid (0000:af:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+    "Out Of Range Address",
+    "6,1830,94727400,-;NVRM: Xid (PCI:0008:01:00 GPU-I:01): 13, pid=4410, name=vllm, Graphics Exception: "
+    "ESR 0x50da30=0x10 0x50da34=0x0",
+    "4,1700,90000000,-;NVRM: GPU at PCI:0000:01:00: GPU-7cd2085c-0491-8f33-d0c7-9a185274e8bc",
+    "6,1701,90000100,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.159.04",
+    "[   3.1] pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
+    "4,1702,90000200,-;NVRM: Xid (PCI:0000:01:00): bogus",  # no number: not an event
+]
+
+
+def test_parse_xid_lines():
+    assert gpu.parse_xid_lines(XID_LINES) == [
+        {"xid": 79, "pci": "0000:01:00",
+         "text": "NVRM: Xid (PCI:0000:01:00): 79, pid=2291, name=python3, GPU has fallen off the bus."},
+        {"xid": 48, "pci": "0000:3b:00",
+         "text": "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit "
+                 "error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."},
+        {"xid": 13, "pci": "0000:af:00",
+         "text": "NVRM: Xid (0000:af:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
+                 "Out Of Range Address"},
+        {"xid": 13, "pci": "0008:01:00",
+         "text": "NVRM: Xid (PCI:0008:01:00 GPU-I:01): 13, pid=4410, name=vllm, Graphics Exception: "
+                 "ESR 0x50da30=0x10 0x50da34=0x0"},
+    ]
+    assert gpu.parse_xid_lines([]) == []
+    assert gpu.parse_xid_lines(["NVRM: Xid (no address here): 31, pid=1, MMU Fault"]) == [
+        {"xid": 31, "pci": None, "text": "NVRM: Xid (no address here): 31, pid=1, MMU Fault"}]
+
+
+def test_xid_events_from_a_kmsg_like_pipe(fake_gpus, meminfo):
+    """/dev/kmsg hands one record per read and EAGAIN at the end; a pipe with its writer open does the same."""
+    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    rfd, wfd = os.pipe()
+    try:
+        for rec in (XID_LINES[0], XID_LINES[4] + "\n", XID_LINES[3] + "\n"):
+            os.write(wfd, rec.encode())
+        path = f"/proc/self/fd/{rfd}"
+        t0 = time.monotonic()
+        r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, kmsg_path=path)
+        assert time.monotonic() - t0 < 3.0  # EAGAIN ended the read: nothing waited for the writer
+    finally:
+        os.close(wfd)
+        os.close(rfd)
+    assert r["xid_source"] == path
+    assert [(e["xid"], e["pci"]) for e in r["xid_events"]] == [(79, "0000:01:00"), (13, "0008:01:00")]
+    assert not any(s.startswith("xid") for s in r["notes"]), r["notes"]
+
+
+def test_kmsg_missing_says_why(fake_gpus, meminfo, tmp_path):
+    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    missing = str(tmp_path / "no-kmsg")
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, kmsg_path=missing)
+    assert r["xid_events"] is None
+    assert r["xid_source"] == f"not readable: {missing}: No such file or directory"
+    assert "why" not in r and r["devices"][0]["nvml"]["clock_sm_mhz"] == 345  # the rest is read as usual
+
+
+def test_kmsg_permission_denied_says_run_as_root(fake_gpus, meminfo, monkeypatch):
+    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    real_open = os.open
+
+    def deny_kmsg(path, flags, *a):  # root reads /dev/kmsg whatever its mode: deny it here
+        if path == "/dev/kmsg":
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(gpu.os, "open", deny_kmsg)
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    assert r["xid_events"] is None
+    assert r["xid_source"] == "not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"
+
+    def eperm(path, flags, *a):  # dmesg_restrict=1 answers EPERM
+        raise PermissionError(errno.EPERM, "Operation not permitted", path)
+
+    monkeypatch.setattr(gpu.os, "open", eperm)
+    assert gpu.read_xid_events()[:2] == (
+        None, "not readable: /dev/kmsg: Operation not permitted (run as root or give --xid-log)")
+
+
+def test_xid_log_file_is_read_instead_of_kmsg_and_bounded(fake_gpus, meminfo, tmp_path):
+    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    log = tmp_path / "dmesg.txt"
+    log.write_text("\n".join(XID_LINES[1:3]) + "\n")
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, kmsg_path="/nonexistent/kmsg", xid_log=str(log))
+    assert r["xid_source"] == str(log)
+    assert [e["xid"] for e in r["xid_events"]] == [48, 13]
+
+    # a log larger than the limit: its last max_bytes are read, the cut first line dropped
+    filler = "[   1.0] usb 1-1: new high-speed USB device number 2 using xhci_hcd\n" * 2000
+    log.write_text(XID_LINES[1] + "\n" + filler + XID_LINES[2] + "\n")
+    events, source, notes = gpu.read_xid_events(str(log), max_bytes=4096)
+    assert source == str(log) and [e["xid"] for e in events] == [13]
+    assert any("read its last 4096" in s for s in notes)
+
+    # the time bound
+    events, source, notes = gpu.read_xid_events(str(log), deadline=time.monotonic() - 1)
+    assert events == [] and any("time bound" in s for s in notes)
+
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, xid_log=str(tmp_path / "gone.txt"))
+    assert r["xid_events"] is None and r["xid_source"].startswith("not readable: ")
+    assert "--xid-log" not in r["xid_source"]
+
+
 # --- a real GPU (the device machine) --------------------------------------------------------
 
 
@@ -369,6 +622,14 @@ def test_real_gpu_reads():
         assert d["cuda"]["sm_count"] > 0
         assert len(d["cuda"]["compute_capability"]) == 2
         assert d["nvml"]["clock_sm_max_mhz"] > 0
+        n = d["nvml"]
+        assert n["ecc"] == "NOT_SUPPORTED" or isinstance(n["ecc"]["mode_current"], bool)
+        assert n["retired_pages"] == "NOT_SUPPORTED" or set(n["retired_pages"]) == {
+            "single_bit", "double_bit", "pending"}
+        assert n["remapped_rows"] == "NOT_SUPPORTED" or isinstance(n["remapped_rows"]["uncorrectable"], int)
+        assert n["processes"] == "NOT_SUPPORTED" or isinstance(n["processes"], list)
+    assert isinstance(r["xid_source"], str)
+    assert (r["xid_events"] is None) == r["xid_source"].startswith("not readable")
 
 
 def _shape(v):
@@ -380,14 +641,41 @@ def _shape(v):
     return None
 
 
-def test_recorded_h200_fixture_has_the_probes_shape(fake_gpus, meminfo):
-    """tests/fixtures/gpu/h200-live-idle is read_gpu output: same keys as the probe produces now."""
+def _key_paths(v, prefix=""):
+    """Every key path of a JSON value (``devices[].nvml.ecc.volatile.corrected``, ...)."""
+    out = set()
+    if isinstance(v, dict):
+        for k, x in v.items():
+            out.add(prefix + k)
+            out |= _key_paths(x, prefix + k + ".")
+    elif isinstance(v, list):
+        for x in v:
+            out |= _key_paths(x, prefix.rstrip(".") + "[].")
+    return out
+
+
+def test_recorded_h200_fixtures_have_the_probes_shape(fake_gpus, meminfo):
+    """The h200-live-* fixtures are read_gpu output: busy has every key the probe gives now (a fake
+    answering as the H200 did); idle and load, recorded before the health facts, have a subset."""
     from pathlib import Path
 
     fixtures = Path(__file__).parent / "fixtures" / "gpu"
+    fake_gpus([fake_nvml_device(UUID_A, compute_procs=[proc(os.getpid(), 2 << 30)])],
+              [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    now = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+
+    busy = json.loads((fixtures / "h200-live-busy" / "gpu.json").read_text())
+    assert _shape(now) == _shape(busy)
+    n = busy["devices"][0]["nvml"]
+    assert n["ecc"]["mode_current"] is True and n["retired_pages"] == "NOT_SUPPORTED"
+    assert isinstance(n["remapped_rows"]["uncorrectable"], int)
+    assert [(p["type"], p["name"]) for p in n["processes"]] == [("compute", "python3")]
+    assert n["processes"][0]["used_bytes"] >= 2 << 30
+    assert busy["xid_source"] == "/dev/kmsg" and isinstance(busy["xid_events"], list)
+
     recorded = json.loads((fixtures / "h200-live-idle" / "gpu.json").read_text())
-    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
-    assert _shape(gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)) == _shape(recorded)
+    assert _key_paths(recorded) <= _key_paths(now)
+    assert _key_paths(now) - _key_paths(recorded) == _key_paths(busy) - _key_paths(recorded)
     assert recorded["devices"][0]["cuda"]["sm_count"] == 132
 
     loaded = json.loads((fixtures / "h200-live-load" / "gpu.json").read_text())

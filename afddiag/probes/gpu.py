@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import errno
 import json
+import os
 import platform
+import re
+import stat
 import threading
-from typing import Any
+import time
+from typing import Any, Iterable
 
 from afddiag.facts import NOT_SUPPORTED, clocks_event_reason_names
 
@@ -33,6 +38,10 @@ CUDA_SUCCESS = 0
 LIBCUDA = "libcuda.so.1"
 LIBNVML = "libnvidia-ml.so.1"
 BIOS_VERSION_PATH = "/sys/class/dmi/id/bios_version"
+KMSG_PATH = "/dev/kmsg"
+XID_MAX_BYTES = 4 << 20  # read at most this much kernel log (the kmsg ring is usually far smaller)
+XID_MAX_EVENTS = 1000  # keep at most this many Xid events (a note counts the rest)
+NVML_VALUE_NOT_AVAILABLE_ULL = 2**64 - 1  # usedGpuMemory when the driver cannot tell
 
 
 def uuid_from_bytes(raw: bytes) -> str:
@@ -158,8 +167,167 @@ def _nvml_device(run: _Run, nv: Any, i: int) -> dict[str, Any]:
             "width": call("nvmlDeviceGetCurrPcieLinkWidth"),
         },
         "utilization_pct": util,
+        "ecc": _nvml_ecc(run, nv, where, h),
+        "retired_pages": _nvml_retired_pages(run, nv, where, h),
+        "remapped_rows": _nvml_remapped_rows(run, nv, where, h),
+        "processes": _nvml_processes(run, nv, where, h),
     }
     return dev
+
+
+def _count(run: _Run, where: str, v: Any) -> int | None:
+    """An NVML counter as int; None (noted where it is NOT_SUPPORTED or not a number)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if v == NOT_SUPPORTED:
+        run.note(f"{where}: NOT_SUPPORTED")
+    elif v is not None:
+        run.note(f"{where}: unexpected value {v!r}")
+    return None
+
+
+def _flag(run: _Run, where: str, v: Any, enabled: int = 1) -> bool | None:
+    if isinstance(v, int):
+        return v == enabled
+    if v == NOT_SUPPORTED:
+        run.note(f"{where}: NOT_SUPPORTED")
+    elif v is not None:
+        run.note(f"{where}: unexpected value {v!r}")
+    return None
+
+
+def _nvml_ecc(run: _Run, nv: Any, where: str, h: Any) -> Any:
+    """``{mode_current, volatile: {corrected, uncorrected}, aggregate: {...}}`` or NOT_SUPPORTED."""
+    mode = _nvml_call(run, nv, where, "nvmlDeviceGetEccMode", h)
+    if mode == NOT_SUPPORTED:  # GB10 and boards without ECC: N/A, not a fault
+        return NOT_SUPPORTED
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    current = None
+    if mode is not None:
+        try:
+            current = _flag(run, f"{where}: ecc.mode_current", mode[0], enabled)
+        except (TypeError, IndexError, KeyError):
+            run.note(f"{where}: nvmlDeviceGetEccMode answered {mode!r}")
+    out: dict[str, Any] = {"mode_current": current}
+    kinds = (
+        ("corrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)),
+        ("uncorrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)),
+    )
+    for counter, counter_type in (
+        ("volatile", getattr(nv, "NVML_VOLATILE_ECC", 0)),
+        ("aggregate", getattr(nv, "NVML_AGGREGATE_ECC", 1)),
+    ):
+        out[counter] = {
+            kind: _count(
+                run,
+                f"{where}: ecc.{counter}.{kind}",
+                _nvml_call(run, nv, f"{where} ({counter} {kind})", "nvmlDeviceGetTotalEccErrors",
+                           h, error_type, counter_type),
+            )
+            for kind, error_type in kinds
+        }
+    return out
+
+
+def _nvml_retired_pages(run: _Run, nv: Any, where: str, h: Any) -> Any:
+    """``{single_bit, double_bit, pending}`` (page counts) or NOT_SUPPORTED (row-remapping GPUs)."""
+    single = _nvml_call(run, nv, f"{where} (single bit)", "nvmlDeviceGetRetiredPages", h,
+                        getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0))
+    double = _nvml_call(run, nv, f"{where} (double bit)", "nvmlDeviceGetRetiredPages", h,
+                        getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
+    pending = _nvml_call(run, nv, where, "nvmlDeviceGetRetiredPagesPendingStatus", h)
+    if single == double == pending == NOT_SUPPORTED:
+        return NOT_SUPPORTED
+
+    def pages(label: str, v: Any) -> int | None:
+        if isinstance(v, (list, tuple)):
+            return len(v)
+        return _count(run, f"{where}: retired_pages.{label}", v)
+
+    return {
+        "single_bit": pages("single_bit", single),
+        "double_bit": pages("double_bit", double),
+        "pending": _flag(run, f"{where}: retired_pages.pending", pending,
+                         getattr(nv, "NVML_FEATURE_ENABLED", 1)),
+    }
+
+
+def _nvml_remapped_rows(run: _Run, nv: Any, where: str, h: Any) -> Any:
+    """``{correctable, uncorrectable, pending, failure}`` or NOT_SUPPORTED (pre-Ampere, GB10)."""
+    v = _nvml_call(run, nv, where, "nvmlDeviceGetRemappedRows", h)
+    if v == NOT_SUPPORTED:
+        return NOT_SUPPORTED
+    out: dict[str, Any] = {"correctable": None, "uncorrectable": None, "pending": None, "failure": None}
+    if v is None:
+        return out
+    try:
+        corr, unc, pending, failure = v
+    except (TypeError, ValueError):
+        run.note(f"{where}: nvmlDeviceGetRemappedRows answered {v!r}")
+        return out
+    out["correctable"] = _count(run, f"{where}: remapped_rows.correctable", corr)
+    out["uncorrectable"] = _count(run, f"{where}: remapped_rows.uncorrectable", unc)
+    out["pending"] = bool(pending) if isinstance(pending, int) else None
+    out["failure"] = bool(failure) if isinstance(failure, int) else None
+    return out
+
+
+def process_name(pid: int) -> str | None:
+    """``psutil.Process(pid).name()``; ``/proc/<pid>/comm`` without psutil; None if gone or denied."""
+    try:
+        import psutil
+    except Exception:  # noqa: BLE001 - psutil is a dependency, but the probe must not need it
+        psutil = None
+    if psutil is not None:
+        try:
+            return psutil.Process(pid).name() or None
+        except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied, ZombieProcess
+            return None
+    try:
+        with open(f"/proc/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def _nvml_processes(run: _Run, nv: Any, where: str, h: Any) -> Any:
+    """Compute then graphics processes on the device, or NOT_SUPPORTED; None if a list failed.
+
+    A process that is both (nvidia-smi's ``C+G``) appears twice, once per ``type``.
+    """
+    answers = {
+        kind: _nvml_call(run, nv, where, fn, h)
+        for kind, fn in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+        )
+    }
+    if all(v == NOT_SUPPORTED for v in answers.values()):
+        return NOT_SUPPORTED
+    if any(v is None for v in answers.values()):
+        run.note(f"{where}: processes not listed (a process list could not be read)")
+        return None
+    procs: list[dict[str, Any]] = []
+    for kind, plist in answers.items():
+        if plist == NOT_SUPPORTED:
+            continue
+        try:
+            items = list(plist)
+        except TypeError:
+            run.note(f"{where}: {kind} process list is {plist!r}")
+            return None
+        for p in items:
+            pid = getattr(p, "pid", None)
+            used = getattr(p, "usedGpuMemory", None)
+            if not isinstance(used, int) or isinstance(used, bool) or used >= NVML_VALUE_NOT_AVAILABLE_ULL:
+                used = None
+            procs.append({
+                "pid": pid if isinstance(pid, int) else None,
+                "name": process_name(pid) if isinstance(pid, int) else None,
+                "used_bytes": used,
+                "type": kind,
+            })
+    return procs
 
 
 def _read_nvml(run: _Run) -> None:
@@ -302,6 +470,121 @@ def _read_cuda(run: _Run) -> None:
             run.cuda["devices"].append(dev)
 
 
+# --- Xid events from the kernel log --------------------------------------------------------
+
+_XID_RE = re.compile(r"NVRM: Xid \(([^)]*)\):\s*(\d+)")
+_PCI_RE = re.compile(r"(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?")
+
+
+def parse_xid_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The NVIDIA Xid events in kernel log lines, in order: ``[{xid, pci, text}]``.
+
+    Each line may be a ``/dev/kmsg`` record (``prio,seq,ts,flags;message``), a ``dmesg`` line
+    (``[  12.345678] NVRM: ...``), a ``journalctl -k`` line or a bare message; what matters is
+    ``NVRM: Xid (<where>): <xid>, <details>``. ``pci`` is the PCI address inside the parentheses as
+    the driver printed it (``PCI:0000:01:00`` gives ``"0000:01:00"``), None if there is none;
+    ``text`` is the message from ``NVRM: Xid`` to the end of the line. Other lines are ignored.
+    """
+    events: list[dict[str, Any]] = []
+    for line in lines:
+        if not isinstance(line, str) or "Xid" not in line:
+            continue
+        line = line.split("\n", 1)[0]  # a kmsg record's continuation lines (" KEY=value") follow
+        m = _XID_RE.search(line)
+        if m is None:
+            continue
+        pci = _PCI_RE.search(m.group(1))
+        events.append({
+            "xid": int(m.group(2)),
+            "pci": pci.group(0) if pci else None,
+            "text": line[m.start():].rstrip(),
+        })
+    return events
+
+
+def read_xid_events(
+    path: str = KMSG_PATH, deadline: float | None = None, max_bytes: int = XID_MAX_BYTES
+) -> tuple[list[dict[str, Any]] | None, str, list[str]]:
+    """Read the kernel log at ``path`` non-blocking: ``(events, source, notes)``; never raises.
+
+    ``path`` is ``/dev/kmsg`` (one record per read, until EAGAIN) or a saved log (``dmesg``,
+    ``journalctl -k``; its last ``max_bytes`` are read). Stops at ``max_bytes`` or at ``deadline``
+    (``time.monotonic()``), with a note. ``source`` is ``path`` when it was read; otherwise
+    ``events`` is None and ``source`` says why (``not readable: <path>: <error> (<hint>)``).
+    """
+    notes: list[str] = []
+    if deadline is None:
+        deadline = time.monotonic() + 5.0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if path != KMSG_PATH:
+            hint = ""
+        elif e.errno in (errno.EACCES, errno.EPERM):
+            hint = " (run as root or give --xid-log)"
+        else:
+            hint = " (give --xid-log)"
+        return None, f"not readable: {path}: {e.strerror or e}{hint}", notes
+    xid_lines: list[str] = []
+    total = 0
+    partial: bytes | None = b""
+    regular = False
+    try:
+        try:
+            st = os.fstat(fd)
+            regular = stat.S_ISREG(st.st_mode)
+            if regular and st.st_size > max_bytes:
+                os.lseek(fd, st.st_size - max_bytes, os.SEEK_SET)
+                notes.append(f"xid: {path} is {st.st_size} bytes; read its last {max_bytes}")
+                partial = None  # drop the first, cut line
+        except OSError:
+            pass
+        lost = 0
+        while True:
+            if time.monotonic() > deadline:
+                notes.append(f"xid: stopped reading {path} at the time bound after {total} bytes")
+                break
+            if total >= max_bytes:
+                if not regular:  # a regular file's cut is noted above
+                    notes.append(f"xid: stopped reading {path} after {total} bytes (the limit)")
+                break
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:  # EAGAIN: no more kmsg records
+                break
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno == errno.EPIPE and lost < 1000:  # records overwritten while reading
+                    lost += 1
+                    continue
+                notes.append(f"xid: reading {path} stopped: {e.strerror or e}")
+                break
+            if not chunk:
+                break
+            total += len(chunk)
+            pieces = chunk.split(b"\n")
+            if partial is None:
+                if len(pieces) == 1:
+                    continue
+                pieces[0] = b""
+            else:
+                pieces[0] = partial + pieces[0]
+            partial = pieces.pop()
+            xid_lines.extend(p.decode("utf-8", "replace") for p in pieces if b"Xid" in p)
+        if partial and b"Xid" in partial:
+            xid_lines.append(partial.decode("utf-8", "replace"))
+        if lost:
+            notes.append(f"xid: {path}: {lost} times records were overwritten while reading")
+    finally:
+        os.close(fd)
+    events = parse_xid_lines(xid_lines)
+    if len(events) > XID_MAX_EVENTS:
+        notes.append(f"xid: {len(events)} Xid events; the last {XID_MAX_EVENTS} kept")
+        events = events[-XID_MAX_EVENTS:]
+    return events, path, notes
+
+
 # --- join -----------------------------------------------------------------------------------
 
 
@@ -361,7 +644,12 @@ def _join(nvml: dict, cuda: dict, notes: list[str]) -> list[dict[str, Any]]:
     return devices
 
 
-def read_gpu(timeout_s: float = 10.0, meminfo_path: str = "/proc/meminfo") -> dict:
+def read_gpu(
+    timeout_s: float = 10.0,
+    meminfo_path: str = "/proc/meminfo",
+    kmsg_path: str = KMSG_PATH,
+    xid_log: str | None = None,
+) -> dict:
     """Read every NVIDIA GPU on this host through NVML and the CUDA driver, within ``timeout_s``.
 
     Returns a dict (the ``gpu.json`` shape of a case, without ``expect``):
@@ -390,10 +678,25 @@ def read_gpu(timeout_s: float = 10.0, meminfo_path: str = "/proc/meminfo") -> di
         ``...ThrottleReasons`` with older bindings) and ``clocks_event_reasons_names``,
         ``temperature_c`` (``nvmlDeviceGetTemperature`` GPU, °C), ``pcie`` ``{gen, width}``
         (``nvmlDeviceGetCurrPcieLinkGeneration`` / ``...Width``, current link), ``utilization_pct``
-        (``nvmlDeviceGetUtilizationRates().gpu``, %, over the driver's last sample period).
+        (``nvmlDeviceGetUtilizationRates().gpu``, %, over the driver's last sample period),
+        ``ecc`` ``{mode_current, volatile: {corrected, uncorrected}, aggregate: {...}}``
+        (``nvmlDeviceGetEccMode`` current == enabled; ``nvmlDeviceGetTotalEccErrors`` CORRECTED /
+        UNCORRECTED x VOLATILE / AGGREGATE) or NOT_SUPPORTED (no ECC, e.g. GB10), ``retired_pages``
+        ``{single_bit, double_bit, pending}`` (page counts of ``nvmlDeviceGetRetiredPages`` per
+        cause; ``nvmlDeviceGetRetiredPagesPendingStatus``) or NOT_SUPPORTED (row-remapping GPUs),
+        ``remapped_rows`` ``{correctable, uncorrectable, pending, failure}``
+        (``nvmlDeviceGetRemappedRows``) or NOT_SUPPORTED, ``processes``: ``[{pid, name, used_bytes,
+        type}]`` (``nvmlDeviceGetComputeRunningProcesses`` as ``"compute"``, then
+        ``...GraphicsRunningProcesses`` as ``"graphics"``; ``name`` from ``psutil``, None when the
+        process is gone or not visible; ``used_bytes`` None when NVML cannot tell), NOT_SUPPORTED,
+        or None when a list failed. Inner values NVML could not give are None, with a note.
       - ``under_load``: None (this probe puts no load on the GPU).
 
     - ``host_meminfo_kb``: ``{MemTotal, MemAvailable}`` in kB from ``meminfo_path``.
+    - ``xid_events``: ``[{xid, pci, text}]`` (:func:`parse_xid_lines`) from the kernel log, read
+      non-blocking from ``kmsg_path`` (or the saved log ``xid_log`` when given), within the time
+      bound; None when it could not be read. ``xid_source``: the path read, else why not
+      (``"not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"``).
     - ``notes`` (list of str): what could not be read, and why.
     - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
       no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
@@ -409,6 +712,8 @@ def read_gpu(timeout_s: float = 10.0, meminfo_path: str = "/proc/meminfo") -> di
         "versions": {"kernel": None, "bios": None, "nvml": None},
         "devices": [],
         "host_meminfo_kb": None,
+        "xid_events": None,
+        "xid_source": None,
         "notes": [],
     }
     notes: list[str] = out["notes"]
@@ -425,9 +730,16 @@ def read_gpu(timeout_s: float = 10.0, meminfo_path: str = "/proc/meminfo") -> di
             notes.append(f"host_meminfo_kb: {meminfo_path}: {e}")
 
         run = _Run()
+        deadline = time.monotonic() + timeout_s
         worker = threading.Thread(target=_worker, args=(run,), name="afddiag-gpu-probe", daemon=True)
         worker.start()
-        worker.join(timeout_s)
+        xid_path = xid_log or kmsg_path
+        try:  # the kernel log, read here while the worker reads NVML and CUDA
+            out["xid_events"], out["xid_source"], xid_notes = read_xid_events(xid_path, deadline)
+        except Exception as e:  # noqa: BLE001
+            out["xid_events"], xid_notes = None, []
+            out["xid_source"] = f"not read: {xid_path}: {type(e).__name__}: {e}"
+        worker.join(max(0.0, deadline - time.monotonic()))
         timed_out = worker.is_alive()
         nvml, cuda, run_notes, in_call = run.snapshot()
 
@@ -435,6 +747,7 @@ def read_gpu(timeout_s: float = 10.0, meminfo_path: str = "/proc/meminfo") -> di
         out["versions"]["nvml"] = nvml.get("nvml_version")
         out["cuda_driver_version"] = cuda.get("driver_version")
         notes.extend(run_notes)
+        notes.extend(xid_notes)
         out["devices"] = _join(nvml, cuda, notes)
         whys = [w for w in (nvml["why"], cuda["why"]) if w]
         notes.extend(whys)
