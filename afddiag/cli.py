@@ -90,6 +90,8 @@ def gpu_opts(f):
                      "for gpu.slow-state (the expert playbook turns it on).")(f)
     f = click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False),
                      help="Baseline file (default: the user's state directory).")(f)
+    f = click.option("--xid-log", type=click.Path(dir_okay=False, exists=True),
+                     help="A saved kernel log (dmesg, journalctl -k) to read Xid events from instead of /dev/kmsg.")(f)
     return f
 
 
@@ -107,7 +109,7 @@ def launch_opts(f):
 
 def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=False, qp_timeout=5.0,
                 expect_sm=None, role=None, playbook_path=None, launch_env_path=None, expect_capacity=None,
-                load=False, baseline_path=None) -> Inputs:
+                load=False, baseline_path=None, xid_log=None) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
     from afddiag import playbook as pbmod
     from afddiag.envvars import LaunchEnvError, parse_launch_env
@@ -132,7 +134,7 @@ def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=F
     return Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
                   probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
                   launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
-                  baseline_path=baseline_path)
+                  baseline_path=baseline_path, xid_log=xid_log)
 
 
 def _diagnose(cmd: str, inputs: Inputs):

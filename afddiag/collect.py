@@ -39,6 +39,7 @@ class Inputs:
     load: bool = False  # run the GPU load probe (also when the playbook asks)
     load_budget_s: float = 3.0
     baseline_path: str | None = None
+    xid_log: str | None = None  # a saved kernel log to read Xid events from instead of /dev/kmsg
 
     def __post_init__(self) -> None:
         """The launch env feeds the fabric IP and peers when the flags do not give them."""
@@ -163,7 +164,7 @@ def gather_live(inputs: Inputs, want_fabric: bool, want_gpu: bool,
         try:
             from afddiag.probes.gpu import read_gpu
 
-            readings = read_gpu(timeout_s=inputs.probe_timeout_s)
+            readings = read_gpu(timeout_s=inputs.probe_timeout_s, xid_log=inputs.xid_log)
             if wants_load(inputs) and readings.get("devices"):
                 attach_load(readings, inputs.load_budget_s)
             obs.gpu = gpu_facts_from_readings(readings)

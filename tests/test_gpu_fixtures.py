@@ -56,3 +56,32 @@ def test_derived_slow_state_fixtures(tmp_path, field, scale, verdict, words):
     assert v["verdict"] == verdict, v["summary"]
     if words:
         assert words in v["summary"] and "AC" in v["remedy"]
+
+
+def test_h200_busy_recording_names_the_other_process():
+    g = gates(FIX / "h200-live-busy", "--role", "coordinator")
+    assert g["gpu.processes"]["verdict"] == "FAIL"
+    assert "python3" in g["gpu.processes"]["summary"] and "97% memory reservation" in g["gpu.processes"]["summary"]
+    assert g["gpu.errors"]["verdict"] == "PASS" and "retired_pages N/A" in g["gpu.errors"]["summary"]
+    assert gates(FIX / "h200-live-busy")["gpu.processes"]["verdict"] == "WARN"  # generic role: no reservation
+
+
+def test_xid_log_flag_feeds_gpu_errors(tmp_path, monkeypatch):
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[ 12.3] NVRM: Xid (PCI:0000:01:00): 79, pid=1234, GPU has fallen off the bus.\n")
+    seen = {}
+
+    def fake_read_gpu(timeout_s=10.0, xid_log=None, **kw):
+        seen["xid_log"] = xid_log
+        from afddiag.probes.gpu import parse_xid_lines
+
+        r = json.loads((FIX / "h200-live-busy" / "gpu.json").read_text())
+        r["xid_events"], r["xid_source"] = parse_xid_lines(open(xid_log).read().splitlines()), xid_log
+        return r
+
+    monkeypatch.setattr("afddiag.probes.gpu.read_gpu", fake_read_gpu)
+    res = CliRunner().invoke(cli, ["gpu", "--json", "--xid-log", str(log)], standalone_mode=False,
+                             catch_exceptions=False)
+    g = {x["id"]: x for x in json.loads(res.stdout)["gates"]}
+    assert seen["xid_log"] == str(log)
+    assert g["gpu.errors"]["verdict"] == "FAIL" and "Xid 79" in g["gpu.errors"]["summary"]
