@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import click
 
 from afddiag import __version__
-from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot
-from afddiag.verdict import EXIT_USAGE
+
+# Everything else is imported where it is used: `afddiag --version` and `--help` load click alone.
+EXIT_USAGE = 64  # afddiag.verdict.EXIT_USAGE
 
 FAMILIES = {"fabric": {"fabric"}, "gpu": {"gpu"}, "all": {"fabric", "gpu", "host", "launch"},
             "preflight": {"fabric", "gpu", "host", "launch"}}
@@ -41,6 +42,7 @@ def diagnose(inputs: Inputs, families: set[str]) -> dict:
 def diagnose_full(inputs: Inputs, families: set[str]):
     """:func:`diagnose`, returning ``(report, observation)``."""
     from afddiag import report
+    from afddiag.collect import gather_live, gather_snapshot
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
 
     want = {f: f in families for f in ("fabric", "gpu", "launch", "host")}
@@ -112,6 +114,7 @@ def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=F
                 load=False, baseline_path=None, xid_log=None) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
     from afddiag import playbook as pbmod
+    from afddiag.collect import Inputs
     from afddiag.envvars import LaunchEnvError, parse_launch_env
 
     launch_env = None
@@ -138,6 +141,8 @@ def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=F
 
 
 def _diagnose(cmd: str, inputs: Inputs):
+    from afddiag.collect import SnapshotError
+
     try:
         return diagnose_full(inputs, FAMILIES[cmd])
     except SnapshotError as e:
@@ -277,6 +282,8 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
     """
     from afddiag import report
     from afddiag.gates import resolve_fabric_ip
+
+    from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot
 
     inputs = Inputs(snapshot=snapshot, run_qp=False)
     try:

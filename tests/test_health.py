@@ -86,7 +86,7 @@ def test_gpu_load_flag_attaches_probe_by_uuid(monkeypatch, tmp_path):
     slow = json.loads(json.dumps(PROBE))
     slow["device"]["uuid"] = uuid
     slow["achieved"]["bf16_tflops"] = 648.0 / 1.5  # class B: matmul 1.5x below the reference
-    monkeypatch.setattr("afddiag.probes.gpu.read_gpu", lambda timeout_s=10.0: json.loads(json.dumps(idle)))
+    monkeypatch.setattr("afddiag.probes.gpu.read_gpu", lambda timeout_s=10.0, **kw: json.loads(json.dumps(idle)))
     monkeypatch.setattr("afddiag.probes.load.run_load_probe", lambda i, budget_s=3.0: slow)
     res = CliRunner().invoke(cli, ["gpu", "--json", "--load"], standalone_mode=False, catch_exceptions=False)
     g = {x["id"]: x for x in json.loads(res.stdout)["gates"]}
