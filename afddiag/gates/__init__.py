@@ -61,20 +61,27 @@ class Context:
 Gate = Callable[[Context], Verdict]
 
 
-def registry() -> list[tuple[str, str, Gate]]:
-    """Ordered ``(gate id, family, function)``: fabric, GPU, host, then launch gates."""
-    from afddiag.gates import fabric, gpu, host, launch
+FAMILY_ORDER = ("fabric", "gpu", "host", "launch")
 
-    return ([(gid, "fabric", fn) for gid, fn in fabric.GATES] + [(gid, "gpu", fn) for gid, fn in gpu.GATES]
-            + [(gid, "host", fn) for gid, fn in host.GATES] + [(gid, "launch", fn) for gid, fn in launch.GATES])
+
+def registry(families: set[str] | None = None) -> list[tuple[str, str, Gate]]:
+    """Ordered ``(gate id, family, function)``: fabric, GPU, host, then launch gates (only the
+    modules of ``families`` are imported when given)."""
+    import importlib
+
+    out = []
+    for fam in FAMILY_ORDER:
+        if families is None or fam in families:
+            out += [(gid, fam, fn) for gid, fn in importlib.import_module(f"afddiag.gates.{fam}").GATES]
+    return out
 
 
 def run_gates(ctx: Context, families: set[str]) -> list[Verdict]:
     """Run the registered gates of ``families`` that the role's playbook runs; a gate that raises
     gives ERROR, never a traceback."""
     out: list[Verdict] = []
-    for gid, family, fn in registry():
-        if family not in families or not ctx.playbook.runs(gid):
+    for gid, family, fn in registry(families):
+        if not ctx.playbook.runs(gid):
             continue
         try:
             out.append(fn(ctx))
