@@ -102,8 +102,11 @@ def for_gpu(uuid: str | None, name: str | None, host_baseline: dict[str, Any] | 
             snapshot_baseline: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
     """The baseline figures to judge one GPU by, and their source, in order of precedence: the host's
     recorded baseline (by UUID), the snapshot's ``expect.baseline``, the reference table (by model)."""
-    if host_baseline and uuid and uuid in (host_baseline.get("gpus") or {}):
-        return host_baseline["gpus"][uuid], f"host baseline {host_baseline.get('path')} ({host_baseline.get('recorded_at')})"
+    gpus = host_baseline.get("gpus") if host_baseline else None
+    if isinstance(gpus, dict) and uuid and isinstance(gpus.get(uuid), dict):
+        figures = {k: v for k, v in gpus[uuid].items()  # a hand-edited file may hold anything
+                   if k == "name" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v)}
+        return figures, f"host baseline {host_baseline.get('path')} ({host_baseline.get('recorded_at')})"
     if snapshot_baseline:
         return snapshot_baseline, "snapshot expect.baseline"
     ref = REFERENCE.get(name or "")

@@ -42,9 +42,19 @@ def diagnose(inputs: Inputs, families: set[str]) -> dict:
 def diagnose_full(inputs: Inputs, families: set[str]):
     """:func:`diagnose`, returning ``(report, observation)``."""
     from afddiag import report
+    from afddiag.bundle import is_bundle
     from afddiag.collect import gather_live, gather_snapshot
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
 
+    if inputs.snapshot and is_bundle(inputs.snapshot):  # a capture bundle: extracted once for every reader
+        import dataclasses
+
+        from afddiag.collect import opened_snapshot, relabel
+
+        with opened_snapshot(inputs.snapshot) as root:
+            rep, obs = diagnose_full(dataclasses.replace(inputs, snapshot=root), families)
+        obs.source = f"snapshot {inputs.snapshot}"
+        return relabel(rep, root, str(inputs.snapshot)), obs
     want = {f: f in families for f in ("fabric", "gpu", "launch", "host")}
     if inputs.snapshot:
         obs = gather_snapshot(inputs, want["fabric"], want["gpu"], want["launch"], want["host"])
@@ -52,6 +62,21 @@ def diagnose_full(inputs: Inputs, families: set[str]):
         obs = gather_live(inputs, want["fabric"], want["gpu"],
                           lambda fab: resolve_fabric_ip(fab, inputs.fabric_ip).ip, want["launch"], want["host"])
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
+    from types import SimpleNamespace
+
+    from afddiag.collect import guarded
+    from afddiag.probes.route import RouteFacts, attach_host_facts
+
+    # routes to the peers, ARP sysctls, versions: bounded like every probe, filled into a holder so an
+    # abandoned (timed-out) thread cannot change the facts while the gates read them
+    held = SimpleNamespace(fabric=obs.fabric, route=None, versions=None)
+    _, failed = guarded(lambda: attach_host_facts(held, inputs, fip.ip, want["fabric"]),
+                        inputs.timeout("fabric_s"), "route/version probe (ip route get, sysctls, rdma-core version)")
+    if failed:
+        obs.notes.append(failed)
+        obs.route = RouteFacts(captured=False, notes=[failed]) if want["fabric"] else None
+    else:
+        obs.route, obs.versions = held.route, held.versions
     verdicts = run_gates(Context(obs, inputs, fip), families)
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
     rep = report.build(
@@ -63,15 +88,22 @@ def diagnose_full(inputs: Inputs, families: set[str]):
         obs.fabric, notes,
         {"fabric": obs.fabric, "qp": obs.qp,
          "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
-         "cpu": obs.cpu})
+         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions})
     return rep, obs
 
 
 def common(f):
-    f = click.option("--snapshot", type=click.Path(file_okay=False), help="Read a snapshot directory instead of this host.")(f)
+    f = click.option("--snapshot", type=click.Path(), help="Read a snapshot directory (or an `afddiag capture` "
+                     "bundle, FILE.tar.gz) instead of this host.")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print the JSON report alone on stdout.")(f)
-    f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
-                     help="Time bound of each probe, seconds.")(f)
+    f = click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default=None,
+                     help="table (default), json (= --json), or prometheus (node_exporter textfile collector).")(f)
+    f = click.option("--output", "output", type=click.Path(dir_okay=False),
+                     help="Write the report to FILE (atomically: temp file + rename) instead of stdout.")(f)
+    f = click.option("--no-history", is_flag=True, help="Do not append this run to the local history store.")(f)
+    f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=None,
+                     help="Time bound of each probe, seconds (default: the playbook's [timeouts], 10 s); a probe "
+                     "past it gives ERROR for its own gates.")(f)
     return f
 
 
@@ -80,8 +112,8 @@ def fabric_opts(f):
     f = click.option("--peer", "peers", multiple=True, callback=_ipv4,
                      help="A peer's fabric IPv4 address to aim the QP test at (repeatable).")(f)
     f = click.option("--no-qp", is_flag=True, help="Skip the QP walk (fabric.qp-rtr says SKIP).")(f)
-    f = click.option("--qp-timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
-                     help="Time bound of one device's QP walk, seconds.")(f)
+    f = click.option("--qp-timeout", type=click.FloatRange(0.1, 120), default=None,
+                     help="Time bound of one device's QP walk, seconds (default: the playbook's qp_s, 5 s).")(f)
     return f
 
 
@@ -109,7 +141,7 @@ def launch_opts(f):
     return f
 
 
-def make_inputs(snapshot=None, timeout_s=10.0, fabric_ip=None, peers=(), no_qp=False, qp_timeout=5.0,
+def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=False, qp_timeout=None,
                 expect_sm=None, role=None, playbook_path=None, launch_env_path=None, expect_capacity=None,
                 load=False, baseline_path=None, xid_log=None) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
@@ -149,11 +181,21 @@ def _diagnose(cmd: str, inputs: Inputs):
         raise click.UsageError(str(e))
 
 
-def _run(cmd: str, as_json, **kw) -> int:
+def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> int:
     from afddiag import report
+    from afddiag.history import record_run
 
     rep, _ = _diagnose(cmd, make_inputs(**kw))
-    if as_json:
+    record_run(rep, cmd, enabled=not no_history)
+    fmt = fmt or ("json" if as_json else "table")
+    if output or fmt == "prometheus":
+        from afddiag.prometheus import write_report
+
+        try:
+            write_report(rep, fmt, output, cmd)
+        except OSError as e:
+            raise click.UsageError(f"--output {output}: {e.strerror or e}: give a writable place")
+    elif fmt == "json":
         report.write_json(rep)
     else:
         report.write_table(rep)
@@ -205,9 +247,49 @@ def cli() -> None:
 @common
 @fabric_opts
 @launch_opts
-def fabric(**kw) -> int:
-    """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR."""
+@click.option("--serve", is_flag=True, help="Pair test, server side: serve one pair session on --port, then exit.")
+@click.option("--pair", "pair_target", metavar="HOST[:PORT]",
+              help="Pair test, client side: RC QPs to a `--serve` host, RDMA SEND and WRITE from 64 B past the path "
+                   "MTU; prints latency (µs) and bandwidth (GB/s).")
+@click.option("--port", "pair_port", type=click.IntRange(1, 65535), default=18515, show_default=True,
+              help="TCP port of the pair test's handshake.")
+@click.option("--once", is_flag=True, help="With --serve: serve one session and exit (the default; for scripts).")
+@click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="Time bound of the pair session (and of --serve's wait for a client), seconds.")
+def fabric(serve, pair_target, pair_port, once, pair_timeout, **kw) -> int:
+    """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR.
+
+    With --serve / --pair HOST[:PORT]: the host-to-host pair test instead (exit 0 when every phase
+    moved and verified its bytes, 2 otherwise).
+    """
+    if serve or pair_target:
+        return _pair(serve, pair_target, pair_port, pair_timeout, kw)
     return _run("fabric", **kw)
+
+
+def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict) -> int:
+    """The pair test's CLI: run one side, print text (or JSON with --json), exit 0 / 2."""
+    import json as _json
+
+    from afddiag.facts import to_jsonable
+    from afddiag.probes import pair as pairmod
+
+    if serve and target:
+        raise click.UsageError("give --serve or --pair, not both")
+    if serve:
+        facts = pairmod.serve(port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s)
+    else:
+        try:
+            host, port = pairmod.parse_hostport(target, port)
+        except ValueError as e:
+            raise click.UsageError(f"--pair {e}")
+        facts = pairmod.pair(host, port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s)
+    if kw.get("as_json") or kw.get("fmt") == "json":
+        click.echo(_json.dumps(to_jsonable(facts), indent=2))
+    else:
+        click.echo(pairmod.format_pair(facts))
+    ok = facts.error is None and facts.destroyed and all(p.verified for p in facts.phases)
+    return 0 if ok else 2
 
 
 @cli.command()
@@ -230,8 +312,12 @@ def all_(**kw) -> int:
 
 
 @cli.command()
-@click.option("--snapshot", type=click.Path(file_okay=False), help="Read a snapshot directory instead of this host.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=10.0, show_default=True)
+@click.option("--snapshot", type=click.Path(), help="Read a snapshot directory (or a capture bundle) instead of this host.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=None,
+              help="Time bound of each probe, seconds (default: the playbook's [timeouts]).")
+@click.option("--drain", is_flag=True, help="When not fit, drain this Slurm node: `scontrol update nodename=<node> "
+              "state=drain reason=\"afddiag: <gates>\"` (for HealthCheckProgram; $AFDDIAG_SCONTROL overrides scontrol).")
+@click.option("--no-history", is_flag=True, help="Do not append this run to the local history store.")
 @fabric_opts
 @gpu_opts
 @launch_opts
@@ -239,14 +325,17 @@ def all_(**kw) -> int:
 @click.option("--export", "export", is_flag=True,
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
                    "UCX_NET_DEVICES, MC_GID_INDEX) on stdout.")
-def preflight(strict, export, **kw) -> int:
+def preflight(strict, export, drain, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
 
-    Exit codes as `afddiag all`, except that WARN exits 0 unless --strict.
+    Exit codes as `afddiag all`, except that WARN exits 0 unless --strict. With --drain a host that
+    is not fit also drains its Slurm node (Slurm ignores a HealthCheckProgram's exit code).
     """
     from afddiag import report
+    from afddiag.history import record_run
 
     rep, obs = _diagnose("preflight", make_inputs(**kw))
+    record_run(rep, "preflight", enabled=not no_history)
     code = rep["exit_code"]
     if code == 1 and not strict:
         code = 0
@@ -263,6 +352,10 @@ def preflight(strict, export, **kw) -> int:
         for g in bad:
             click.echo(f"  {g['verdict']} {g['id']}: {g['summary']}", err=True)
             click.echo(f"       remedy: {g['remedy']}", err=True)
+        if drain:
+            from afddiag.slurm import drain_node
+
+            drain_node([g["id"] for g in bad])
     if export and code == 0:
         pairs = report.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
         if pairs:
@@ -271,7 +364,7 @@ def preflight(strict, export, **kw) -> int:
 
 
 @cli.command()
-@click.option("--snapshot", type=click.Path(file_okay=False), help="Read a snapshot directory instead of this host.")
+@click.option("--snapshot", type=click.Path(), help="Read a snapshot directory (or a capture bundle) instead of this host.")
 @click.option("--format", "fmt", type=click.Choice(["env", "shell", "json", "nccl"]), default="env",
               show_default=True, help="nccl: NCCL_IB_HCA==dev:port and NCCL_IB_GID_INDEX for the fabric IP.")
 @click.option("--fabric-ip", callback=_ipv4, help="The launcher's fabric IPv4 address (for --format nccl).")

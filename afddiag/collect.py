@@ -6,6 +6,7 @@ on (its gates then say SKIP or ERROR with the reason).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -29,8 +30,8 @@ class Inputs:
     peers: list[str] = field(default_factory=list)
     expect_sm: int | None = None
     snapshot: str | None = None
-    probe_timeout_s: float = 10.0
-    qp_timeout_s: float = 5.0
+    probe_timeout_s: float | None = None  # --timeout: overrides the playbook's fabric_s, gpu_s, cpu_s, image_s, limits_s
+    qp_timeout_s: float | None = None  # --qp-timeout: overrides the playbook's qp_s
     run_qp: bool = True
     launch_env: dict[str, str] | None = None  # parsed --launch-env file (afddiag's key names)
     launch_env_path: str | None = None
@@ -49,6 +50,18 @@ class Inputs:
         if not self.peers and le.get("AFD_PEER_FABRIC_IPS"):
             self.peers = [p for p in le["AFD_PEER_FABRIC_IPS"].replace(",", " ").split() if p]
 
+    def timeout(self, kind: str) -> float:
+        """Seconds the probe ``kind`` ("fabric_s", "qp_s", "gpu_s", "load_s", "cpu_s", "image_s",
+        "limits_s") may take: --qp-timeout for qp_s, --timeout for the others but load_s, else the
+        playbook's ``[timeouts]``, else the defaults (:data:`afddiag.playbook.DEFAULT_TIMEOUTS`)."""
+        from afddiag.playbook import timeout_for
+
+        if kind == "qp_s" and self.qp_timeout_s is not None:
+            return float(self.qp_timeout_s)
+        if kind not in ("qp_s", "load_s") and self.probe_timeout_s is not None:
+            return float(self.probe_timeout_s)
+        return timeout_for(self.playbook, kind)
+
 
 @dataclass
 class Observation:
@@ -66,6 +79,8 @@ class Observation:
     cpu: dict[str, Any] | None = None  # host CPU facts (probes/cpu.py); None: not probed
     baseline: dict[str, Any] | None = None  # the host's recorded baseline
     baseline_why: str = ""
+    route: Any = None  # afddiag.probes.route.RouteFacts; None: not probed
+    versions: dict[str, Any] | None = None  # kernel, bios, rdma_core (probes/route.read_versions)
     notes: list[str] = field(default_factory=list)
 
 
@@ -82,12 +97,29 @@ def _overlay_launch_env(obs: Observation, inputs: Inputs) -> None:
 
 
 class ProbeTimeout(Exception):
-    pass
+    """A bounded probe ran past its time bound (the message names the probe and what it was doing)."""
 
 
-def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
-    """Run ``fn`` in a daemon thread; raise :class:`ProbeTimeout` naming ``what`` after
-    ``timeout_s`` seconds (the thread is abandoned, the run goes on). Re-raises ``fn``'s error."""
+class Progress:
+    """What a bounded probe is doing now: the probe sets ``doing``; a timeout message quotes it."""
+
+    def __init__(self) -> None:
+        self.doing = ""
+
+    def tracking(self, read: Callable[[str], str]) -> Callable[[str], str]:
+        """``read`` (a sysfs reader) that first records ``reading <path>`` as what is being done."""
+
+        def wrapped(path: str) -> str:
+            self.doing = f"reading {path}"
+            return read(path)
+
+        return wrapped
+
+
+def bounded(fn: Callable[[], T], timeout_s: float, what: str, progress: Progress | None = None) -> T:
+    """Run ``fn`` in a daemon thread; raise :class:`ProbeTimeout` naming ``what`` (and what
+    ``progress`` says it was doing) after ``timeout_s`` seconds (the thread is abandoned, the run
+    goes on). Re-raises ``fn``'s error."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -100,23 +132,40 @@ def bounded(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     t.start()
     t.join(timeout_s)
     if t.is_alive():
-        raise ProbeTimeout(f"{what} did not finish within {timeout_s:g} s")
+        raise ProbeTimeout(f"{what} did not finish within {timeout_s:g} s"
+                           + (f" (stuck {progress.doing})" if progress and progress.doing else ""))
     if "error" in box:
         raise box["error"]
     return box["value"]
 
 
-def _fabric_live(timeout_s: float) -> FabricFacts:
-    from afddiag.probes import netlink
-    from afddiag.probes.sysfs import probe_fabric
+def guarded(fn: Callable[[], T], timeout_s: float, what: str,
+            progress: Progress | None = None) -> tuple[T | None, str | None]:
+    """:func:`bounded`, never raising: ``(value, None)``, or ``(None, why)`` when ``fn`` timed out or
+    raised; ``why`` names the probe, the time bound or the error, and what it was doing."""
+    try:
+        return bounded(fn, timeout_s, what, progress), None
+    except ProbeTimeout as e:
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - a crashed probe becomes its gates' ERROR
+        doing = f" while {progress.doing}" if progress and progress.doing else ""
+        return None, f"{what} crashed{doing} ({type(e).__name__}: {e})"
 
+
+def _fabric_live(timeout_s: float, progress: Progress | None = None) -> FabricFacts:
+    from afddiag.probes import netlink
+    from afddiag.probes.sysfs import probe_fabric, read_text
+
+    progress = progress or Progress()
+    progress.doing = "dumping RDMA devices over NETLINK_RDMA"
     order, order_source, notes = netlink.device_order(min(timeout_s, 3.0))
+    progress.doing = "listing netdev addresses (getifaddrs)"
     try:
         addrs, addr_source = netlink.netdev_addresses(), "psutil.net_if_addrs"
     except Exception as e:  # noqa: BLE001 - recorded, not raised
         addrs, addr_source = None, "none"
         notes.append(f"netdev addresses not read: {e}")
-    facts = probe_fabric("/", order, order_source, addrs, addr_source)
+    facts = probe_fabric("/", order, order_source, addrs, addr_source, reader=progress.tracking(read_text))
     facts.notes[:0] = notes if (order is None or not facts.devices) else []
     return facts
 
@@ -126,7 +175,7 @@ def _qp_live(fabric: FabricFacts, inputs: Inputs, fabric_ip: str | None) -> QpFa
         from afddiag.probes.qp import probe_qp
     except ImportError as e:
         return QpFacts(ran=False, why=f"QP probe unavailable: {e}")
-    return probe_qp(fabric, fabric_ip, list(inputs.peers), inputs.qp_timeout_s)
+    return probe_qp(fabric, fabric_ip, list(inputs.peers), inputs.timeout("qp_s"))
 
 
 def gather_live(inputs: Inputs, want_fabric: bool, want_gpu: bool,
@@ -139,48 +188,73 @@ def gather_live(inputs: Inputs, want_fabric: bool, want_gpu: bool,
     if want_launch:
         from afddiag.probes.launch import inspect_image, read_limits
 
-        obs.limits = read_limits()
+        t = inputs.timeout("limits_s")
+        obs.limits, failed = guarded(read_limits, t, "limits probe (getrlimit, /dev/infiniband)")
+        if failed:
+            obs.limits = HostLimits(captured=False, failed=failed, notes=[failed])
         ref = (inputs.launch_env or {}).get("AFD_IMAGE")
         if ref:
-            obs.image = inspect_image(ref, inputs.probe_timeout_s)
+            t = inputs.timeout("image_s")
+            obs.image, failed = guarded(lambda: inspect_image(ref, t), t + 1.0, f"image probe (inspect {ref})")
+            if failed:
+                obs.image = ImageFacts(ref=ref, why=failed, failed=failed)
     if want_fabric:
-        try:
-            obs.fabric = bounded(lambda: _fabric_live(inputs.probe_timeout_s),
-                                 inputs.probe_timeout_s, "fabric probe (sysfs)")
-        except Exception as e:  # noqa: BLE001
-            obs.fabric = FabricFacts(captured=False, notes=[f"fabric probe failed: {e}"])
+        t = inputs.timeout("fabric_s")
+        progress = Progress()
+        obs.fabric, failed = guarded(lambda: _fabric_live(t, progress), t, "fabric probe (sysfs)", progress)
+        if failed:
+            obs.fabric = FabricFacts(captured=False, failed=failed, notes=[failed])
         if not inputs.run_qp:
             obs.qp = QpFacts(ran=False, why="QP test not requested (--no-qp)")
+        elif obs.fabric.failed:
+            obs.qp = QpFacts(ran=False, why="fabric probe failed: no devices to walk",
+                             failed=f"not run: {obs.fabric.failed}")
         elif obs.fabric.devices:
             ip = resolve_ip(obs.fabric)
-            budget = inputs.qp_timeout_s * max(1, len(obs.fabric.devices)) * max(1, len(inputs.peers)) + 2
-            try:
-                obs.qp = bounded(lambda: _qp_live(obs.fabric, inputs, ip), budget, "QP probe")
-            except Exception as e:  # noqa: BLE001
-                obs.qp = QpFacts(ran=False, why=f"QP probe failed: {e}")
+            budget = inputs.timeout("qp_s") * max(1, len(obs.fabric.devices)) * max(1, len(inputs.peers)) + 2
+            obs.qp, failed = guarded(lambda: _qp_live(obs.fabric, inputs, ip), budget, "QP probe")
+            if failed:
+                obs.qp = QpFacts(ran=False, why=failed, failed=failed)
         else:
             obs.qp = QpFacts(ran=False, why="no RDMA device to open")
     if want_gpu:
-        try:
-            from afddiag.probes.gpu import read_gpu
-
-            readings = read_gpu(timeout_s=inputs.probe_timeout_s, xid_log=inputs.xid_log)
-            if wants_load(inputs) and readings.get("devices"):
-                attach_load(readings, inputs.load_budget_s)
-            obs.gpu = gpu_facts_from_readings(readings)
-        except Exception as e:  # noqa: BLE001
-            obs.gpu = GpuFacts(available=False, why=f"GPU probe failed: {e}")
+        obs.gpu = _gpu_live(inputs)
         _load_baseline(obs, inputs)
     if want_host:
         from afddiag.probes.cpu import read_cpu
 
-        try:
-            obs.cpu = bounded(lambda: read_cpu(), inputs.probe_timeout_s, "CPU probe")
-        except Exception as e:  # noqa: BLE001
-            obs.cpu = {"why": f"CPU probe failed: {e}"}
+        obs.cpu, failed = guarded(read_cpu, inputs.timeout("cpu_s"), "CPU probe (cpufreq, fixed-work loop)")
+        if failed:
+            obs.cpu = {"why": failed, "failed": failed}
         if obs.baseline is None and not obs.baseline_why:
             _load_baseline(obs, inputs)
     return obs
+
+
+def _gpu_live(inputs: Inputs) -> GpuFacts:
+    """The GPU probe (and the load probe when asked), each under its own bound; a timeout or crash
+    sets ``failed`` / ``load_failed`` (their gates say ERROR)."""
+    from afddiag.probes.gpu import read_gpu
+
+    t = inputs.timeout("gpu_s")
+    # read_gpu bounds its own NVML/CUDA worker; the outer bound catches a hang outside it.
+    readings, failed = guarded(lambda: read_gpu(timeout_s=t, xid_log=inputs.xid_log), t + 2.0,
+                               "GPU probe (NVML, CUDA driver)")
+    if failed:
+        return GpuFacts(available=False, why=failed, failed=failed)
+    if wants_load(inputs) and readings.get("devices"):
+        t = inputs.timeout("load_s") * len(readings["devices"])
+        _, failed = guarded(lambda: attach_load(readings, inputs.load_budget_s), t, "GPU load probe")
+        if failed:
+            readings["load_failed"] = failed
+            for d in readings["devices"]:
+                if not isinstance(d.get("under_load"), dict):
+                    d["under_load"] = {"why": failed}
+    try:
+        return gpu_facts_from_readings(readings)
+    except Exception as e:  # noqa: BLE001 - odd readings must not stop the run
+        why = f"GPU readings not usable ({type(e).__name__}: {e})"
+        return GpuFacts(available=False, why=why, failed=why)
 
 
 def wants_load(inputs: Inputs) -> bool:
@@ -214,6 +288,9 @@ class SnapshotError(ValueError):
 
 def _load_json(path: Path, notes: list[str]) -> Any:
     try:
+        if path.exists() and not path.is_file():  # a FIFO or device would block the read
+            notes.append(f"{path.name}: not a regular file; treated as not captured")
+            return None
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
@@ -228,9 +305,12 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
     ``ip-addr.json``, ``env``, ``gpu.json``, ``image.json`` (image inspect), ``limits.json``. Any
     part may be absent; what it would have fed is marked not captured. Raises
     :class:`SnapshotError` when the directory does not exist."""
+    from afddiag.bundle import is_bundle
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
-    from afddiag.probes.sysfs import probe_fabric
+    from afddiag.probes.sysfs import probe_fabric, read_text
 
+    if inputs.snapshot and is_bundle(inputs.snapshot):
+        return _gather_bundle(inputs, want_fabric, want_gpu, want_launch, want_host)
     root = Path(inputs.snapshot or "")
     if not root.is_dir():
         raise SnapshotError(f"snapshot {root}: not a directory (give a folder holding sys/, rdma-dev.json, ip-addr.json, env, gpu.json)")
@@ -238,9 +318,17 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
     case = _load_json(root / "case.json", obs.notes)
     if isinstance(case, dict) and isinstance(case.get("host"), str):
         obs.host = case["host"]
+    elif (root / "host").is_file():  # a capture bundle's hostname
+        obs.host = (root / "host").read_text(encoding="utf-8", errors="replace").strip()[:253] or obs.host
     env_path = root / "env"
+    env_text = None
     if env_path.is_file():
-        obs.env = parse_env_file(env_path.read_text(encoding="utf-8", errors="replace"))
+        try:
+            env_text = env_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            obs.notes.append(f"env: unreadable ({e.strerror or e}); treated as not captured")
+    if env_text is not None:
+        obs.env = parse_env_file(env_text)
         obs.env_source = "snapshot env"
     else:
         obs.env, obs.env_source = {}, "snapshot (no env file: nothing set)"
@@ -277,19 +365,83 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
                     notes.append(f"ip-addr.json: {e}")
             if addrs is None:
                 notes.append("addresses not captured (no ip-addr.json): a GID's netdev is assumed to hold its IP")
-            obs.fabric = probe_fabric(str(root), order, order_source, addrs, addr_source)
-            obs.fabric.notes[:0] = notes
+            progress = Progress()
+            reader = progress.tracking(read_text)
+            obs.fabric, failed = guarded(
+                lambda: probe_fabric(str(root), order, order_source, addrs, addr_source, reader=reader),
+                inputs.timeout("fabric_s"), "fabric probe (snapshot sysfs)", progress)
+            if failed:
+                obs.fabric = FabricFacts(captured=False, failed=failed)
+            obs.fabric.notes[:0] = notes + ([failed] if failed else [])
         obs.qp = QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")
     if want_gpu:
         raw = _load_json(root / "gpu.json", obs.notes)
         if raw is None:
             obs.gpu = GpuFacts(captured=False, why="GPU not captured (no gpu.json in the snapshot)")
         else:
-            obs.gpu = gpu_facts_from_readings(raw)
+            obs.gpu, failed = guarded(lambda: gpu_facts_from_readings(raw), inputs.timeout("gpu_s"),
+                                      "GPU facts (snapshot gpu.json)")
+            if failed:
+                obs.gpu = GpuFacts(available=False, why=failed, failed=failed)
         _load_baseline(obs, inputs)
     if want_host:
         raw = _load_json(root / "cpu.json", obs.notes)
         obs.cpu = raw if isinstance(raw, dict) else None
         if obs.baseline is None and not obs.baseline_why:
             _load_baseline(obs, inputs)
+    return obs
+
+
+@contextlib.contextmanager
+def opened_snapshot(path: str):
+    """Yield the snapshot folder for ``path``: the folder itself, or for a capture bundle
+    (``.tar.gz``) the folder it was extracted to safely (:func:`afddiag.bundle.safe_extract`) under
+    a temporary directory that is removed on exit. Raises :class:`SnapshotError` when the bundle is
+    missing, unreadable or refused (one line naming the bundle and the member)."""
+    import shutil
+    import tempfile
+
+    from afddiag.bundle import BundleError, is_bundle, safe_extract
+
+    if not is_bundle(path):
+        yield str(path)
+        return
+    if not os.path.isfile(path):
+        raise SnapshotError(f"snapshot {path}: no such file (give a bundle written by `afddiag capture`)")
+    tmp = tempfile.mkdtemp(prefix="afddiag-bundle-")
+    try:
+        try:
+            root = safe_extract(path, tmp)
+        except BundleError as e:
+            raise SnapshotError(f"snapshot {path}: refused: {e}") from None
+        yield str(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def relabel(obj: Any, root: str, bundle: str) -> Any:
+    """``obj`` (report JSON, lists, strings) with the extracted folder ``root`` named as ``bundle``."""
+    if isinstance(obj, str):
+        return obj.replace(root, bundle)
+    if isinstance(obj, dict):
+        return {k: relabel(v, root, bundle) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [relabel(v, root, bundle) for v in obj]
+    return obj
+
+
+def _gather_bundle(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_launch: bool,
+                   want_host: bool) -> Observation:
+    """:func:`gather_snapshot` for a capture bundle: read from :func:`opened_snapshot`'s folder,
+    which is removed afterwards; notes and the source name the bundle."""
+    import dataclasses
+
+    bundle = str(inputs.snapshot)
+    with opened_snapshot(bundle) as root:
+        obs = gather_snapshot(dataclasses.replace(inputs, snapshot=root), want_fabric, want_gpu,
+                              want_launch, want_host)
+    obs.source = f"snapshot {bundle}"
+    for notes in (obs.notes, obs.fabric.notes if obs.fabric else None, obs.gpu.notes if obs.gpu else None):
+        if notes:
+            notes[:] = relabel(notes, root, bundle)
     return obs

@@ -7,6 +7,7 @@ the probe could not read is ``None`` and the reason is in the owning object's ``
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -113,6 +114,7 @@ class FabricFacts:
     netdevs: dict[str, Netdev] = field(default_factory=dict)
     addresses_source: str = "unknown"
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the probe timed out or crashed: what it was doing (its gates say ERROR)
 
 
 @dataclass
@@ -207,12 +209,13 @@ class QpFacts:
     why: str | None = None  # e.g. "pyverbs is not installed: apt install python3-pyverbs"
     results: list[QpResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the probe timed out or crashed: what it was doing (fabric.qp-rtr says ERROR)
 
 
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, lists and dicts to plain JSON types."""
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: to_jsonable(v) for k, v in asdict(obj).items()}
+    if hasattr(obj, "__dataclass_fields__"):  # field by field: asdict() deep-copies first
+        return {k: to_jsonable(getattr(obj, k)) for k in obj.__dataclass_fields__}
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -254,12 +257,17 @@ def clocks_event_reason_names(mask: Any) -> Any:
 
 
 def _num(v: Any) -> Any:
-    """A recorded reading to a number or None ("NOT_SUPPORTED", null, garbage → None)."""
+    """A recorded reading to a number or None ("NOT_SUPPORTED", null, NaN, infinity, garbage → None)."""
     if isinstance(v, bool):
         return v
-    if isinstance(v, (int, float)):
+    if isinstance(v, int) or (isinstance(v, float) and math.isfinite(v)):
         return v
     return None
+
+
+def _int(v: Any) -> int | None:
+    """A recorded integer reading (a bitmask, a P-state) or None (floats, booleans, garbage)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 @dataclass
@@ -328,6 +336,8 @@ class GpuFacts:
     xid_source: str | None = None
     notes: list[str] = field(default_factory=list)
     readings: dict[str, Any] | None = None  # the raw gpu.json-shaped readings
+    failed: str | None = None  # the GPU probe timed out or crashed: what it was doing (gpu.* say ERROR)
+    load_failed: str | None = None  # the load probe timed out or crashed (gpu.slow-state says ERROR)
 
 
 def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
@@ -342,7 +352,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
     meminfo = r.get("host_meminfo_kb") if isinstance(r.get("host_meminfo_kb"), dict) else None
     expect = r.get("expect") if isinstance(r.get("expect"), dict) else {}
     devices: list[GpuDevice] = []
-    for i, d in enumerate(r.get("devices") or []):
+    for i, d in enumerate(r.get("devices") if isinstance(r.get("devices"), list) else []):
         if not isinstance(d, dict):
             continue
         cuda = d.get("cuda") if isinstance(d.get("cuda"), dict) else {}
@@ -350,9 +360,9 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         cc = cuda.get("compute_capability")
         dev = GpuDevice(
             index=d.get("index", i) if isinstance(d.get("index", i), int) else i,
-            name=d.get("name"),
-            uuid=d.get("uuid"),
-            pci_bus_id=d.get("pci_bus_id"),
+            name=d.get("name") if isinstance(d.get("name"), str) else None,
+            uuid=d.get("uuid") if isinstance(d.get("uuid"), str) else None,
+            pci_bus_id=d.get("pci_bus_id") if isinstance(d.get("pci_bus_id"), str) else None,
             sm_count=_num(cuda.get("sm_count")),
             compute_capability=(int(cc[0]), int(cc[1]))
             if isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
@@ -362,8 +372,8 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
             clock_sm_max_mhz=_num(nvml.get("clock_sm_max_mhz")),
             power_mw=_num(nvml.get("power_mw")),
             power_limit_mw=_num(nvml.get("power_limit_mw")),
-            pstate=_num(nvml.get("pstate")),
-            clocks_event_reasons=_num(nvml.get("clocks_event_reasons")),
+            pstate=_int(nvml.get("pstate")),
+            clocks_event_reasons=_int(nvml.get("clocks_event_reasons")),
             clocks_event_reason_counters_us=nvml.get("clocks_event_reason_counters_us")
             if isinstance(nvml.get("clocks_event_reason_counters_us"), dict)
             else None,
@@ -399,14 +409,14 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
                 clock_sm_mhz=_num(ul.get("clock_sm_mhz")),
                 power_mw=_num(ul.get("power_mw")),
                 utilization_pct=_num(ul.get("utilization_pct")),
-                clocks_event_reasons=_num(ul.get("clocks_event_reasons")),
-                pstate=_num(ul.get("pstate")),
+                clocks_event_reasons=_int(ul.get("clocks_event_reasons")),
+                pstate=_int(ul.get("pstate")),
                 fp32_tflops=_num(ach.get("fp32_tflops")),
                 bf16_tflops=_num(ach.get("bf16_tflops")),
                 gemv_gbps=_num(ach.get("gemv_gbps")),
                 copy_gbps=_num(ach.get("copy_gbps")),
             )
-        for note in d.get("notes") or []:
+        for note in d.get("notes") if isinstance(d.get("notes"), list) else []:
             if isinstance(note, str):
                 dev.notes.append(note)
         devices.append(dev)
@@ -420,11 +430,14 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         host_meminfo_kb=meminfo,
         versions=r.get("versions") if isinstance(r.get("versions"), dict) else {},
         expect_image_sm_count=_num(expect.get("image_sm_count")),
-        baseline=expect.get("baseline") if isinstance(expect.get("baseline"), dict) else None,
-        notes=[n for n in (r.get("notes") or []) if isinstance(n, str)],
+        baseline={str(k): v for k, v in expect["baseline"].items() if _num(v) is not None and not isinstance(v, bool)}
+        if isinstance(expect.get("baseline"), dict) else None,
+        notes=[n for n in r.get("notes") if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
         xid_events=r.get("xid_events") if isinstance(r.get("xid_events"), list) else None,
         xid_source=r.get("xid_source") if isinstance(r.get("xid_source"), str) else None,
         readings=r,
+        failed=r.get("failed") if isinstance(r.get("failed"), str) else None,
+        load_failed=r.get("load_failed") if isinstance(r.get("load_failed"), str) else None,
     )
 
 
@@ -437,6 +450,7 @@ class ImageFacts:
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # the image's Config.Env
     why: str | None = None  # why nothing was read
+    failed: str | None = None  # the image probe timed out or crashed (gpu.image-arch says ERROR)
 
 
 @dataclass
@@ -460,3 +474,4 @@ class HostLimits:
     in_container: bool = False
     user: str | None = None
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the limits probe timed out or crashed (launch.memlock/uverbs-access say ERROR)

@@ -24,6 +24,11 @@ _TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "al
 _GPU = {"model", "reserve_fraction", "min_memory_bytes", "load_probe"}
 _HOST = {"cpu_min_mhz"}
 _LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
+# [timeouts]: each probe's time bound, seconds (--timeout overrides all but qp_s and load_s; --qp-timeout qp_s).
+# A probe past its bound gives ERROR for its own gates and the run goes on.
+DEFAULT_TIMEOUTS = {"fabric_s": 10.0, "qp_s": 5.0, "gpu_s": 10.0, "load_s": 30.0, "cpu_s": 10.0,
+                    "image_s": 10.0, "limits_s": 5.0}
+_TIMEOUTS = set(DEFAULT_TIMEOUTS)
 
 
 class PlaybookError(ValueError):
@@ -47,6 +52,7 @@ class Playbook:
     require_fabric_address: bool = False
     cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
     aliases: dict[str, str] = field(default_factory=dict)
+    timeouts: dict[str, float] = field(default_factory=dict)  # [timeouts]: fabric_s, qp_s, gpu_s, ... (seconds)
     path: str = ""
 
     def runs(self, gate_id: str) -> bool:
@@ -59,7 +65,8 @@ def parse(text: str, path: str) -> Playbook:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
-    for table, allowed in (("", _TOP), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST)):
+    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST),
+                           ("timeouts", _TIMEOUTS)):
         got = d if not table else d.get(table, {})
         if not isinstance(got, dict):
             raise PlaybookError(f"playbook {path}: [{table}] must be a table")
@@ -86,13 +93,24 @@ def parse(text: str, path: str) -> Playbook:
             require_fabric_address=bool(la.get("require_fabric_address", False)),
             cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
+            timeouts={str(k): float(v) for k, v in d.get("timeouts", {}).items()},
             path=path,
         )
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise PlaybookError(f"playbook {path}: bad value ({e})") from None
     if not 0.0 <= pb.reserve_fraction <= 1.0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
+    bad_t = {k: v for k, v in pb.timeouts.items() if not 0.1 <= v <= 600}
+    if bad_t:
+        raise PlaybookError(f"playbook {path}: [timeouts] {', '.join(f'{k} = {v:g}' for k, v in bad_t.items())}: "
+                            "give seconds within 0.1..600")
     return pb
+
+
+def timeout_for(pb: Playbook | None, kind: str) -> float:
+    """Seconds ``kind`` ("fabric_s", "qp_s", "gpu_s", "load_s", "cpu_s", "image_s", "limits_s") may take:
+    the playbook's ``[timeouts]`` value, else :data:`DEFAULT_TIMEOUTS`."""
+    return float((pb.timeouts if pb else {}).get(kind, DEFAULT_TIMEOUTS[kind]))
 
 
 def available() -> dict[str, str]:

@@ -27,7 +27,7 @@ mkdir -p "$CACHE"
 
 # 1. apt packages, only those missing.
 PKGS=(qemu-system-x86 python3-pyverbs rdma-core ibverbs-providers ibverbs-utils kmod iproute2
-      busybox-static python3-venv)
+      busybox-static python3-venv openssh-server openssh-client)  # sshd/ssh-keygen: tests/test_fleet_ssh.py
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

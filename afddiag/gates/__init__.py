@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from afddiag.collect import Inputs, Observation
 from afddiag.facts import Entry, FabricFacts, usable_rocev2
@@ -60,8 +61,24 @@ class Context:
 
 Gate = Callable[[Context], Verdict]
 
+PROBE_FAILED_REMEDY = ("run again; if it repeats, the host is stuck where the summary says (a hung driver call or "
+                       "sysfs read: check dmesg); a slow but healthy host needs a larger --timeout or playbook "
+                       "[timeouts] value")
 
-FAMILY_ORDER = ("fabric", "gpu", "host", "launch")
+
+def probe_failed(gid: str, *facts: Any) -> Verdict | None:
+    """The shared preamble: ERROR naming what the probe was doing when one of ``facts`` (facts
+    objects or dicts with a ``failed`` field) says its probe timed out or crashed; else None."""
+    for f in facts:
+        why = f.get("failed") if isinstance(f, dict) else getattr(f, "failed", None)
+        if why:
+            return Verdict(gid, ERROR, f"not judged: {why}", PROBE_FAILED_REMEDY, {"probe_failed": why})
+    return None
+
+
+# "fleet" gates judge several hosts' reports (afddiag/gates/fleet.py, signature (hosts, expect)); only
+# `afddiag fleet`/`merge` run them, never run_gates (no per-host command asks for that family).
+FAMILY_ORDER = ("fabric", "gpu", "host", "launch", "fleet")
 
 
 def registry(families: set[str] | None = None) -> list[tuple[str, str, Gate]]:

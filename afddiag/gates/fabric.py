@@ -6,7 +6,7 @@ from __future__ import annotations
 from afddiag.catalog import remedy
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
 from afddiag.facts import ROCE_V2, Entry, carriers, ipv4_entries, to_jsonable, usable_rocev2
-from afddiag.gates import Context
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 ROCE_MTUS = (4096, 2048, 1024, 512, 256)
@@ -34,6 +34,8 @@ def roce_mtu(netdev_mtu: int) -> int:
 def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
     """SKIP/WARN when the fabric facts or the fabric IP are missing; None when the gate can judge."""
     fab = ctx.obs.fabric
+    if (v := probe_failed(gid, fab)) is not None:
+        return v
     if fab is None or not fab.captured:
         why = "; ".join(fab.notes) if fab and fab.notes else "fabric not probed"
         return Verdict(gid, SKIP, f"fabric not captured: {why}", remedy("snapshot.fabric"))
@@ -84,6 +86,8 @@ def _where(e: Entry) -> str:
 def rdma_present(ctx: Context) -> Verdict:
     gid = "fabric.rdma-present"
     fab = ctx.obs.fabric
+    if (v := probe_failed(gid, fab)) is not None:
+        return v
     if fab is None or not fab.captured:
         return Verdict(gid, SKIP, "fabric not captured: " + ("; ".join(fab.notes) if fab else "not probed"),
                        remedy("snapshot.fabric"))
@@ -320,6 +324,8 @@ def qp_rtr(ctx: Context) -> Verdict:
     gid = "fabric.qp-rtr"
     qp = ctx.obs.qp
     fab = ctx.obs.fabric
+    if (v := probe_failed(gid, qp)) is not None:  # the live run marks qp failed when the fabric probe failed
+        return v
     if qp is None or not qp.ran:
         why = qp.why if qp else "QP test not run"
         rem = remedy(gid + ".no-pyverbs") if qp and qp.why and "pyverbs" in qp.why else "nothing to do"
@@ -333,8 +339,16 @@ def qp_rtr(ctx: Context) -> Verdict:
     results = [to_jsonable(r) for r in qp.results]
     mine = [r for r in qp.results if r.device == dev]
     facts = {"engine_device": dev, "chosen_by": how, "results": results, "notes": qp.notes}
+    if not mine and dev not in {d.name for d in fab.devices}:  # e.g. the map names a device deleted since
+        return Verdict(gid, FAIL, f"{dev} ({how}) is not an RDMA device on this host: the engine cannot open it",
+                       remedy("fabric.first-device"), facts)
     if not mine:
         return Verdict(gid, ERROR, f"{dev}: no QP result for the device the engine opens", remedy(gid), facts)
+    hung = [r for r in mine if r.reached not in ("RTR", "RTS") and (r.error or "").startswith("timed out")]
+    if hung:  # the walk ran past its bound: nothing was judged, the kernel call may still be running
+        r = hung[0]
+        return Verdict(gid, ERROR, f"not judged: {dev} QP walk toward {r.target} {r.error} (reached {r.reached})",
+                       PROBE_FAILED_REMEDY, facts)
     bad = [r for r in mine if r.reached not in ("RTR", "RTS")]
     if bad:
         r = bad[0]
@@ -352,6 +366,98 @@ def qp_rtr(ctx: Context) -> Verdict:
                    f"from GID index {mine[0].sgid_index}{tail}", "nothing to do", facts)
 
 
+def route(ctx: Context) -> Verdict:
+    """fabric.route: the route to each peer (``ip route get <peer> from <fabric-ip>``, probes/route.py)
+    leaves by the netdev of the GID selected for the fabric IP."""
+    gid = "fabric.route"
+    peers = list(ctx.inputs.peers)
+    if not peers:
+        return Verdict(gid, SKIP, "no peer given (--peer or AFD_PEER_FABRIC_IPS in the launch env): no route to judge",
+                       "give the peers' fabric IPs with --peer")
+    e = _fabric_entry(ctx, gid)
+    if isinstance(e, Verdict):
+        return e
+    rf = ctx.obs.route
+    if rf is None or not rf.captured or not rf.routes_captured:
+        why = "; ".join(rf.notes) if rf is not None and rf.notes else "route probe not run"
+        return Verdict(gid, SKIP, f"routes not captured: {why}", remedy("snapshot.route"))
+    ip = ctx.fabric_ip.ip
+    rows = [{"peer": r.peer, "dev": r.dev, "src": r.src, "via": r.via, "error": r.error, "source": r.source}
+            for r in rf.routes]
+    facts = {"fabric_ip": ip, "gid_netdev": e.netdev, "device": e.device, "gid_index": e.gid_index, "routes": rows}
+    bad = []
+    for r in rf.routes:
+        if r.error:
+            bad.append(f"no route to peer {r.peer} from {ip}: {r.error}")
+        elif r.dev != e.netdev:
+            bad.append(f"route to peer {r.peer} leaves by {r.dev}" + (f" via {r.via}" if r.via else "")
+                       + f", not {e.netdev} (the netdev of {e.device} GID {e.gid_index} carrying {ip})")
+    if bad:
+        return Verdict(gid, FAIL, "; ".join(bad),
+                       remedy(gid).format(netdev=e.netdev, fabric_ip=ip), facts)
+    via = [f"{r.peer} via {r.via}" for r in rf.routes if r.via]
+    return Verdict(gid, PASS, f"route to {', '.join(r.peer for r in rf.routes)} leaves by {e.netdev} "
+                   f"({e.device} GID {e.gid_index})" + (f"; routed: {', '.join(via)}" if via else ""),
+                   "nothing to do", facts)
+
+
+ARP_IGNORE_MIN = 1  # reply only when the target address is on the interface the request came in on
+ARP_ANNOUNCE_WANT = 2  # always use the best local address (the one on the outgoing interface)
+RP_FILTER_STRICT = 1  # strict reverse path: drops packets that arrive on the "other" rail
+
+
+def arp(ctx: Context) -> Verdict:
+    """fabric.arp: with several RDMA netdevs on one IPv4 subnet, arp_ignore >= 1, arp_announce = 2
+    and rp_filter != 1 (effective values: max of conf/all and conf/<netdev>) on each of them."""
+    import ipaddress
+
+    gid = "fabric.arp"
+    fab = ctx.obs.fabric
+    if (v := probe_failed(gid, fab)) is not None:
+        return v
+    if fab is None or not fab.captured or not fab.devices:
+        return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+    rails = {e.netdev for e in ipv4_entries(fab) if e.netdev}
+    nets: dict[str, set[str]] = {}
+    for name in sorted(rails):
+        nd = fab.netdevs.get(name)
+        for a in (nd.ipv4 if nd else []):
+            try:
+                nets.setdefault(str(ipaddress.IPv4Interface(a).network), set()).add(name)
+            except ValueError:
+                continue
+    shared = {net: sorted(nds) for net, nds in nets.items() if len(nds) > 1}
+    facts: dict = {"subnets": {k: sorted(v) for k, v in nets.items()}, "shared": shared}
+    if not shared:
+        return Verdict(gid, PASS, "one RDMA netdev per subnet (" + (", ".join(f"{n}: {', '.join(sorted(v))}"
+                       for n, v in sorted(nets.items())) or "no IPv4 on the RDMA netdevs") + "): ARP replies "
+                       "leave by the port the request came in on", "nothing to do", facts)
+    rf = ctx.obs.route
+    if rf is None or not rf.sysctl_captured:
+        why = "; ".join(rf.notes) if rf is not None and rf.notes else "not probed"
+        return Verdict(gid, SKIP, f"{', '.join(f'{n} share {k}' for k, n in ((k, ' and '.join(v)) for k, v in shared.items()))}"
+                       f", but the ARP sysctls were not captured ({why})", remedy("snapshot.route"), facts)
+    facts["effective"] = rf.effective
+    facts["conf"] = rf.conf
+    fails, warns = [], []
+    for net, nds in shared.items():
+        for nd in nds:
+            eff = rf.effective.get(nd) or {}
+            ai, aa, rp = eff.get("arp_ignore"), eff.get("arp_announce"), eff.get("rp_filter")
+            if ai is not None and ai < ARP_IGNORE_MIN:
+                fails.append(f"{nd} ({net}): arp_ignore {ai}: it answers ARP for its sibling's address")
+            if aa is not None and aa < ARP_ANNOUNCE_WANT:
+                (fails if aa == 0 else warns).append(f"{nd} ({net}): arp_announce {aa}, not 2")
+            if rp == RP_FILTER_STRICT:
+                warns.append(f"{nd} ({net}): rp_filter 1 (strict) drops replies that come back on the other rail")
+    names = ", ".join(f"{' and '.join(v)} on {k}" for k, v in shared.items())
+    if fails or warns:
+        return Verdict(gid, FAIL if fails else WARN, f"several rails on one subnet ({names}): " + "; ".join(fails + warns),
+                       remedy(gid), facts)
+    return Verdict(gid, PASS, f"several rails on one subnet ({names}): arp_ignore, arp_announce and rp_filter "
+                   "keep replies on the right port", "nothing to do", facts)
+
+
 GATES = [
     ("fabric.rdma-present", rdma_present),
     ("fabric.link", link),
@@ -360,4 +466,6 @@ GATES = [
     ("fabric.first-device", first_device),
     ("fabric.devicemap-env", devicemap_env),
     ("fabric.qp-rtr", qp_rtr),
+    ("fabric.route", route),
+    ("fabric.arp", arp),
 ]

@@ -7,8 +7,8 @@ import re
 from afddiag import baseline
 from afddiag.catalog import remedy
 from afddiag.facts import GpuDevice, clocks_event_reason_names, to_jsonable
-from afddiag.gates import Context
-from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
+from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 FAIL_BITS = 0x8 | 0x40 | 0x80
 WARN_BITS = 0x20
@@ -29,6 +29,8 @@ def _label(d: GpuDevice) -> str:
 
 def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
     g = ctx.obs.gpu
+    if (v := probe_failed(gid, g)) is not None:
+        return v
     if g is None or not g.captured:
         return Verdict(gid, SKIP, (g.why if g and g.why else "GPU not probed"), remedy("snapshot.gpu"))
     if not g.devices:
@@ -175,13 +177,26 @@ def clock_events(ctx: Context) -> Verdict:
     return Verdict(gid, worst, "; ".join(lines), remedy(gid + (".hw" if worst == FAIL else ".thermal")), facts)
 
 
+def _baseline_kind(src: str) -> str:
+    """A short name for a baseline source (the full one is in facts)."""
+    for prefix, kind in (("host baseline", "the host baseline"), ("snapshot", "the snapshot baseline"),
+                         ("reference table", "the reference table")):
+        if src.startswith(prefix):
+            return kind
+    return "baseline"
+
+
 def slow_state(ctx: Context) -> Verdict:
     gid = "gpu.slow-state"
     if (v := _need_gpu(ctx, gid)) is not None:
         return v
+    if ctx.obs.gpu.load_failed:
+        return Verdict(gid, ERROR, f"not judged: {ctx.obs.gpu.load_failed}", PROBE_FAILED_REMEDY,
+                       {"probe_failed": ctx.obs.gpu.load_failed})
     g = ctx.obs.gpu
     verdicts: list[tuple[str, str]] = []
-    facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None}
+    facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
+                   "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
     for d in g.devices:
         ul = d.under_load
         label = _label(d)
@@ -229,7 +244,7 @@ def slow_state(ctx: Context) -> Verdict:
         what = ([f"clock {clk:g} MHz of max {d.clock_sm_max_mhz:g}" if clk and d.clock_sm_max_mhz else
                  (f"clock {clk:g} MHz" if clk else "")] + [f"{k} {f[k]['ratio']:.0%} of baseline" for k in compared])
         verdicts.append((PASS, f"{label}: " + ", ".join(w for w in what if w)
-                         + (f" ({src.split(':')[0]})" if compared else " (no throughput baseline)")))
+                         + (f" (vs {_baseline_kind(src)})" if compared else " (no throughput baseline)")))
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
@@ -273,6 +288,8 @@ def image_arch(ctx: Context) -> Verdict:
         return v
     img = ctx.obs.image
     le = ctx.inputs.launch_env or {}
+    if (v := probe_failed(gid, img)) is not None:
+        return v
     if img is None or img.why:
         why = img.why if img and img.why else ("no AFD_IMAGE in the launch env" if le or ctx.inputs.launch_env_path
                                                else "no image given (--launch-env with AFD_IMAGE)")
@@ -335,7 +352,8 @@ def errors(ctx: Context) -> Verdict:
     g = ctx.obs.gpu
     if g.xid_events is None and all(d.ecc is None and d.retired_pages is None and d.remapped_rows is None
                                     for d in g.devices):
-        return Verdict(gid, SKIP, "no ECC, retirement, remapping or kernel-log readings (not captured)",
+        return Verdict(gid, SKIP, "no ECC, retirement, remapping or kernel-log readings (not captured"
+                       + (f"; kernel log {g.xid_source}" if g.xid_source else "") + ")",
                        "run on the host (as root for the kernel log)")
     fails, warns, facts = [], [], {"xid_source": g.xid_source, "xid_events": g.xid_events}
     for d in g.devices:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.gates import Context
+from afddiag.gates import Context, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 SLOW_CLOCK_FRACTION = 0.5
@@ -13,6 +13,8 @@ SLOW_LOOP_FRACTION = 0.8
 def cpu_clock(ctx: Context) -> Verdict:
     gid = "host.cpu-clock"
     cpu = ctx.obs.cpu
+    if (v := probe_failed(gid, cpu or {})) is not None:
+        return v
     if not cpu:
         return Verdict(gid, SKIP, "CPU not probed (or not captured: no cpu.json)", "run on the host")
     if cpu.get("why"):

@@ -4,7 +4,7 @@ process needs from the host (locked-memory limit, RDMA device nodes)."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.gates import Context
+from afddiag.gates import Context, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
@@ -70,6 +70,8 @@ def capacity(ctx: Context) -> Verdict:
 def memlock(ctx: Context) -> Verdict:
     gid = "launch.memlock"
     lim = ctx.obs.limits
+    if (v := probe_failed(gid, lim)) is not None:
+        return v
     if lim is None or not lim.captured:
         return Verdict(gid, SKIP, "limits not captured" + (f" ({'; '.join(lim.notes)})" if lim and lim.notes else ""),
                        "run on the host, or capture limits.json")
@@ -96,6 +98,8 @@ def memlock(ctx: Context) -> Verdict:
 def uverbs_access(ctx: Context) -> Verdict:
     gid = "launch.uverbs-access"
     lim = ctx.obs.limits
+    if (v := probe_failed(gid, lim)) is not None:
+        return v
     if lim is None or not lim.captured:
         return Verdict(gid, SKIP, "device nodes not captured", "run on the host, or capture limits.json")
     fab = ctx.obs.fabric

@@ -701,6 +701,8 @@ def read_gpu(
     - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
       no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
       holds what was read before the hang and a note names the call in flight).
+    - ``failed`` (str): present only when the read timed out or crashed: why, and the call in flight
+      (the GPU gates then say ERROR, not SKIP).
 
     An NVML call that answers NVML_ERROR_NOT_SUPPORTED records ``"NOT_SUPPORTED"``; any other failure
     records None and a note. No CUDA context is created. The read runs in a daemon thread; a driver
@@ -756,6 +758,7 @@ def read_gpu(
                 f"GPU probe timed out after {timeout_s:g}s (NVML or CUDA driver call hung)"
             )
             notes.append(f"GPU probe: call in flight at the timeout: {in_call or 'unknown'}")
+            out["failed"] = f"{out['why']}; call in flight: {in_call or 'unknown'}"
             for side, part in (("NVML", nvml), ("CUDA", cuda)):
                 if not part["done"]:
                     notes.append(f"GPU probe: {side} read not finished at the timeout")
@@ -764,6 +767,7 @@ def read_gpu(
     except Exception as e:  # noqa: BLE001 - the probe never raises
         notes.append(f"GPU probe failed: {type(e).__name__}: {e}")
         out.setdefault("why", f"GPU probe failed: {type(e).__name__}: {e}")
+        out["failed"] = f"GPU probe failed: {type(e).__name__}: {e}"
     return out
 
 

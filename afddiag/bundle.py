@@ -1,0 +1,175 @@
+"""Capture bundles on disk: write a ``.tar.gz`` atomically, extract one safely.
+
+A bundle is a gzip'd tar of a snapshot directory (``sys/``, ``rdma-dev.json``, ``ip-addr.json``,
+``env``, ``gpu.json``, ...), usually under one top folder. Extraction trusts nothing in the archive:
+only plain files and folders with relative names that stay inside the target are written, each file
+and the whole bundle under a size cap, and anything else refuses the whole bundle with one line
+(:class:`BundleError`) before a byte of that member is written.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import stat
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+MAX_FILE_BYTES = 64 << 20  # one member (a gpu.json with Xid events is ~100 KiB; sysfs files are bytes)
+MAX_TOTAL_BYTES = 256 << 20  # every member together, as extracted (a gzip bomb stops here)
+MAX_MEMBERS = 200_000
+
+BUNDLE_SUFFIXES = (".tar.gz", ".tgz")
+
+
+class BundleError(ValueError):
+    """A bundle that is refused or unreadable; the message is one line naming the bundle and why."""
+
+
+def is_bundle(path: str | os.PathLike) -> bool:
+    """True when ``path`` names a capture bundle (``.tar.gz``/``.tgz``) rather than a directory."""
+    return str(path).endswith(BUNDLE_SUFFIXES)
+
+
+def write_tar_gz(target: str | os.PathLike, files: dict[str, bytes], top: str = "") -> Path:
+    """Write ``files`` (relative POSIX path → content) as a gzip'd tar at ``target``, atomically:
+    a temporary file in the target's folder, fsync, then ``os.replace``. Members are regular files
+    (mode 0644, owner 0, mtime now) under ``top/`` when given, sorted by name. Returns the path.
+    Raises OSError when the folder cannot be written (the temporary file is removed)."""
+    p = Path(target)
+    folder = p.parent if str(p.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+    now = int(time.time())
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+                dirs: set[str] = set()
+                for name in sorted(files):
+                    full = posixpath.join(top, name) if top else name
+                    parent = posixpath.dirname(full)
+                    chain = []
+                    while parent and parent not in dirs:
+                        chain.append(parent)
+                        dirs.add(parent)
+                        parent = posixpath.dirname(parent)
+                    for d in reversed(chain):
+                        ti = tarfile.TarInfo(d)
+                        ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, now
+                        tar.addfile(ti)
+                    data = files[name]
+                    ti = tarfile.TarInfo(full)
+                    ti.size, ti.mode, ti.mtime = len(data), 0o644, now
+                    tar.addfile(ti, io.BytesIO(data))
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return p
+
+
+def _member_path(name: str) -> list[str]:
+    """A member's name → its path components; raises BundleError for absolute or escaping names."""
+    if not name or "\0" in name:
+        raise BundleError(f"member {name!r} has an empty or NUL name")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":") or name.startswith("\\"):
+        raise BundleError(f"member {name!r} has an absolute path")
+    parts = [c for c in name.split("/") if c not in ("", ".")]
+    if any(c == ".." for c in parts):
+        raise BundleError(f"member {name!r} climbs out of the bundle ('..')")
+    if any("\\" in c for c in parts):
+        raise BundleError(f"member {name!r} has a backslash in its name")
+    return parts
+
+
+def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_bytes: int | None = None,
+                 max_total_bytes: int | None = None, max_members: int | None = None) -> Path:
+    """Extract the ``.tar.gz`` ``bundle`` into the existing, empty folder ``dest`` and return the
+    snapshot root inside it (``dest``, or its single top folder).
+
+    Only regular files and folders are accepted. Refused, with :class:`BundleError` naming the member:
+    absolute names, ``..``, symbolic and hard links, device files, FIFOs, a member over
+    ``max_file_bytes`` (default :data:`MAX_FILE_BYTES`), a bundle over ``max_total_bytes`` (counted as bytes are written, so a lying
+    header or a gzip bomb stops there) or ``max_members``, a duplicate file. Files are created with
+    ``O_EXCL|O_NOFOLLOW`` under folders this function made, so nothing is written outside ``dest``.
+    What was extracted before a refusal stays in ``dest`` (the caller removes ``dest``).
+    Raises BundleError too when the file is not a readable gzip'd tar.
+    """
+    max_file_bytes = max_file_bytes or MAX_FILE_BYTES
+    max_total_bytes = max_total_bytes or MAX_TOTAL_BYTES
+    max_members = max_members or MAX_MEMBERS
+    root = Path(dest)
+    total = 0
+    count = 0
+    try:
+        tar = tarfile.open(bundle, mode="r:gz")
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise BundleError(f"not a readable .tar.gz ({e})") from None
+    try:
+        with tar:
+            for m in tar:
+                count += 1
+                if count > max_members:
+                    raise BundleError(f"more than {max_members} members")
+                parts = _member_path(m.name)
+                if m.issym() or m.islnk():
+                    raise BundleError(f"member {m.name!r} is a {'symbolic' if m.issym() else 'hard'} link "
+                                      f"(to {m.linkname!r}); a bundle holds plain files only")
+                if not (m.isreg() or m.isdir()):
+                    raise BundleError(f"member {m.name!r} is not a plain file or folder (device, FIFO or other)")
+                if not parts:
+                    continue
+                if m.isdir():
+                    _mkdirs(root, parts)
+                    continue
+                if m.size > max_file_bytes:
+                    raise BundleError(f"member {m.name!r} is {m.size} bytes, over the {max_file_bytes}-byte cap")
+                parent = _mkdirs(root, parts[:-1])
+                src = tar.extractfile(m)
+                if src is None:  # pragma: no cover - isreg() members always have data
+                    raise BundleError(f"member {m.name!r} has no data")
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                try:
+                    fd = os.open(parent / parts[-1], flags, 0o644)
+                except FileExistsError:
+                    raise BundleError(f"member {m.name!r} appears twice") from None
+                with os.fdopen(fd, "wb") as out:
+                    written = 0
+                    while chunk := src.read(1 << 16):
+                        written += len(chunk)
+                        total += len(chunk)
+                        if written > max_file_bytes:
+                            raise BundleError(f"member {m.name!r} is over the {max_file_bytes}-byte cap")
+                        if total > max_total_bytes:
+                            raise BundleError(f"bundle is over the {max_total_bytes}-byte cap")
+                        out.write(chunk)
+    except (tarfile.TarError, EOFError, OSError, UnicodeError) as e:
+        raise BundleError(f"unreadable ({e})") from None
+    entries = [e for e in root.iterdir()]
+    if len(entries) == 1 and entries[0].is_dir() and entries[0].name != "sys":
+        return entries[0]
+    return root
+
+
+def _mkdirs(root: Path, parts: list[str]) -> Path:
+    """Make ``root/parts...`` folder by folder, refusing any component that exists as a non-folder
+    or a link (so a later member cannot be steered out of ``root``)."""
+    cur = root
+    for c in parts:
+        cur = cur / c
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            os.mkdir(cur, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise BundleError(f"path {'/'.join(parts)!r} passes through a file")
+    return cur

@@ -1,0 +1,646 @@
+"""``afddiag fleet`` (collect every host's report over SSH) and ``afddiag merge`` (reports collected
+by any other engine), then the cross-host gates (:mod:`afddiag.gates.fleet`) and one fleet table.
+
+Both commands share everything after collection: :func:`judge` turns a list of
+:class:`~afddiag.gates.fleet.HostResult` into the fleet report, :func:`write_fleet_table` renders it.
+
+Inventory (TOML)::
+
+    [fleet]                       # all optional
+    user = "root"                 # SSH user when a target names none
+    known_hosts = "~/.ssh/known_hosts"   # host keys are always verified (default: ~/.ssh/known_hosts)
+    identity = "~/.ssh/id_ed25519"       # client key (default: ssh-agent and ~/.ssh/id_*)
+    concurrency = 16              # hosts collected at once
+    timeout_s = 120               # per host, connect to last byte
+    connect_timeout_s = 10
+    afddiag = "afddiag"           # the remote command (per host too)
+    python = "python3"            # the remote interpreter for --push
+    peers = "coordinator"         # --peer given to each host: "coordinator" (ranks get the
+                                  # coordinators' fabric IPs, coordinators every rank's), "all", "none"
+
+    [expect]                      # fleet-wide expectations for the fleet gates
+    capacity = 256                # every rank's capacity flag and the coordinator's batch flag
+    gid_index = 3                 # a stack forces this GID index everywhere
+    mtu = 4096                    # RoCE path MTU, bytes
+
+    [[host]]
+    name = "spark-a"
+    role = "expert"               # --role on that host
+    ssh = "root@10.0.0.11:22"     # SSH target (default: name)
+    fabric_ip = "192.168.100.10"  # --fabric-ip
+    launch_env = "/etc/afd/expert.env"   # --launch-env, a path on that host
+    args = ["--load"]             # extra arguments for `afddiag all`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import ipaddress
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from afddiag import __version__
+from afddiag.gates.fleet import HostResult, run_fleet_gates
+from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, WARN, Verdict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FLEET_SCHEMA = "afddiag-fleet/1"
+_FLEET_KEYS = {"user", "known_hosts", "identity", "concurrency", "timeout_s", "connect_timeout_s", "afddiag",
+               "python", "peers"}
+_HOST_KEYS = {"name", "role", "ssh", "fabric_ip", "launch_env", "args", "afddiag", "python"}
+_EXPECT_KEYS = {"capacity", "gid_index", "mtu"}
+PEER_POLICIES = ("coordinator", "all", "none")
+
+
+class InventoryError(ValueError):
+    """An inventory that cannot be used (the message names the file, the entry and the fix)."""
+
+
+@dataclass
+class InvHost:
+    """One ``[[host]]`` of the inventory."""
+
+    name: str
+    ssh: str
+    role: str | None = None
+    fabric_ip: str | None = None
+    launch_env: str | None = None
+    args: list[str] = field(default_factory=list)
+    afddiag: str | None = None
+    python: str | None = None
+
+
+@dataclass
+class Inventory:
+    """The parsed inventory: hosts in file order, the ``[fleet]`` settings, the ``[expect]`` table."""
+
+    hosts: list[InvHost]
+    settings: dict[str, Any] = field(default_factory=dict)
+    expect: dict[str, Any] = field(default_factory=dict)
+    path: str = ""
+
+
+def load_inventory(path: str) -> Inventory:
+    """Parse the inventory TOML at ``path``.
+
+    Raises :class:`InventoryError` (naming the file and the entry) for an unreadable file, TOML
+    errors, unknown keys, a host without a name, duplicate names, or a fabric IP that is not IPv4.
+    """
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InventoryError(f"inventory {path}: {e.strerror}: give the fleet's inventory file")
+    except tomllib.TOMLDecodeError as e:
+        raise InventoryError(f"inventory {path}: not TOML ({e})")
+    extra = set(data) - {"fleet", "expect", "host"}
+    if extra:
+        raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} (known: fleet, expect, host)")
+    settings = data.get("fleet") or {}
+    expect = data.get("expect") or {}
+    for table, keys, known in (("fleet", settings, _FLEET_KEYS), ("expect", expect, _EXPECT_KEYS)):
+        bad = set(keys) - known
+        if bad:
+            raise InventoryError(f"inventory {path}: [{table}] unknown key(s) {', '.join(sorted(bad))} "
+                                 f"(known: {', '.join(sorted(known))})")
+    if settings.get("peers", "coordinator") not in PEER_POLICIES:
+        raise InventoryError(f"inventory {path}: [fleet] peers must be one of {', '.join(PEER_POLICIES)}")
+    hosts: list[InvHost] = []
+    seen: set[str] = set()
+    for i, h in enumerate(data.get("host") or []):
+        where = f"inventory {path}: host #{i + 1}"
+        if not isinstance(h, dict) or not h.get("name"):
+            raise InventoryError(f"{where}: every [[host]] needs a name")
+        bad = set(h) - _HOST_KEYS
+        if bad:
+            raise InventoryError(f"{where} ({h['name']}): unknown key(s) {', '.join(sorted(bad))} "
+                                 f"(known: {', '.join(sorted(_HOST_KEYS))})")
+        name = str(h["name"])
+        if name in seen:
+            raise InventoryError(f"{where}: name {name!r} used twice")
+        seen.add(name)
+        fip = h.get("fabric_ip")
+        if fip is not None:
+            try:
+                ipaddress.IPv4Address(fip)
+            except ValueError:
+                raise InventoryError(f"{where} ({name}): fabric_ip {fip!r} is not an IPv4 address")
+        args = h.get("args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise InventoryError(f"{where} ({name}): args must be a list of strings")
+        hosts.append(InvHost(name=name, ssh=str(h.get("ssh") or name), role=h.get("role"), fabric_ip=fip,
+                             launch_env=h.get("launch_env"), args=list(args), afddiag=h.get("afddiag"),
+                             python=h.get("python")))
+    if not hosts:
+        raise InventoryError(f"inventory {path}: no [[host]] entries")
+    return Inventory(hosts=hosts, settings=dict(settings), expect=dict(expect), path=path)
+
+
+def parse_target(target: str, default_user: str | None = None) -> tuple[str | None, str, int]:
+    """``[user@]host[:port]`` (``[v6]:port`` for IPv6) → ``(user, host, port)``; port 22 by default."""
+    user, _, rest = target.rpartition("@")
+    user = user or default_user
+    port = 22
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":") and tail[1:].isdigit():
+            port = int(tail[1:])
+    elif rest.count(":") == 1:
+        host, _, p = rest.partition(":")
+        if p.isdigit():
+            port = int(p)
+        else:
+            host = rest
+    else:
+        host = rest
+    return user, host, port
+
+
+def peers_for(h: InvHost, inv: Inventory) -> list[str]:
+    """The ``--peer`` addresses ``h`` is given under the inventory's ``peers`` policy."""
+    policy = inv.settings.get("peers", "coordinator")
+    others = [o for o in inv.hosts if o is not h and o.fabric_ip and o.fabric_ip != h.fabric_ip]
+    if policy == "none":
+        return []
+    if policy == "all":
+        return [o.fabric_ip for o in others]
+    if h.role == "coordinator":
+        return [o.fabric_ip for o in others if o.role != "coordinator"]
+    return [o.fabric_ip for o in others if o.role == "coordinator"]
+
+
+def remote_args(h: InvHost, inv: Inventory) -> list[str]:
+    """The arguments of ``afddiag all --json`` on ``h`` (role, launch env, fabric IP, peers, args)."""
+    args = ["all", "--json"]
+    if h.role:
+        args += ["--role", h.role]
+    if h.launch_env:
+        args += ["--launch-env", h.launch_env]
+    if h.fabric_ip:
+        args += ["--fabric-ip", h.fabric_ip]
+    for p in peers_for(h, inv):
+        args += ["--peer", p]
+    return args + list(h.args)
+
+
+# ---------------------------------------------------------------- report parsing
+
+def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | None]:
+    """One host's stdout → ``(report, None)``, or ``(None, why)`` when it is not an afddiag report
+    (not JSON, not an object, no ``schema_version``/``gates``)."""
+    s = text.strip()
+    if not s:
+        return None, f"{where}: empty output"
+    try:
+        obj = json.loads(s)
+    except ValueError as e:
+        return None, f"{where}: output is not JSON ({e.msg} at line {e.lineno}; starts {s[:60]!r})"
+    why = _not_a_report(obj)
+    return (None, f"{where}: {why}") if why else (obj, None)
+
+
+def _not_a_report(obj: Any) -> str | None:
+    if not isinstance(obj, dict):
+        return f"JSON {type(obj).__name__}, not an afddiag report object"
+    if not isinstance(obj.get("gates"), list) or "schema_version" not in obj:
+        return "JSON object without schema_version/gates: not an afddiag report"
+    return None
+
+
+def load_reports(paths: list[str]) -> list[HostResult]:
+    """Per-host report files → one :class:`HostResult` per report. A file holds one report, a JSON
+    array of reports, or one report per line (JSON lines). A file that does not parse is an ERROR
+    row named after the file; a host name seen twice gets ``#2``, ``#3`` appended."""
+    out: list[HostResult] = []
+    names: dict[str, int] = {}
+
+    def add(rep: dict[str, Any] | None, path: str, err: str | None = None) -> None:
+        name = str(rep.get("host") or Path(path).stem) if rep else Path(path).name
+        n = names.get(name, 0) + 1
+        names[name] = n
+        out.append(HostResult(name=name if n == 1 else f"{name}#{n}", target=path, report=rep, error=err))
+
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            add(None, path, f"{path}: {e.strerror}")
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            if len(lines) > 1:
+                for i, ln in enumerate(lines, 1):
+                    rep, why = parse_report(ln, f"{path}:{i}")
+                    add(rep, f"{path}:{i}", why)
+                continue
+            add(None, path, parse_report(text, path)[1])
+            continue
+        for rep in obj if isinstance(obj, list) else [obj]:
+            why = _not_a_report(rep)
+            add(None if why else rep, path, f"{path}: {why}" if why else None)
+    return out
+
+
+# ---------------------------------------------------------------- judging and rendering
+
+def _host_row(h: HostResult) -> dict[str, Any]:
+    rep = h.report or {}
+    failing = [g["id"] for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("verdict") in (FAIL, ERROR)]
+    warned = [g["id"] for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("verdict") == WARN]
+    return {"name": h.name, "role": h.host_role if h.ok else h.role, "target": h.target,
+            "fabric_ip": h.fip if h.ok else h.fabric_ip, "status": "ok" if h.ok else "ERROR", "error": h.error,
+            "exit_code": rep.get("exit_code") if h.ok else EXIT_ERROR, "counts": rep.get("counts"),
+            "failing": failing, "warning": warned, "elapsed_s": h.elapsed_s,
+            "afddiag_version": rep.get("afddiag_version")}
+
+
+def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source: str = "merge",
+          keep_reports: bool = False) -> dict[str, Any]:
+    """Run the fleet gates over ``hosts`` and build the fleet report (``schema`` afddiag-fleet/1).
+
+    Exit code: 2 if any host exited 2 or a fleet gate FAILs; else 3 if a host has no report, exited
+    3, or a fleet gate ERRORs; else 1 on any WARN; else 0. ``keep_reports`` embeds each per-host
+    report under ``reports`` (for ``fleet --json``)."""
+    from afddiag.facts import to_jsonable
+
+    verdicts = run_fleet_gates(hosts, expect or {})
+    rows = [_host_row(h) for h in hosts]
+    seen = {v.verdict for v in verdicts}
+    codes = {r["exit_code"] for r in rows}
+    if FAIL in seen or EXIT_FAIL in codes:
+        code = EXIT_FAIL
+    elif ERROR in seen or EXIT_ERROR in codes or any(r["status"] != "ok" for r in rows):
+        code = EXIT_ERROR
+    elif WARN in seen or EXIT_WARN in codes:
+        code = EXIT_WARN
+    else:
+        code = EXIT_OK
+    counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    for v in verdicts:
+        counts[v.verdict] += 1
+    out = {"schema": FLEET_SCHEMA, "afddiag_version": __version__, "source": source,
+           "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "expect": dict(expect or {}), "hosts": rows, "gates": [to_jsonable(v) for v in verdicts],
+           "counts": counts, "hosts_ok": sum(1 for r in rows if r["status"] == "ok"),
+           "hosts_error": sum(1 for r in rows if r["status"] != "ok"), "exit_code": code}
+    if keep_reports:
+        out["reports"] = {h.name: h.report for h in hosts if h.ok}
+    return out
+
+
+def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None) -> None:
+    """The fleet table: one row per host (status, exit, counts, failing gates or the error), then
+    one row per fleet gate with its remedy. Plain text (no colour) when ``out`` is not a TTY."""
+    out = out or sys.stdout
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from afddiag.report import COLORS
+
+    plain = not out.isatty() or "NO_COLOR" in os.environ
+    con = Console(file=out, no_color=plain, force_terminal=False if plain else None, highlight=False,
+                  width=200 if plain else None, soft_wrap=plain)
+    w = max([len(r["name"]) for r in fr["hosts"]] + [4])
+    if plain:
+        out.write(f"{'host':<{w}}  {'role':<12} {'status':<6} exit  pass/warn/fail/skip/error  failing gates / error\n")
+        for r in fr["hosts"]:
+            c = r.get("counts") or {}
+            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
+            what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
+            out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<6} {r['exit_code']!s:<5} "
+                      f"{cnt:<26} {what}\n")
+        out.write("\n")
+        for g in fr["gates"]:
+            out.write(f"{g['verdict']:<5}  {g['id']:<16} {g['summary']}\n")
+            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
+                out.write(f"{'':<5}  {'':<16} remedy: {g['remedy']}\n")
+    else:
+        t = Table(title=f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})")
+        for col in ("host", "role", "status", "exit", "pass/warn/fail/skip/error", "failing gates / error"):
+            t.add_column(col)
+        for r in fr["hosts"]:
+            c = r.get("counts") or {}
+            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
+            what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
+            t.add_row(r["name"], str(r.get("role") or "-"), Text(r["status"], style="" if r["status"] == "ok"
+                      else COLORS["ERROR"]), str(r["exit_code"]), cnt, what)
+        con.print(t)
+        g_t = Table(title="cross-host gates")
+        g_t.add_column("verdict", no_wrap=True)
+        g_t.add_column("gate", no_wrap=True)
+        g_t.add_column("summary / remedy")
+        for g in fr["gates"]:
+            body = Text(g["summary"])
+            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
+                body.append("\n→ " + g["remedy"], style="italic")
+            g_t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
+        con.print(g_t)
+    c = fr["counts"]
+    out.write(f"{fr['hosts_ok']} host(s) reported, {fr['hosts_error']} without a report; fleet gates: {c['PASS']} "
+              f"pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error — exit "
+              f"{fr['exit_code']}\n")
+
+
+def _emit(fr: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        json.dump(fr, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        write_fleet_table(fr)
+    return fr["exit_code"]
+
+
+# ---------------------------------------------------------------- collection over SSH
+
+@dataclass
+class SshOptions:
+    """How :func:`collect` reaches the hosts. ``known_hosts``: a file (None: asyncssh's default,
+    ``~/.ssh/known_hosts``); host keys are always verified. Seconds throughout."""
+
+    known_hosts: str | None = None
+    identity: str | None = None
+    user: str | None = None
+    concurrency: int = 16
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    push: str | None = None  # local path of the zipapp to copy and run (None: run the installed afddiag)
+
+
+class Progress:
+    """Live per-host progress on stderr: one line per state change, elapsed seconds first."""
+
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
+        self.stream = stream or sys.stderr
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+
+    def __call__(self, host: str, state: str) -> None:
+        """Write ``[  12.3s] host: state`` (nothing with ``quiet``)."""
+        if not self.quiet:
+            self.stream.write(f"[{time.monotonic() - self.t0:6.1f}s] {host}: {state}\n")
+            self.stream.flush()
+
+
+def _ssh_error(e: BaseException) -> str:
+    import asyncssh
+
+    if isinstance(e, asyncssh.HostKeyNotVerifiable):
+        return f"host key not verified ({e.reason}): add the host's key to known_hosts (--known-hosts FILE)"
+    if isinstance(e, asyncssh.PermissionDenied):
+        return f"permission denied ({e.reason}): install the client key on the host or give --identity"
+    if isinstance(e, asyncssh.DisconnectError):
+        return f"ssh disconnected: {e.reason}"
+    if isinstance(e, ConnectionRefusedError):
+        return "unreachable: connection refused (no sshd listening)"
+    if isinstance(e, OSError):
+        return f"unreachable: {e.strerror or e}"
+    return f"ssh failed: {type(e).__name__}: {e}"
+
+
+async def _collect_one(h: InvHost, inv: Inventory, opts: SshOptions, sem: asyncio.Semaphore,
+                       progress: Progress) -> HostResult:
+    import asyncssh
+
+    res = HostResult(name=h.name, role=h.role, target=h.ssh, fabric_ip=h.fabric_ip)
+    user, host, port = parse_target(h.ssh, opts.user or inv.settings.get("user"))
+    stage = ["waiting"]
+
+    async def work() -> None:
+        stage[0] = "connecting"
+        progress(h.name, f"connecting to {host}:{port}")
+        kw: dict[str, Any] = {"port": port, "connect_timeout": opts.connect_timeout_s}
+        if user:
+            kw["username"] = user
+        if opts.known_hosts:
+            kw["known_hosts"] = os.path.expanduser(opts.known_hosts)
+        if opts.identity:
+            kw["client_keys"] = [os.path.expanduser(opts.identity)]
+            kw["agent_path"] = None
+        async with asyncssh.connect(host, **kw) as conn:
+            args = remote_args(h, inv)
+            if opts.push:
+                stage[0] = "pushing"
+                progress(h.name, "copying the zipapp (SFTP)")
+                remote = await _push(conn, opts.push)
+                cmd = [h.python or inv.settings.get("python", "python3"), remote] + args
+            else:
+                cmd = shlex.split(h.afddiag or inv.settings.get("afddiag", "afddiag")) + args
+            stage[0] = "running afddiag"
+            progress(h.name, "running " + " ".join(shlex.quote(c) for c in cmd))
+            r = await conn.run(" ".join(shlex.quote(c) for c in cmd), check=False)
+            rep, why = parse_report(str(r.stdout or ""), f"exit {r.exit_status}")
+            if rep is None:
+                err = str(r.stderr or "").strip().splitlines()
+                res.error = why + (f"; stderr: {err[-1][:200]}" if err else "")
+            res.report = rep
+
+    async with sem:
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(work(), opts.timeout_s)
+        except asyncio.TimeoutError:
+            res.error = f"timed out after {opts.timeout_s:g} s while {stage[0]}"
+        except Exception as e:  # noqa: BLE001 - one host's failure is that host's ERROR row
+            res.error = _ssh_error(e)
+        res.elapsed_s = round(time.monotonic() - t0, 3)
+    if res.ok:
+        rep = res.report or {}
+        progress(h.name, f"done: exit {rep.get('exit_code')} ({res.elapsed_s:.1f} s)")
+    else:
+        progress(h.name, f"ERROR: {res.error}")
+    return res
+
+
+async def _push(conn: Any, local: str) -> str:
+    """Copy the zipapp to ``~/.cache/afddiag/`` on the host unless a file of the same size is there;
+    return its path relative to the login directory."""
+    name = Path(local).name
+    rdir = ".cache/afddiag"
+    remote = f"{rdir}/{name}"
+    async with conn.start_sftp_client() as sftp:
+        await sftp.makedirs(rdir, exist_ok=True)
+        try:
+            if (await sftp.stat(remote)).size == os.path.getsize(local):
+                return remote
+        except Exception:  # noqa: BLE001 - not there yet
+            pass
+        await sftp.put(local, remote + ".part")
+        await sftp.posix_rename(remote + ".part", remote) if hasattr(sftp, "posix_rename") else \
+            await sftp.rename(remote + ".part", remote)
+    return remote
+
+
+async def collect_async(inv: Inventory, opts: SshOptions, progress: Progress) -> list[HostResult]:
+    """Collect every host of ``inv`` in parallel (at most ``opts.concurrency`` at once, each bounded by
+    ``opts.timeout_s``); results in inventory order. Never raises for a host: its error is in its row."""
+    sem = asyncio.Semaphore(max(1, opts.concurrency))
+    return list(await asyncio.gather(*(_collect_one(h, inv, opts, sem, progress) for h in inv.hosts)))
+
+
+def collect(inv: Inventory, opts: SshOptions, progress: Progress | None = None) -> list[HostResult]:
+    """Synchronous :func:`collect_async`."""
+    return asyncio.run(collect_async(inv, opts, progress or Progress()))
+
+
+# ---------------------------------------------------------------- zipapp for --push
+
+VENDORED = ("click", "rich", "pynvml")
+
+
+def build_zipapp(dest: str) -> str:
+    """Write a self-contained zipapp of this afddiag to ``dest`` (a file path); return ``dest``.
+
+    Holds the ``afddiag`` package (with ``checks/gates.toml`` as ``afddiag.checks`` and the
+    playbooks as ``afddiag.playbooks``) and the pure-Python dependencies click, rich and pynvml
+    (vendored from this interpreter). Not vendored, because they are compiled: psutil (the target
+    needs ``python3-psutil``; without it the CPU probe and netdev addresses are not read, the gates
+    that need them SKIP) and pyverbs (``python3-pyverbs``, which must match the target's rdma-core;
+    without it fabric.qp-rtr SKIPs). Runs on any Python ≥ 3.10, any architecture (DGX OS: Ubuntu
+    24.04 aarch64, Python 3.12): ``python3 afddiag.pyz all --json``.
+    Raises OSError when ``dest`` cannot be written, ImportError when a vendored package is missing.
+    """
+    import importlib.util
+    import zipfile
+
+    import afddiag
+
+    pkg = Path(afddiag.__file__).resolve().parent
+    files: list[tuple[Path, str]] = []
+
+    def tree(src: Path, arc: str) -> None:
+        for p in sorted(src.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".so"):
+                files.append((p, f"{arc}/{p.relative_to(src).as_posix()}"))
+
+    tree(pkg, "afddiag")
+    from importlib import resources
+
+    for sub in ("checks", "playbooks"):
+        src = Path(str(resources.files(f"afddiag.{sub}")))
+        if src.resolve() != (pkg / sub).resolve():
+            tree(src, f"afddiag/{sub}")
+    for mod in VENDORED:
+        spec = importlib.util.find_spec(mod)
+        if spec is None:
+            raise ImportError(f"{mod} is not installed here: it is vendored into the zipapp")
+        if spec.submodule_search_locations:
+            tree(Path(list(spec.submodule_search_locations)[0]), mod)
+        else:
+            files.append((Path(spec.origin), Path(spec.origin).name))
+    main = "import sys\nfrom afddiag.cli import main\nmain()\n"
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("__main__.py", main)
+            for p, arc in files:
+                z.write(p, arc)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, dest)
+    return dest
+
+
+# ---------------------------------------------------------------- click commands
+
+@click.command()
+@click.option("--inventory", "inventory_path", required=True, type=click.Path(dir_okay=False),
+              help="The fleet's inventory (TOML: [fleet], [expect], [[host]]).")
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet report (with every host's report) on stdout.")
+@click.option("--known-hosts", type=click.Path(dir_okay=False),
+              help="known_hosts file to verify host keys against (default: the inventory's, else ~/.ssh/known_hosts).")
+@click.option("--identity", type=click.Path(dir_okay=False), help="Client private key (default: agent and ~/.ssh/id_*).")
+@click.option("--concurrency", type=click.IntRange(1, 1024), help="Hosts collected at once (default 16).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600),
+              help="Per-host time bound, seconds, connect to last byte (default 120).")
+@click.option("--connect-timeout", "connect_timeout_s", type=click.FloatRange(0.5, 600),
+              help="SSH connect bound, seconds (default 10).")
+@click.option("--push", is_flag=True, help="Copy a self-contained zipapp of this afddiag over SFTP and run it "
+              "(click, rich, pynvml vendored; the host needs python3 ≥ 3.10, and python3-psutil/python3-pyverbs "
+              "for the probes that use them).")
+@click.option("--quiet", is_flag=True, help="No per-host progress on stderr.")
+def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s, connect_timeout_s, push,
+          quiet) -> int:
+    """Run `afddiag all --json` on every host of the inventory over SSH, then the cross-host gates.
+
+    An unreachable, timed-out or failing host is an ERROR row for that host; the others go on.
+    Exit codes: 2 any FAIL, 3 any ERROR (a host without a report), 1 any WARN, 0 clean.
+    """
+    try:
+        inv = load_inventory(inventory_path)
+    except InventoryError as e:
+        raise click.UsageError(str(e))
+    try:
+        import asyncssh  # noqa: F401
+    except ImportError:
+        raise click.UsageError("afddiag fleet needs asyncssh on this machine (pip install 'asyncssh>=2.13'); "
+                               "or collect the reports another way and use `afddiag merge`")
+    s = inv.settings
+    opts = SshOptions(known_hosts=known_hosts or s.get("known_hosts"), identity=identity or s.get("identity"),
+                      user=s.get("user"), concurrency=concurrency or int(s.get("concurrency", 16)),
+                      timeout_s=timeout_s or float(s.get("timeout_s", 120)),
+                      connect_timeout_s=connect_timeout_s or float(s.get("connect_timeout_s", 10)))
+    if push:
+        import tempfile
+
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        try:
+            opts.push = build_zipapp(os.path.join(cache, "afddiag", f"afddiag-{__version__}.pyz"))
+        except (OSError, ImportError):
+            opts.push = build_zipapp(os.path.join(tempfile.mkdtemp(prefix="afddiag-"), f"afddiag-{__version__}.pyz"))
+    hosts = collect(inv, opts, Progress(quiet=quiet))
+    fr = judge(hosts, inv.expect, source=f"fleet {inventory_path}", keep_reports=as_json)
+    return _emit(fr, as_json)
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet report on stdout.")
+@click.option("--inventory", "inventory_path", type=click.Path(dir_okay=False),
+              help="Take [expect] and each host's role and fabric IP (matched by name) from this inventory.")
+@click.option("--expect-capacity", type=click.IntRange(1, 1 << 20), help="Fleet-wide capacity flag.")
+@click.option("--expect-gid-index", type=click.IntRange(0, 1 << 16), help="The GID index a stack forces.")
+def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index) -> int:
+    """Run the cross-host gates over per-host `afddiag all --json` reports collected by anything
+    (Slurm srun, Ansible, pdsh, clush). A FILE holds one report, a JSON array of them, or JSON lines.
+
+    Exit codes as `afddiag fleet`.
+    """
+    hosts = load_reports(list(files))
+    expect: dict[str, Any] = {}
+    if inventory_path:
+        try:
+            inv = load_inventory(inventory_path)
+        except InventoryError as e:
+            raise click.UsageError(str(e))
+        expect.update(inv.expect)
+        by_name = {h.name: h for h in inv.hosts}
+        for h in hosts:
+            ih = by_name.get(h.name)
+            if ih:
+                h.role, h.fabric_ip = ih.role, ih.fabric_ip
+    if expect_capacity is not None:
+        expect["capacity"] = expect_capacity
+    if expect_gid_index is not None:
+        expect["gid_index"] = expect_gid_index
+    fr = judge(hosts, expect, source=f"merge of {len(files)} file(s)")
+    return _emit(fr, as_json)
+
+
+__all__ = ["HostResult", "Inventory", "InventoryError", "SshOptions", "Verdict", "build_zipapp", "collect",
+           "fleet", "judge", "load_inventory", "load_reports", "merge", "parse_report", "write_fleet_table"]

@@ -1,0 +1,528 @@
+"""Fleet gates: judge several hosts' reports together (what one host's view cannot see).
+
+Pure functions over per-host JSON reports (``afddiag all --json``, schema 1), however they were
+collected (``afddiag fleet`` over SSH, or ``afddiag merge`` over files from Slurm, Ansible, pdsh,
+clush). They never touch a host. Each gate returns one :class:`~afddiag.verdict.Verdict` for the
+fleet; the summary names the host(s) first.
+
+Where each fact comes from, in a per-host report:
+
+- role: ``inputs.role`` (the playbook's name; the inventory's role wins when given);
+- fabric IP: ``inputs.fabric_ip`` (the inventory's when the report has none); its prefix length
+  from ``facts.fabric.netdevs[*].ipv4`` ("a.b.c.d/len");
+- capacity flag: the ``launch.capacity`` gate's facts ``{key, value}`` (``inputs.launch_env`` names
+  the file it was read from);
+- RoCE MTU: the ``fabric.mtu`` gate's facts ``roce_mtu`` (bytes);
+- GID index: the ``fabric.rocev2-ipv4`` gate's facts ``entry.gid_index``; a forced index from
+  ``NCCL_IB_GID_INDEX`` in ``inputs.env``;
+- device map: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` in ``inputs.env``, the ``fabric.devicemap-env``
+  verdict, and the host's own ``device_map``;
+- GPU: the ``gpu.slow-state`` verdict and ``facts.gpu.devices[*].under_load`` figures;
+- versions: ``facts.fabric.devices[*].fw_ver``, ``facts.gpu.driver_version``, ``facts.versions``
+  (kernel, BIOS, rdma-core; older reports: ``facts.gpu.versions``) and ``afddiag_version``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from afddiag.catalog import remedy
+from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, parse_device_map
+from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
+
+COORDINATOR = "coordinator"
+CAPACITY_KEYS = ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY")
+OUTLIER_FRACTION = 0.8  # a load figure below 80 % of the same-role median names the host
+LOAD_FIGURES = (("clock_sm_mhz", "MHz"), ("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"),
+                ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
+MAX_NAMED = 8  # hosts named in one summary before "and N more"
+
+
+@dataclass
+class HostResult:
+    """One host of the fleet: its per-host report, or why there is none.
+
+    ``report`` is the parsed ``afddiag all --json`` object (None when collection failed; then
+    ``error`` says why: unreachable, timed out, not JSON, ...). ``role``/``fabric_ip`` are the
+    inventory's (None from ``merge``); ``target`` the SSH target or the report's file.
+    """
+
+    name: str
+    role: str | None = None
+    target: str | None = None
+    fabric_ip: str | None = None
+    report: dict[str, Any] | None = None
+    error: str | None = None
+    elapsed_s: float | None = None
+    _gates: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the host gave a report."""
+        return self.report is not None
+
+    def gate(self, gid: str) -> dict[str, Any]:
+        """The report's gate ``gid`` as a dict ({} when absent)."""
+        if self._gates is None:
+            self._gates = {g.get("id"): g for g in (self.report or {}).get("gates") or [] if isinstance(g, dict)}
+        return self._gates.get(gid) or {}
+
+    def gate_facts(self, gid: str) -> dict[str, Any]:
+        """The facts dict of the report's gate ``gid`` ({} when absent or not a dict)."""
+        f = self.gate(gid).get("facts")
+        return f if isinstance(f, dict) else {}
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """The report's ``inputs`` (fabric IP, role, env, launch_env path); {} without a report."""
+        i = (self.report or {}).get("inputs")
+        return i if isinstance(i, dict) else {}
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """The report's ``facts`` (fabric, qp, gpu, cpu, route, versions); {} without a report."""
+        f = (self.report or {}).get("facts")
+        return f if isinstance(f, dict) else {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The launch environment the host judged (``inputs.env``: the launch env file's device
+        selection variables when --launch-env was given, else the process's)."""
+        e = self.inputs.get("env")
+        return e if isinstance(e, dict) else {}
+
+    @property
+    def host_role(self) -> str:
+        """The inventory's role, else the report's ``inputs.role``, else "generic"."""
+        return self.role or self.inputs.get("role") or "generic"
+
+    @property
+    def fip(self) -> str | None:
+        """The fabric IP the report judged (``inputs.fabric_ip``), else the inventory's."""
+        return self.inputs.get("fabric_ip") or self.fabric_ip
+
+
+Fleet = list[HostResult]
+FleetGate = Callable[[Fleet, dict[str, Any]], Verdict]
+
+
+def _names(hosts: list[str]) -> str:
+    hosts = list(hosts)
+    if len(hosts) <= MAX_NAMED:
+        return ", ".join(hosts)
+    return ", ".join(hosts[:MAX_NAMED]) + f" and {len(hosts) - MAX_NAMED} more"
+
+
+def _not_judged(fleet: Fleet) -> list[str]:
+    return [f"{h.name} ({h.error})" for h in fleet if not h.ok]
+
+
+def _tail(fleet: Fleet) -> str:
+    bad = [h.name for h in fleet if not h.ok]
+    return f" ({len(bad)} host(s) without a report not judged: {_names(bad)})" if bad else ""
+
+
+def _minority(values: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The most common value and the hosts holding any other value (host order kept). A tie goes
+    to the largest value (the larger MTU, the newer-sorting version), so the result is stable."""
+    counts = Counter(values.values())
+    top = max(counts.values())
+    common = max((v for v, c in counts.items() if c == top), key=lambda v: (str(type(v)), v))
+    return common, [h for h, v in values.items() if v != common]
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v.strip())
+    return None
+
+
+# ---------------------------------------------------------------- fleet.capacity
+
+def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """The coordinator's batch flag (AFD_PREFILL_CAPACITY) equals every rank's capacity flag
+    (AFD_EXPERT_CAPACITY) and the inventory's ``capacity`` when given. Facts: ``launch.capacity``
+    gate facts ``{key, value, set}`` of each report; ``inputs.launch_env`` names the file."""
+    gid = "fleet.capacity"
+    flags: dict[str, tuple[str, int, bool, str]] = {}
+    unknown: list[str] = []
+    for h in fleet:
+        if not h.ok:
+            continue
+        f = h.gate_facts("launch.capacity")
+        val = _int(f.get("value"))
+        if f.get("key") in CAPACITY_KEYS and val is not None:
+            flags[h.name] = (f["key"], val, bool(f.get("set")), h.inputs.get("launch_env") or "?")
+        else:
+            unknown.append(h.name)
+    facts = {"flags": {n: {"key": k, "value": v, "set": s, "launch_env": p} for n, (k, v, s, p) in flags.items()},
+             "unknown": unknown, "expected": expect.get("capacity"), "not_judged": _not_judged(fleet)}
+    if not flags:
+        return Verdict(gid, SKIP, "no host reported a capacity flag (launch.capacity needs --launch-env and a role)"
+                       + _tail(fleet), remedy("fleet.no-launch-env"), facts)
+    want = _int(expect.get("capacity"))
+    coords = {n: v for n, (k, v, _, _) in flags.items() if k == "AFD_PREFILL_CAPACITY"}
+    if want is not None:
+        ref, ref_src = want, f"the inventory's capacity {want}"
+    elif coords:
+        ref, c_off = _minority(coords)
+        ref_src = f"coordinator {next(n for n, v in coords.items() if v == ref)}'s AFD_PREFILL_CAPACITY={ref}"
+    else:
+        ref, _ = _minority({n: v for n, (_, v, _, _) in flags.items()})
+        ref_src = f"the most common flag {ref} (no coordinator report)"
+    off = [n for n, (_, v, _, _) in flags.items() if v != ref]
+    if off:
+        parts = [f"{n} {flags[n][0]}={flags[n][1]}" + ("" if flags[n][2] else " (engine default)")
+                 + f" in {flags[n][3]}" for n in off]
+        return Verdict(gid, FAIL, f"{_names(parts)}: differ from {ref_src}: the coordinator's batch flag and every "
+                       "rank's capacity flag must be equal" + _tail(fleet), remedy(gid), facts)
+    if unknown:
+        return Verdict(gid, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role unknown); "
+                       f"the {len(flags)} other host(s) agree on {ref}" + _tail(fleet),
+                       remedy("fleet.no-launch-env"), facts)
+    return Verdict(gid, PASS, f"{len(flags)} host(s) agree: capacity {ref} ({ref_src})" + _tail(fleet),
+                   "nothing to do", facts)
+
+
+# ---------------------------------------------------------------- fleet.fabric-ip
+
+def _prefix(h: HostResult, ip: str) -> int | None:
+    """The prefix length of ``ip`` on the netdev holding it (facts.fabric.netdevs), None if unseen."""
+    nds = ((h.facts.get("fabric") or {}).get("netdevs") or {})
+    for nd in nds.values() if isinstance(nds, dict) else []:
+        for a in (nd or {}).get("ipv4") or []:
+            addr, _, plen = str(a).partition("/")
+            if addr == ip and plen.isdigit():
+                return int(plen)
+    return None
+
+
+def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """Every host has a fabric IP, no two share one, and all are on one subnet (the prefix length
+    read from the netdev that holds each address; a host whose prefix is unseen is judged with the
+    others' prefix). The inventory's fabric IP must equal the report's when both are given."""
+    gid = "fleet.fabric-ip"
+    ips: dict[str, str] = {}
+    fails: list[str] = []
+    missing: list[str] = []
+    for h in fleet:
+        if not h.ok:
+            continue
+        rep_ip = h.inputs.get("fabric_ip")
+        if h.fabric_ip and rep_ip and rep_ip != h.fabric_ip:
+            fails.append(f"{h.name}: inventory says {h.fabric_ip} but the host judged {rep_ip}")
+        ip = h.fip
+        if not ip:
+            src = h.inputs.get("fabric_ip_source") or "none"
+            missing.append(f"{h.name} ({src})")
+            continue
+        ips[h.name] = ip
+    facts: dict[str, Any] = {"fabric_ips": ips, "missing": missing, "not_judged": _not_judged(fleet)}
+    if not ips and not missing:
+        return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
+    by_ip: dict[str, list[str]] = defaultdict(list)
+    for n, ip in ips.items():
+        by_ip[ip].append(n)
+    for ip, ns in by_ip.items():
+        if len(ns) > 1:
+            fails.append(f"{_names(ns)} share fabric IP {ip}")
+    prefixes = {n: _prefix(h, ips[n]) for h in fleet for n in [h.name] if n in ips}
+    known = [p for p in prefixes.values() if p is not None]
+    default_plen = Counter(known).most_common(1)[0][0] if known else 24
+    nets: dict[str, str] = {}
+    for n, ip in ips.items():
+        plen = prefixes.get(n) if prefixes.get(n) is not None else default_plen
+        nets[n] = str(ipaddress.IPv4Network(f"{ip}/{plen}", strict=False))
+    facts.update({"subnets": nets, "prefix_assumed_for": [n for n, p in prefixes.items() if p is None]})
+    if len(set(nets.values())) > 1:
+        common, off = _minority(nets)
+        fails.append(f"{_names([f'{n} {ips[n]} ({nets[n]})' for n in off])}: not on the fleet's subnet {common}")
+    if missing:
+        fails.append(f"{_names(missing)}: no fabric IP (give fabric_ip in the inventory or AFD_FABRIC_IP)")
+    if fails:
+        return Verdict(gid, FAIL, "; ".join(fails) + _tail(fleet), remedy(gid), facts)
+    return Verdict(gid, PASS, f"{len(ips)} unique fabric IPs, all on {next(iter(nets.values()))}" + _tail(fleet),
+                   "nothing to do", facts)
+
+
+# ---------------------------------------------------------------- fleet.mtu
+
+def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """Every host's RoCE path MTU (``fabric.mtu`` facts ``roce_mtu``, bytes) is the same (and equals
+    the inventory's ``mtu`` when given): a 1024 side against a 4096 side fails with retry-exceeded."""
+    gid = "fleet.mtu"
+    mtus: dict[str, int] = {}
+    netdev: dict[str, str] = {}
+    unknown: list[str] = []
+    for h in fleet:
+        if not h.ok:
+            continue
+        f = h.gate_facts("fabric.mtu")
+        m = _int(f.get("roce_mtu"))
+        if m is None:
+            unknown.append(h.name)
+            continue
+        mtus[h.name] = m
+        netdev[h.name] = f"{f.get('netdev')} MTU {f.get('netdev_mtu')}"
+    facts = {"roce_mtu": mtus, "netdev": netdev, "unknown": unknown, "not_judged": _not_judged(fleet)}
+    if not mtus:
+        return Verdict(gid, SKIP, "no host reported a RoCE MTU (fabric.mtu did not judge: fabric IP unknown or "
+                       "fabric not captured)" + _tail(fleet), remedy("fleet.unreachable"), facts)
+    want = _int(expect.get("mtu"))
+    ref = want if want is not None else _minority(mtus)[0]
+    off = [n for n, m in mtus.items() if m != ref]
+    if off:
+        parts = [f"{n} RoCE MTU {mtus[n]} ({netdev[n]})" for n in off]
+        src = "the inventory's" if want is not None else "the fleet's"
+        return Verdict(gid, FAIL, f"{_names(parts)}: differs from {src} {ref}" + _tail(fleet), remedy(gid), facts)
+    if unknown:
+        return Verdict(gid, WARN, f"{_names(unknown)}: RoCE MTU not reported; {len(mtus)} host(s) at {ref}"
+                       + _tail(fleet), remedy("fleet.unreachable"), facts)
+    return Verdict(gid, PASS, f"{len(mtus)} host(s) at RoCE MTU {ref}" + _tail(fleet), "nothing to do", facts)
+
+
+# ---------------------------------------------------------------- fleet.gid-index
+
+def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """The fabric IP's RoCE v2 GID index per host (``fabric.rocev2-ipv4`` facts ``entry.gid_index``).
+    Different indexes are fine for stacks that pick the GID per host; WARN when a stack forces one
+    index: ``NCCL_IB_GID_INDEX`` in any host's env, or the inventory's ``gid_index``."""
+    gid = "fleet.gid-index"
+    idx: dict[str, int] = {}
+    unknown: list[str] = []
+    forced: dict[str, str] = {}
+    for h in fleet:
+        if not h.ok:
+            continue
+        if NCCL_GID_VAR in h.env:
+            forced[h.name] = h.env[NCCL_GID_VAR]
+        e = h.gate_facts("fabric.rocev2-ipv4").get("entry")
+        i = _int(e.get("gid_index")) if isinstance(e, dict) else None
+        if i is None:
+            unknown.append(h.name)
+        else:
+            idx[h.name] = i
+    want = _int(expect.get("gid_index"))
+    facts = {"gid_index": idx, "unknown": unknown, "forced_by_env": forced, "expected": want,
+             "not_judged": _not_judged(fleet)}
+    if not idx:
+        return Verdict(gid, SKIP, "no host reported its fabric GID index (fabric.rocev2-ipv4 found no entry)"
+                       + _tail(fleet), remedy("fleet.unreachable"), facts)
+    force_txt = (f"the inventory forces gid_index {want}" if want is not None else
+                 f"{NCCL_GID_VAR} is set on {_names([f'{n}={v}' for n, v in forced.items()])}" if forced else "")
+    if want is not None:
+        ref = want
+    elif forced:
+        vals = [_int(v) for v in forced.values() if _int(v) is not None]
+        ref = Counter(vals).most_common(1)[0][0] if vals else _minority(idx)[0]
+    else:
+        ref = _minority(idx)[0]
+    off = [n for n, i in idx.items() if i != ref]
+    if off and force_txt:
+        parts = [f"{n} GID index {idx[n]}" for n in off]
+        return Verdict(gid, WARN, f"{_names(parts)}: the fabric GID index differs from {ref} while {force_txt}: one "
+                       "forced index reaches the wrong GID there" + _tail(fleet), remedy(gid), facts)
+    if off:
+        return Verdict(gid, PASS, f"GID indexes differ ({_names([f'{n}={i}' for n, i in idx.items()])}) but nothing "
+                       "forces one index (each host picks its own)" + _tail(fleet), "nothing to do", facts)
+    return Verdict(gid, PASS, f"{len(idx)} host(s) at GID index {ref}" + (f"; {force_txt}" if force_txt else "")
+                   + _tail(fleet), "nothing to do", facts)
+
+
+# ---------------------------------------------------------------- fleet.devicemap
+
+def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP is set on every rank and the coordinator
+    (``inputs.env``), each host's ``fabric.devicemap-env`` does not FAIL, and a fleet-wide map's
+    entries for another host's fabric IP name the device that host's own ``device_map`` gives."""
+    gid = "fleet.devicemap"
+    unset: list[str] = []
+    bad_local: list[str] = []
+    wrong_remote: list[str] = []
+    by_ip = {h.fip: h for h in fleet if h.ok and h.fip}
+    maps: dict[str, str] = {}
+    for h in fleet:
+        if not h.ok:
+            continue
+        val = h.env.get(MAP_VAR)
+        if val is None:
+            unset.append(h.name)
+            continue
+        maps[h.name] = val
+        if h.gate("fabric.devicemap-env").get("verdict") == FAIL:
+            bad_local.append(f"{h.name} ({h.gate('fabric.devicemap-env').get('summary', '')[:160]})")
+        entries, _ = parse_device_map(val)
+        for ip, dev in entries.items():
+            other = by_ip.get(ip)
+            if other is None or other is h:
+                continue
+            theirs = (other.report or {}).get("device_map") or {}
+            if ip in theirs and theirs[ip] != dev:
+                wrong_remote.append(f"{h.name}'s map sends {other.name}'s {ip} to {dev}, but {other.name} carries it "
+                                    f"on {theirs[ip]}")
+    facts = {"maps": maps, "unset": unset, "local_fail": bad_local, "cross_host": wrong_remote,
+             "not_judged": _not_judged(fleet)}
+    judged = [h for h in fleet if h.ok]
+    if not judged:
+        return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
+    problems = []
+    if unset:
+        problems.append(f"{_names(unset)}: {MAP_VAR} not set (the engine opens the first enumerated device)")
+    if bad_local:
+        problems.append(f"{_names(bad_local)}: fabric.devicemap-env FAIL")
+    problems += wrong_remote
+    if problems:
+        return Verdict(gid, FAIL, "; ".join(problems) + _tail(fleet), remedy(gid), facts)
+    return Verdict(gid, PASS, f"{MAP_VAR} set on all {len(judged)} host(s) and consistent" + _tail(fleet),
+                   "nothing to do", facts)
+
+
+# ---------------------------------------------------------------- fleet.gpu
+
+def _load_figures(h: HostResult) -> dict[str, float]:
+    """The slowest under-load figure of each kind across the host's GPUs (facts.gpu.devices)."""
+    out: dict[str, float] = {}
+    for d in ((h.facts.get("gpu") or {}).get("devices") or []):
+        ul = (d or {}).get("under_load") if isinstance(d, dict) else None
+        if not isinstance(ul, dict):
+            continue
+        for k, _ in LOAD_FIGURES:
+            v = ul.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = min(out.get(k, v), v)
+    return out
+
+
+def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """One slow GPU slows every rank in lockstep: name the host whose ``gpu.slow-state`` is
+    FAIL/WARN, or whose under-load figure (SM clock, TFLOP/s, GB/s) is below 80 % of its role's
+    median (hosts of one role only; needs three hosts of the role with that figure)."""
+    gid = "fleet.gpu"
+    slow: list[str] = []
+    warn: list[str] = []
+    figs: dict[str, dict[str, float]] = {}
+    for h in fleet:
+        if not h.ok:
+            continue
+        g = h.gate("gpu.slow-state")
+        if g.get("verdict") == FAIL:
+            slow.append(f"{h.name} ({str(g.get('summary', ''))[:160]})")
+        elif g.get("verdict") == WARN:
+            warn.append(f"{h.name} ({str(g.get('summary', ''))[:160]})")
+        f = _load_figures(h)
+        if f:
+            figs[h.name] = f
+    roles = {h.name: h.host_role for h in fleet if h.ok}
+    outliers: list[str] = []
+    medians: dict[str, dict[str, float]] = {}
+    for role in sorted(set(roles.values())):
+        members = [n for n in figs if roles[n] == role]
+        for k, unit in LOAD_FIGURES:
+            vals = {n: figs[n][k] for n in members if k in figs[n]}
+            if len(vals) < 3:
+                continue
+            med = statistics.median(vals.values())
+            medians.setdefault(role, {})[k] = med
+            for n, v in vals.items():
+                if med > 0 and v < OUTLIER_FRACTION * med:
+                    outliers.append(f"{n} {k} {v:g} {unit} is {v / med:.0%} of the {role} median {med:g}")
+    facts = {"slow_state_fail": slow, "slow_state_warn": warn, "outliers": outliers, "medians": medians,
+             "figures": figs, "not_judged": _not_judged(fleet)}
+    if slow or outliers:
+        parts = slow + outliers
+        return Verdict(gid, FAIL, f"{_names(parts)}: one slow GPU slows every rank in lockstep" + _tail(fleet),
+                       remedy(gid), facts)
+    if warn:
+        return Verdict(gid, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet), remedy(gid), facts)
+    judged = [h.name for h in fleet if h.ok and h.gate("gpu.slow-state").get("verdict") == PASS]
+    if not judged and not figs:
+        return Verdict(gid, SKIP, "no host reported GPU load figures (run with --load, or the expert role)"
+                       + _tail(fleet), "run `afddiag all --load` on every rank", facts)
+    return Verdict(gid, PASS, f"{len(judged or figs)} host(s) with GPU load figures, none slow or an outlier"
+                   + _tail(fleet), "nothing to do", facts)
+
+
+# ---------------------------------------------------------------- fleet.versions
+
+def host_versions(h: HostResult) -> dict[str, str]:
+    """What a report says about versions: ``afddiag``, ``driver`` (NVIDIA), ``kernel``, ``bios``,
+    ``rdma_core`` and ``firmware`` (per HCA type: ``"MT4129 28.45.4028"``; several joined by ",")."""
+    f = h.facts
+    out: dict[str, str] = {}
+    if (h.report or {}).get("afddiag_version"):
+        out["afddiag"] = str(h.report["afddiag_version"])
+    g = f.get("gpu") if isinstance(f.get("gpu"), dict) else {}
+    if g.get("driver_version"):
+        out["driver"] = str(g["driver_version"])
+    v = {**(g.get("versions") if isinstance(g.get("versions"), dict) else {}),
+         **(f.get("versions") if isinstance(f.get("versions"), dict) else {})}
+    for k in ("kernel", "bios", "rdma_core"):
+        if v.get(k):
+            out[k] = str(v[k])
+    fws = sorted({f"{d.get('hca_type') or '?'} {d.get('fw_ver')}" for d in ((f.get("fabric") or {}).get("devices") or [])
+                  if isinstance(d, dict) and d.get("fw_ver")})
+    if fws:
+        out["firmware"] = ", ".join(fws)
+    return out
+
+
+def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """Firmware, NVIDIA driver, kernel, BIOS, rdma-core and afddiag versions that differ between hosts
+    of one role (:func:`host_versions`); the odd host(s) are named against the role's most common value."""
+    gid = "fleet.versions"
+    per = {h.name: host_versions(h) for h in fleet if h.ok}
+    roles = {h.name: h.host_role for h in fleet if h.ok}
+    drift: list[str] = []
+    detail: dict[str, dict[str, dict[str, str]]] = {}
+    for role in sorted(set(roles.values())):
+        members = [n for n in per if roles[n] == role]
+        if len(members) < 2:
+            continue
+        for key in ("firmware", "driver", "kernel", "bios", "rdma_core", "afddiag"):
+            vals = {n: per[n][key] for n in members if key in per[n]}
+            if len(set(vals.values())) > 1:
+                common, off = _minority(vals)
+                detail.setdefault(role, {})[key] = vals
+                drift.append(f"{_names([f'{n} {key} {vals[n]}' for n in off])} (other {role} hosts: {common})")
+    facts = {"versions": per, "drift": detail, "not_judged": _not_judged(fleet)}
+    if not per:
+        return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
+    if drift:
+        return Verdict(gid, WARN, "; ".join(drift) + _tail(fleet), remedy(gid), facts)
+    keys = sorted({k for v in per.values() for k in v})
+    return Verdict(gid, PASS, f"{len(per)} host(s): same {', '.join(keys) or 'versions'} within each role"
+                   + _tail(fleet), "nothing to do", facts)
+
+
+GATES: list[tuple[str, FleetGate]] = [
+    ("fleet.capacity", capacity),
+    ("fleet.fabric-ip", fabric_ip),
+    ("fleet.mtu", mtu),
+    ("fleet.gid-index", gid_index),
+    ("fleet.devicemap", devicemap),
+    ("fleet.gpu", gpu),
+    ("fleet.versions", versions),
+]
+
+
+def run_fleet_gates(fleet: Fleet, expect: dict[str, Any] | None = None) -> list[Verdict]:
+    """Run every fleet gate over ``fleet``; a gate that raises gives ERROR, never a traceback.
+
+    ``expect``: the inventory's fleet-wide expectations (``capacity``, ``gid_index``, ``mtu``)."""
+    out: list[Verdict] = []
+    for gid, fn in GATES:
+        try:
+            out.append(fn(fleet, expect or {}))
+        except Exception as e:  # noqa: BLE001 - one broken gate must not hide the others
+            out.append(Verdict(gid, ERROR, f"{gid}: gate failed on these reports ({type(e).__name__}: {e})",
+                               "report this as an afddiag bug with the per-host reports attached"))
+    return out

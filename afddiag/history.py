@@ -1,0 +1,325 @@
+"""Local run history: every fabric/gpu/all/preflight report in an SQLite store, and ``afddiag history``.
+
+The store is ``<state dir>/history.sqlite3`` (:func:`afddiag.baseline.state_dir`:
+``$AFDDIAG_STATE_DIR``, else ``$XDG_STATE_HOME/afddiag``, else ``~/.local/state/afddiag``;
+``$AFDDIAG_HISTORY`` names the file itself). It runs in WAL mode with ``synchronous=NORMAL``: a
+writer killed mid-transaction leaves the earlier runs intact (its own run is rolled back), and
+concurrent runs wait for each other (``busy_timeout``, ``BEGIN IMMEDIATE``) instead of failing.
+It is bounded: after each append the oldest runs are pruned past :data:`MAX_RUNS` runs or
+:data:`MAX_BYTES` bytes of report text (``$AFDDIAG_HISTORY_MAX_RUNS``, ``$AFDDIAG_HISTORY_MAX_MB``).
+
+A run whose history cannot be written still reports; the first failure in a process says so on
+stderr, once. Every run is recorded with its host and source (``live`` or ``snapshot <path>``), so a
+replayed bundle shows under the host it came from.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+SCHEMA_VERSION = 1
+MAX_RUNS = 5000
+MAX_BYTES = 64 << 20
+BUSY_TIMEOUT_S = 10.0
+FIGURES = ("clock_sm_mhz", "power_mw", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
+_warned = False
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,              -- Unix time the run was recorded
+    generated_at TEXT,             -- the report's generated_at (ISO 8601, UTC)
+    host TEXT NOT NULL,
+    command TEXT NOT NULL,         -- fabric, gpu, all, preflight
+    role TEXT,
+    source TEXT,                   -- live, or snapshot <path>
+    exit_code INTEGER,
+    report TEXT NOT NULL           -- the JSON report (afddiag/schema/report.schema.json)
+);
+CREATE TABLE IF NOT EXISTS verdicts (
+    run_id INTEGER NOT NULL,
+    gate TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    PRIMARY KEY (run_id, gate)
+);
+CREATE INDEX IF NOT EXISTS runs_host ON runs (host, id);
+"""
+
+
+def default_path() -> Path:
+    """The store: ``$AFDDIAG_HISTORY``, else ``<state dir>/history.sqlite3``."""
+    from afddiag.baseline import state_dir
+
+    return Path(os.environ["AFDDIAG_HISTORY"]) if os.environ.get("AFDDIAG_HISTORY") else state_dir() / "history.sqlite3"
+
+
+def _limit(env: str, default: int, scale: int = 1) -> int:
+    try:
+        v = float(os.environ.get(env, ""))
+        return max(1, int(v * scale))
+    except ValueError:
+        return default
+
+
+def connect(path: str | os.PathLike | None = None, create: bool = True) -> sqlite3.Connection:
+    """Open the store (made with its folder when ``create``), in WAL mode with a busy timeout, in
+    autocommit mode (callers ``BEGIN IMMEDIATE`` themselves). Raises sqlite3.Error or OSError."""
+    p = Path(path) if path else default_path()
+    if create:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    elif not p.exists():
+        raise FileNotFoundError(f"no history yet ({p})")
+    con = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    try:
+        con.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if create:
+            deadline = time.monotonic() + BUSY_TIMEOUT_S
+            while True:  # switching to WAL needs a moment alone with the file
+                try:
+                    con.execute("PRAGMA journal_mode = WAL")
+                    break
+                except sqlite3.OperationalError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            con.execute("PRAGMA synchronous = NORMAL")
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        con.execute(stmt)
+                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def insert_run(con: sqlite3.Connection, report: dict[str, Any], command: str) -> int:
+    """Insert one run (the report and its per-gate verdicts) in the caller's transaction → run id."""
+    cur = con.execute(
+        "INSERT INTO runs (ts, generated_at, host, command, role, source, exit_code, report) VALUES (?,?,?,?,?,?,?,?)",
+        (time.time(), report.get("generated_at"), str(report.get("host") or ""), command,
+         (report.get("inputs") or {}).get("role"), report.get("source"), report.get("exit_code"),
+         json.dumps(report, separators=(",", ":"), default=str)))
+    rid = int(cur.lastrowid)
+    con.executemany("INSERT OR REPLACE INTO verdicts (run_id, gate, verdict) VALUES (?,?,?)",
+                    [(rid, g["id"], g["verdict"]) for g in report.get("gates") or []])
+    return rid
+
+
+def prune(con: sqlite3.Connection, max_runs: int | None = None, max_bytes: int | None = None) -> int:
+    """Delete the oldest runs past ``max_runs`` runs or ``max_bytes`` bytes of report text (in the
+    caller's transaction) → how many were deleted. The newest run is always kept."""
+    max_runs = max_runs or _limit("AFDDIAG_HISTORY_MAX_RUNS", MAX_RUNS)
+    max_bytes = max_bytes or _limit("AFDDIAG_HISTORY_MAX_MB", MAX_BYTES, 1 << 20)
+    rows = con.execute("SELECT id, length(report) FROM runs ORDER BY id DESC").fetchall()
+    keep, total = 0, 0
+    for _, size in rows:
+        if keep >= max_runs or (keep >= 1 and total + size > max_bytes):
+            break
+        keep += 1
+        total += size
+    if keep >= len(rows):
+        return 0
+    cutoff = rows[keep - 1][0]
+    con.execute("DELETE FROM verdicts WHERE run_id < ?", (cutoff,))
+    con.execute("DELETE FROM runs WHERE id < ?", (cutoff,))
+    return len(rows) - keep
+
+
+def append(report: dict[str, Any], command: str, path: str | os.PathLike | None = None) -> int:
+    """Append one run to the store and prune it, in one transaction → the run id.
+    Raises sqlite3.Error or OSError when the store cannot be written."""
+    con = connect(path)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            rid = insert_run(con, report, command)
+            prune(con)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        return rid
+    finally:
+        con.close()
+
+
+def record_run(report: dict[str, Any], command: str, enabled: bool = True) -> int | None:
+    """:func:`append`, never raising: the run id, or None when disabled or the store could not be
+    written (said on stderr the first time in this process)."""
+    global _warned
+    if not enabled:
+        return None
+    try:
+        return append(report, command)
+    except (sqlite3.Error, OSError) as e:
+        if not _warned:
+            _warned = True
+            print(f"afddiag: history not written ({default_path()}: {e}); the report is unaffected "
+                  "(--no-history skips it)", file=sys.stderr)
+        return None
+
+
+def _figures(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Load-probe figures per GPU in a report's facts: ``{uuid or index: {name, clock_sm_mhz, ...}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    gpu = ((report.get("facts") or {}).get("gpu")) or {}
+    for d in gpu.get("devices") or []:
+        ul = d.get("under_load") if isinstance(d, dict) else None
+        if not isinstance(ul, dict):
+            continue
+        figs = {k: ul.get(k) for k in FIGURES if isinstance(ul.get(k), (int, float))}
+        if figs:
+            out[str(d.get("uuid") or d.get("index"))] = {"name": d.get("name"), **figs}
+    return out
+
+
+def summarize(path: str | os.PathLike | None = None, gate: str | None = None,
+              host: str | None = None) -> dict[str, Any]:
+    """Read the store → ``{"path", "hosts": {host: {"runs", "first", "last", "gates": {gate: [segment]},
+    "drift": {...}}}}``. A segment is a stretch of runs with one verdict: ``{"verdict", "since"
+    (generated_at of its first run), "first_run", "last_run", "runs"}`` — a new segment is when the
+    verdict changed. ``drift`` compares the latest run with load figures to the last earlier run whose
+    ``gpu.slow-state`` was PASS: per GPU, ``{figure: {"now", "pass", "change_pct"}}``. ``gate`` filters
+    gate ids (exact or a glob such as ``fabric.*``). Raises FileNotFoundError when there is no store,
+    sqlite3.Error when it cannot be read."""
+    con = connect(path, create=False)
+    try:
+        q = "SELECT id, generated_at, host, command, source, exit_code FROM runs"
+        args: tuple = ()
+        if host:
+            q += " WHERE host = ?"
+            args = (host,)
+        runs = con.execute(q + " ORDER BY id", args).fetchall()
+        verdicts: dict[int, dict[str, str]] = {}
+        for rid, g, v in con.execute("SELECT run_id, gate, verdict FROM verdicts ORDER BY run_id"):
+            verdicts.setdefault(rid, {})[g] = v
+        hosts: dict[str, Any] = {}
+        for rid, gen, h, cmd, src, code in runs:
+            hs = hosts.setdefault(h, {"runs": 0, "first": gen, "last": gen, "gates": {}, "drift": None})
+            hs["runs"] += 1
+            hs["last"] = gen
+            for g, v in sorted(verdicts.get(rid, {}).items()):
+                if gate and not (g == gate or fnmatch.fnmatchcase(g, gate)):
+                    continue
+                segs = hs["gates"].setdefault(g, [])
+                if segs and segs[-1]["verdict"] == v:
+                    segs[-1]["last_run"] = rid
+                    segs[-1]["runs"] += 1
+                else:
+                    segs.append({"verdict": v, "since": gen, "first_run": rid, "last_run": rid, "runs": 1})
+        for h, hs in hosts.items():
+            hs["drift"] = _drift(con, h)
+        return {"path": str(Path(path) if path else default_path()), "hosts": hosts}
+    finally:
+        con.close()
+
+
+def _drift(con: sqlite3.Connection, host: str) -> dict[str, Any] | None:
+    latest = None
+    for rid, gen, rep in con.execute(
+            "SELECT r.id, r.generated_at, r.report FROM runs r JOIN verdicts v ON v.run_id = r.id "
+            "WHERE r.host = ? AND v.gate = 'gpu.slow-state' ORDER BY r.id DESC", (host,)):
+        figs = _figures(json.loads(rep))
+        if figs:
+            latest = (rid, gen, figs)
+            break
+    if latest is None:
+        return None
+    ref = None
+    for rid, gen, rep in con.execute(
+            "SELECT r.id, r.generated_at, r.report FROM runs r JOIN verdicts v ON v.run_id = r.id "
+            "WHERE r.host = ? AND v.gate = 'gpu.slow-state' AND v.verdict = 'PASS' AND r.id < ? ORDER BY r.id DESC",
+            (host, latest[0])):
+        figs = _figures(json.loads(rep))
+        if figs:
+            ref = (rid, gen, figs)
+            break
+    out: dict[str, Any] = {"run": latest[0], "at": latest[1], "pass_run": ref[0] if ref else None,
+                           "pass_at": ref[1] if ref else None, "gpus": {}}
+    if ref is None:
+        return out
+    for key, now in latest[2].items():
+        then = ref[2].get(key)
+        if not then:
+            continue
+        rows = {}
+        for f in FIGURES:
+            a, b = now.get(f), then.get(f)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                rows[f] = {"now": a, "pass": b, "change_pct": round((a - b) / b * 100, 1) if b else None}
+        out["gpus"][key] = {"name": now.get("name"), "figures": rows}
+    return out
+
+
+def format_text(summary: dict[str, Any]) -> str:
+    """:func:`summarize`'s result as lines for people."""
+    lines = [f"history {summary['path']}"]
+    for h, hs in summary["hosts"].items():
+        lines.append(f"host {h}: {hs['runs']} run(s), {hs['first']} .. {hs['last']}")
+        width = max((len(g) for g in hs["gates"]), default=10)
+        for g, segs in hs["gates"].items():
+            first = segs[0]
+            lines.append(f"  {g:<{width}}  {first['verdict']:<5} since {first['since']} "
+                         f"(run {first['first_run']}, {first['runs']} run(s))")
+            for s in segs[1:]:
+                lines.append(f"  {'':<{width}}  {s['verdict']:<5} since {s['since']} "
+                             f"(run {s['first_run']}, {s['runs']} run(s))")
+        d = hs.get("drift")
+        if d:
+            if d["pass_run"] is None:
+                lines.append(f"  load figures of run {d['run']} ({d['at']}): no earlier gpu.slow-state PASS "
+                             "with figures to compare with")
+            else:
+                lines.append(f"  load-probe drift: run {d['run']} ({d['at']}) vs last PASS run {d['pass_run']} "
+                             f"({d['pass_at']})")
+                for key, gd in d["gpus"].items():
+                    figs = ", ".join(f"{f} {r['pass']:g} -> {r['now']:g}"
+                                     + (f" ({r['change_pct']:+.1f} %)" if r["change_pct"] is not None else "")
+                                     for f, r in gd["figures"].items())
+                    lines.append(f"    {gd.get('name') or 'GPU'} {key}: {figs}")
+    if not summary["hosts"]:
+        lines.append("no runs recorded")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--gate", help="Only this gate (an id, or a glob such as 'fabric.*').")
+@click.option("--host", help="Only runs of this host (a replayed bundle records under its own host).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--path", "path", type=click.Path(dir_okay=False), help="The store (default: state dir/history.sqlite3).")
+def history(gate, host, as_json, path) -> int:
+    """When each gate's verdict changed, and the load-probe drift vs the last gpu.slow-state PASS.
+
+    Reads the local store every fabric/gpu/all/preflight run appends to (unless --no-history).
+    Exit 1 when nothing is recorded yet.
+    """
+    try:
+        s = summarize(path, gate, host)
+    except FileNotFoundError as e:
+        click.echo(f"afddiag history: {e}", err=True)
+        return 1
+    except sqlite3.Error as e:
+        click.echo(f"afddiag history: {path or default_path()}: {e}", err=True)
+        return 1
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+    else:
+        click.echo(format_text(s))
+    return 0 if s["hosts"] else 1
+

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Pair test and route/ARP gates in the soft-RoCE lab (runs as root, in the VM that lab/boot.sh starts
+with ``AFDDIAG_LAB_SCRIPT=lab/scenario-pair.py``).
+
+Usage (inside the VM): ``python lab/scenario-pair.py OUTDIR``
+
+Topology (one Python process; each pair server is a fork of it):
+
+    host side                                      netns "peer"
+    pa 10.9.0.2/24 -- rxe rxa   <==veth==>   pb 10.9.0.1/24 -- rxe rxb
+    pc 10.9.0.3/24 -- rxe rxc   <==veth==>   pd (up, no address)
+
+Two rails (pa, pc) on one subnet: the fabric gates' multi-rail case.
+
+Scenarios:
+  route-wrong  ``ip route add 10.9.0.1/32 dev pc`` (the peer is routed by the other rail), ARP sysctls
+               at their defaults: ``afddiag fabric --json --fabric-ip 10.9.0.2 --peer 10.9.0.1 --no-qp``
+               → fabric.route FAIL (leaves by pc), fabric.arp FAIL (arp_ignore 0)
+  route-fixed  the /32 route deleted, arp_ignore=1 arp_announce=2 rp_filter=2 on pa and pc → both PASS
+  pair-netns   the forked server enters netns peer (setns) and runs ``afddiag fabric --serve --json
+               --fabric-ip 10.9.0.1``; this process runs ``afddiag fabric --pair 10.9.0.1:18515 --json
+               --fabric-ip 10.9.0.2``. Handshake and RTS work; no RoCE packet reaches rxb on Linux 6.1
+               (rxe's UDP socket and route lookups are in init_net only), so it times out (25 s).
+  pair-wire    pb moved into the initial namespace (rxb re-created on it), policy routing (local table
+               moved to pref 1000, ``iif lo to <other address>`` rules to tables routing by pa / pb,
+               accept_local=1, rp_filter=0) so rxa ↔ rxb traffic crosses the veth instead of lo; the
+               same pair test, SEND and WRITE 64 B … 64 KiB.
+  pair-loop    only when pair-wire fails: both ends on rxa (rxe loopback), to tell the code from the wire.
+
+Writes OUTDIR/results.json (exit codes, JSON outputs, captures of ``rdma -j resource`` after the
+runs and after cleanup) and OUTDIR/run.log. Exit 0 when every step ran (whatever the verdicts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+HOST_IP, PEER_IP, RAIL2_IP = "10.9.0.2", "10.9.0.1", "10.9.0.3"
+PORT = 18515
+CLONE_NEWNET = 0x40000000
+T0 = time.monotonic()
+LOG: list[str] = []
+
+
+def log(msg: str) -> None:
+    line = f"[{time.monotonic() - T0:7.2f}s] [{os.getpid()}] {msg}"
+    LOG.append(line)
+    print(line, file=sys.stderr, flush=True)
+
+
+def sh(args: list[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    t = time.monotonic()
+    p = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=120)
+    log(f"$ {' '.join(args)} -> rc {p.returncode} ({time.monotonic() - t:.2f}s)"
+        + (f"\n  stderr: {p.stderr.strip()}" if p.stderr.strip() else ""))
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed (rc {p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def sh_json(args: list[str]) -> object:
+    p = sh(args, check=False)
+    try:
+        return json.loads(p.stdout) if p.stdout.strip() else None
+    except ValueError:
+        return {"unparsed": p.stdout, "stderr": p.stderr, "rc": p.returncode}
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def build() -> None:
+    sh(["modprobe", "-a", "rdma_rxe", "rdma_ucm"])
+    sh(["ip", "netns", "add", "peer"])
+    sh(["ip", "-batch", "-"], stdin="\n".join([
+        "link set lo up",
+        "link add pa type veth peer name pb",
+        "link add pc type veth peer name pd",
+        "link set pb netns peer",
+        "link set pd netns peer",
+        f"addr add {HOST_IP}/24 dev pa",
+        "link set pa up",
+        f"addr add {RAIL2_IP}/24 dev pc",
+        "link set pc up",
+    ]) + "\n")
+    sh(["ip", "-n", "peer", "-batch", "-"], stdin="\n".join([
+        "link set lo up", f"addr add {PEER_IP}/24 dev pb", "link set pb up", "link set pd up"]) + "\n")
+    sh(["rdma", "link", "add", "rxa", "type", "rxe", "netdev", "pa"])
+    sh(["rdma", "link", "add", "rxc", "type", "rxe", "netdev", "pc"])
+    sh(["ip", "netns", "exec", "peer", "rdma", "link", "add", "rxb", "type", "rxe", "netdev", "pb"])
+
+
+def wait_ready(timeout_s: float = 60.0) -> dict:
+    """Until rxa, rxb, rxc are ACTIVE and carry the RoCE v2 GIDs of their addresses."""
+    want = {"rxa": HOST_IP, "rxb": PEER_IP, "rxc": RAIL2_IP}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = {}
+        for dev, ip in want.items():
+            base = f"/sys/class/infiniband/{dev}/ports/1"
+            v4 = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in ip.split("."))
+            gids = []
+            for i in range(16):
+                g = read(f"{base}/gids/{i}")
+                if g and g == v4 and read(f"{base}/gid_attrs/types/{i}") == "RoCE v2":
+                    gids.append(i)
+            seen[dev] = {"state": read(f"{base}/state"), "v4_rocev2_gid": gids}
+        ok = all(s["v4_rocev2_gid"] and "ACTIVE" in (s["state"] or "") for s in seen.values())
+        if ok or time.monotonic() > deadline:
+            seen["ready"] = ok
+            log(f"ready={ok}: {json.dumps(seen)}")
+            return seen
+        time.sleep(0.5)
+
+
+def run_cli(name: str, args: list[str]) -> dict:
+    """afddiag's CLI in this process: exit code, parsed JSON, timing."""
+    out, err = io.StringIO(), io.StringIO()
+    t = time.monotonic()
+    rc, exc = None, None
+    try:
+        import afddiag.cli as cli
+
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.run(list(args))
+    except Exception:
+        exc = traceback.format_exc()
+    text = out.getvalue()
+    try:
+        parsed = json.loads(text) if text.strip() else None
+    except ValueError:
+        parsed = None
+    log(f"afddiag {name}: rc={rc} in {time.monotonic() - t:.2f}s" + (f"\n{exc}" if exc else ""))
+    return {"name": name, "args": args, "rc": rc, "elapsed_s": round(time.monotonic() - t, 3), "json": parsed,
+            "stdout": None if parsed is not None else text, "stderr": err.getvalue()[-4000:], "exception": exc}
+
+
+def set_arp(netdevs: list[str]) -> None:
+    for nd in netdevs:
+        for k, v in (("arp_ignore", 1), ("arp_announce", 2), ("rp_filter", 2)):
+            with open(f"/proc/sys/net/ipv4/conf/{nd}/{k}", "w") as f:
+                f.write(f"{v}\n")
+    log(f"arp sysctls set on {netdevs}")
+
+
+def serve_forked(outdir: str, name: str, ip: str, port: int, timeout_s: int, netns: str | None) -> int:
+    """Fork; the child (optionally moved into ``netns`` with setns) serves one pair session on
+    ``ip:port`` and writes OUTDIR/<name>.json; returns the child's pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    rc = 99
+    try:
+        if netns:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns({netns})")
+            os.close(fd)
+        res = run_cli(name, ["fabric", "--serve", "--json", "--fabric-ip", ip, "--port", str(port),
+                             "--pair-timeout", str(timeout_s)])
+        rc = 0
+        with open(os.path.join(outdir, f"{name}.json"), "w") as f:
+            json.dump(res, f, indent=2)
+    except BaseException:
+        with open(os.path.join(outdir, f"{name}.json"), "w") as f:
+            json.dump({"exception": traceback.format_exc()}, f)
+    finally:
+        with open(os.path.join(outdir, f"{name}.log"), "w") as f:
+            f.write("\n".join(LOG) + "\n")
+        os._exit(rc)
+
+
+def pair_run(results: dict, outdir: str, tag: str, server_ip: str, client_ip: str, port: int, timeout_s: int,
+             netns: str | None) -> None:
+    """One pair session: forked server, in-process client; results under scenarios pair-<tag>-{server,client}."""
+    child = serve_forked(outdir, f"pair-{tag}-server", server_ip, port, timeout_s, netns)
+    results["scenarios"][f"pair-{tag}-client"] = run_cli(f"pair-{tag}-client", [
+        "fabric", "--pair", f"{server_ip}:{port}", "--json", "--fabric-ip", client_ip, "--pair-timeout", str(timeout_s)])
+    t = time.monotonic()
+    while time.monotonic() - t < 60:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            results[f"pair-{tag}-server_exit"] = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        results["errors"].append(f"pair {tag} server did not exit within 60 s after the client")
+    try:
+        with open(os.path.join(outdir, f"pair-{tag}-server.json")) as f:
+            results["scenarios"][f"pair-{tag}-server"] = json.load(f)
+    except (OSError, ValueError) as e:
+        results["errors"].append(f"pair-{tag}-server.json: {e}")
+
+
+def wire_in_init_net() -> None:
+    """Bring pb (10.9.0.1) into the initial namespace with rxb on it, and make traffic between the two
+    local addresses cross the veth instead of lo: Linux 6.1's rxe opens its UDP socket and looks up
+    routes in init_net only, so an rxe device in another namespace never receives."""
+    sh(["rdma", "link", "delete", "rxb"])
+    sh(["ip", "-n", "peer", "link", "set", "pb", "netns", "1"])
+    sh(["ip", "-batch", "-"], stdin="\n".join([
+        f"addr add {PEER_IP}/24 dev pb", "link set pb up",
+        "rule add pref 1000 lookup local", "rule del pref 0 lookup local",
+        f"rule add pref 100 iif lo to {PEER_IP} lookup 101", f"rule add pref 101 iif lo to {HOST_IP} lookup 102",
+        f"route add {PEER_IP} dev pa src {HOST_IP} table 101", f"route add {HOST_IP} dev pb src {PEER_IP} table 102",
+    ]) + "\n")
+    for nd in ("all", "pa", "pb"):
+        for k, v in (("accept_local", 1), ("rp_filter", 0)):
+            with open(f"/proc/sys/net/ipv4/conf/{nd}/{k}", "w") as f:
+                f.write(f"{v}\n")
+    sh(["rdma", "link", "add", "rxb", "type", "rxe", "netdev", "pb"])
+
+
+def main() -> int:
+    outdir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/afddiag-lab"
+    os.makedirs(outdir, exist_ok=True)
+    results: dict = {"pid": os.getpid(), "kernel": os.uname().release, "scenarios": {}, "captures": {},
+                     "errors": []}
+    fabric_args = ["fabric", "--json", "--fabric-ip", HOST_IP, "--peer", PEER_IP, "--no-qp"]
+    try:
+        build()
+        results["ready"] = wait_ready()
+        results["captures"]["rdma_dev"] = sh_json(["rdma", "-j", "dev", "show"])
+        import afddiag.cli  # noqa: F401 - import once, before the fork, so the child starts warm
+        import afddiag.probes.pair  # noqa: F401
+
+        sh(["ip", "route", "add", f"{PEER_IP}/32", "dev", "pc"])
+        results["captures"]["route_get_wrong"] = sh_json(["ip", "-j", "route", "get", PEER_IP, "from", HOST_IP])
+        results["scenarios"]["route-wrong"] = run_cli("route-wrong", fabric_args)
+        sh(["ip", "route", "del", f"{PEER_IP}/32", "dev", "pc"])
+        set_arp(["pa", "pc"])
+        results["captures"]["route_get_fixed"] = sh_json(["ip", "-j", "route", "get", PEER_IP, "from", HOST_IP])
+        results["scenarios"]["route-fixed"] = run_cli("route-fixed", fabric_args)
+
+        # 1. server in netns peer (rxb on pb there): handshake and RTS work; on Linux 6.1 no packet reaches
+        #    rxb (rxe's UDP socket lives in init_net only), so this one is expected to time out.
+        pair_run(results, outdir, "netns", PEER_IP, HOST_IP, PORT, 25, "peer")
+        # 2. over the wire in init_net: rxa on pa <-veth-> rxb on pb, policy routing keeps it off lo.
+        wire_in_init_net()
+        results["ready_wire"] = wait_ready()
+        results["captures"]["route_get_wire"] = sh_json(["ip", "-j", "route", "get", PEER_IP, "from", HOST_IP])
+        pair_run(results, outdir, "wire", PEER_IP, HOST_IP, PORT + 1, 150, None)
+        wire = results["scenarios"]["pair-wire-client"].get("json") or {}
+        if wire.get("error"):  # 3. to tell our code from the topology: both ends on rxa (rxe loopback)
+            pair_run(results, outdir, "loop", HOST_IP, HOST_IP, PORT + 2, 60, None)
+        results["captures"]["resource_qp_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "qp"])
+        results["captures"]["resource_pd_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "pd"])
+        results["captures"]["resource_mr_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "mr"])
+        results["captures"]["resource_after_runs"] = sh_json(["rdma", "-j", "resource", "show"])
+    except Exception:
+        results["errors"].append(traceback.format_exc())
+        log(traceback.format_exc())
+    finally:
+        for dev in ("rxa", "rxc", "rxb"):  # rxb may be gone already
+            sh(["rdma", "link", "delete", dev], check=False)
+        sh(["ip", "netns", "del", "peer"], check=False)
+        for nd in ("pa", "pb", "pc"):
+            if os.path.exists(f"/sys/class/net/{nd}"):
+                sh(["ip", "link", "del", nd], check=False)
+        results["captures"]["rdma_dev_after_cleanup"] = sh_json(["rdma", "-j", "dev", "show"])
+        results["elapsed_s"] = round(time.monotonic() - T0, 3)
+        with open(os.path.join(outdir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2, default=str)
+        with open(os.path.join(outdir, "run.log"), "w") as f:
+            f.write("\n".join(LOG) + "\n")
+        log(f"done in {results['elapsed_s']}s; results in {outdir}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,426 @@
+"""Fuzz targets over afddiag's parsers, shared by ``tests/test_fuzz.py`` (a CI-sized run) and
+``tests/fuzz/run_fuzz.py`` (a long standalone run).
+
+Each target takes ``bytes`` and checks afddiag's promise on that input: never a traceback, always
+facts and verdicts (or, for what a user gives on the command line, a clear one-line usage error).
+A broken promise raises :class:`Finding`; anything else a target raises is a crash too.
+
+Targets:
+  ip_addr      ``ip -j addr`` JSON → ``netlink.parse_ip_addr_json`` (list or ValueError), then the
+               fabric gates on a sysfs tree with those addresses
+  rdma_dev     ``rdma -j dev show`` JSON → ``netlink.parse_rdma_dev_json`` (list or ValueError)
+  env          ``envvars.parse_env_file`` (never raises) and ``parse_launch_env`` (dict or
+               LaunchEnvError naming the file and line), the device map and NCCL_IB_HCA parsers,
+               then the fabric gates with that environment
+  gpu          ``gpu.json`` → ``facts.gpu_facts_from_readings`` (never raises), then the GPU gates
+  sysfs        a JSON list of edits to a real case's sysfs tree (replace a file's bytes, truncate,
+               delete, make a directory, rename with spaces/unicode, inject EINVAL/EACCES/EIO on
+               read) → ``sysfs.probe_fabric`` with an injecting ``reader``, then the fabric gates
+  snapshot     a JSON list of edits to a whole real case folder (sysfs and its JSON/env files) →
+               ``afddiag all --json --snapshot`` through the CLI in-process: exit 0-3 with a JSON
+               report on stdout, or 64 with one line on stderr
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = Path(os.environ.get("AFDDIAG_CASES", REPO.parent / "shared" / "cases"))
+CORPUS = Path(__file__).resolve().parent / "corpus"
+BASE_FABRIC_CASE = "01-spark-fabric-ip-on-nonfirst-device"
+BASE_GPU_CASE = "01-gb10-healthy-unified-memory"
+VERDICTS = {"PASS", "WARN", "FAIL", "SKIP", "ERROR"}
+FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # trees are written per input: use RAM
+ERRNOS = {"EINVAL": errno.EINVAL, "EACCES": errno.EACCES, "EIO": errno.EIO, "ENOENT": errno.ENOENT,
+          "ENODATA": errno.ENODATA, "EPERM": errno.EPERM}
+ROLES = (None, "coordinator", "expert")
+ODD_NAMES = ["mlx5 0", "rxe\u00e9", "dev\u2028x", "\u03bcdev", "a" * 200, "-", "0", "..x", "\U0001f600"]
+
+
+class Finding(AssertionError):
+    """An input on which afddiag broke its promise (the message says which)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# checks shared by the targets
+
+
+def _check_verdicts(verdicts: list) -> None:
+    for v in verdicts:
+        if v.verdict not in VERDICTS:
+            raise Finding(f"{v.id}: verdict {v.verdict!r}")
+        if v.verdict == "ERROR" and "gate failed on these facts" in v.summary:
+            raise Finding(f"{v.id} raised inside the gate: {v.summary}")
+        if not isinstance(v.summary, str) or not v.summary:
+            raise Finding(f"{v.id}: empty summary")
+
+
+def _render(verdicts: list, fabric=None, gpu=None) -> None:
+    """The JSON report must build and serialise (the reporter's half of the promise)."""
+    from afddiag import report
+
+    rep = report.build(verdicts, "fuzz", "fuzz", {}, fabric, [], {"fabric": fabric, "gpu": gpu})
+    json.dumps(rep, default=str)
+    report.write_table(rep, io.StringIO())
+
+
+def _gates(obs, families: set[str], fabric_ip: str | None = None, inputs=None) -> list:
+    from afddiag.collect import Inputs
+    from afddiag.gates import Context, resolve_fabric_ip, run_gates
+
+    inputs = inputs or Inputs(fabric_ip=fabric_ip, peers=["10.0.0.9"])
+    verdicts = run_gates(Context(obs, inputs, resolve_fabric_ip(obs.fabric, inputs.fabric_ip)), families)
+    _check_verdicts(verdicts)
+    _render(verdicts, obs.fabric, obs.gpu)
+    return verdicts
+
+
+def _json_or_none(data: bytes) -> Any:
+    try:
+        return json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# targets
+
+
+def target_ip_addr(data: bytes) -> None:
+    """``ip -j addr`` output: parsed into netdevs or ValueError, then judged with a real sysfs tree."""
+    from afddiag.collect import Observation
+    from afddiag.facts import QpFacts
+    from afddiag.probes.netlink import parse_ip_addr_json
+    from afddiag.probes.sysfs import probe_fabric
+
+    raw = _json_or_none(data)
+    try:
+        addrs = parse_ip_addr_json(raw)
+    except ValueError:
+        return
+    if not isinstance(addrs, dict):
+        raise Finding(f"parse_ip_addr_json returned {type(addrs).__name__}")
+    fab = probe_fabric(str(CASES / "fabric" / BASE_FABRIC_CASE), None, None, addrs, "ip-addr.json")
+    obs = Observation(host="fuzz", source="fuzz", fabric=fab, qp=QpFacts(why="fuzz"), env={})
+    _gates(obs, {"fabric"}, "192.168.100.10")
+    _gates(obs, {"fabric"}, None)
+
+
+def target_rdma_dev(data: bytes) -> None:
+    """``rdma -j dev show`` output: ``[(name, index)]`` sorted by index, or ValueError."""
+    from afddiag.probes.netlink import parse_rdma_dev_json
+
+    raw = _json_or_none(data)
+    try:
+        rows = parse_rdma_dev_json(raw)
+    except ValueError:
+        return
+    if not all(isinstance(n, str) and isinstance(i, int) for n, i in rows):
+        raise Finding(f"parse_rdma_dev_json rows not (str, int): {rows[:3]!r}")
+    if [i for _, i in rows] != sorted(i for _, i in rows):
+        raise Finding("parse_rdma_dev_json rows not in index order")
+
+
+def target_env(data: bytes) -> None:
+    """A snapshot ``env`` and a ``--launch-env`` file: the lenient parser never raises, the strict one
+    raises only LaunchEnvError (one line naming the file and line); the values feed the fabric gates."""
+    from afddiag.collect import Inputs, Observation
+    from afddiag.envvars import (LaunchEnvError, MAP_VAR, NCCL_HCA_VAR, parse_device_map, parse_env_file,
+                                 parse_launch_env, parse_nccl_hca)
+    from afddiag.facts import QpFacts
+    from afddiag.probes.sysfs import probe_fabric
+
+    text = data.decode("utf-8", errors="replace")
+    env = parse_env_file(text)
+    if not isinstance(env, dict):
+        raise Finding("parse_env_file did not return a dict")
+    launch = None
+    try:
+        launch = parse_launch_env(text, "fuzz.env", {"SITE_IP": "AFD_FABRIC_IP"})
+    except LaunchEnvError as e:
+        msg = str(e)
+        if "\n" in msg or "fuzz.env" not in msg:
+            raise Finding(f"LaunchEnvError is not one line naming the file: {msg!r}") from None
+    for v in env.values():
+        parse_device_map(v)
+        with contextlib.suppress(ValueError):
+            parse_nccl_hca(v)
+    fab = probe_fabric(str(CASES / "fabric" / BASE_FABRIC_CASE))
+    watched = {k: v for k, v in env.items() if k in (MAP_VAR, NCCL_HCA_VAR, "NCCL_IB_GID_INDEX")}
+    obs = Observation(host="fuzz", source="fuzz", fabric=fab, qp=QpFacts(why="fuzz"), env=watched)
+    fip = (launch or {}).get("AFD_FABRIC_IP") or "192.168.100.10"
+    _gates(obs, {"fabric", "launch"}, inputs=Inputs(fabric_ip=fip, launch_env=launch, launch_env_path="fuzz.env"))
+
+
+def target_gpu(data: bytes) -> None:
+    """``gpu.json``: facts from anything JSON (never raises), then every GPU gate judges them."""
+    from afddiag.collect import Observation
+    from afddiag.facts import gpu_facts_from_readings
+
+    from afddiag import playbook
+    from afddiag.collect import Inputs
+
+    raw = _json_or_none(data)
+    facts = gpu_facts_from_readings(raw)
+    obs = Observation(host="fuzz", source="fuzz", gpu=facts)
+    for role in ROLES:  # the roles' GPU model, memory reservation and load expectations reach more code
+        _gates(obs, {"gpu"}, inputs=Inputs(playbook=playbook.load(role) if role else None, expect_sm=132))
+
+
+def _apply_edits(root: Path, edits: list) -> dict[str, str]:
+    """Apply sysfs/snapshot edits under ``root``; returns ``{path: errno name}`` for read errors to inject.
+
+    Each edit is ``[op, index, arg]``: ``index`` picks a file (modulo the list of files, sorted);
+    ops: ``bytes`` (replace the content with ``arg``, latin-1 text), ``truncate`` (keep ``arg``
+    bytes), ``delete``, ``dir`` (replace the file by an empty directory), ``rename`` (give the
+    file's parent directory the odd name ``ODD_NAMES[arg]``), ``errno`` (reading it fails with
+    ``arg``), ``dup`` (copy a device directory ``arg`` times under new names).
+    """
+    inject: dict[str, str] = {}
+    for edit in edits if isinstance(edits, list) else []:
+        if not (isinstance(edit, list) and len(edit) == 3 and isinstance(edit[0], str) and isinstance(edit[1], int)):
+            continue
+        op, idx, arg = edit
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        if not files:
+            return inject
+        f = files[idx % len(files)]
+        if op == "bytes" and isinstance(arg, str):
+            f.write_bytes(arg.encode("latin-1", errors="replace"))
+        elif op == "truncate" and isinstance(arg, int):
+            f.write_bytes(f.read_bytes()[: max(0, arg)])
+        elif op == "delete":
+            f.unlink()
+        elif op == "dir":
+            f.unlink()
+            f.mkdir()
+        elif op == "rename" and isinstance(arg, int):
+            parent = f.parent
+            if parent != root and parent.parent.exists():
+                new = parent.parent / ODD_NAMES[arg % len(ODD_NAMES)]
+                if not new.exists():
+                    parent.rename(new)
+        elif op == "errno" and isinstance(arg, str) and arg in ERRNOS:
+            inject[str(f)] = arg
+        elif op == "dup" and isinstance(arg, int):
+            ib = root / "sys" / "class" / "infiniband"
+            devs = sorted(p for p in ib.iterdir()) if ib.is_dir() else []
+            if devs:
+                src = devs[idx % len(devs)]
+                for k in range(min(max(arg, 0), 50)):
+                    dst = ib / f"{src.name}_{k}"
+                    if not dst.exists() and not src.is_symlink():
+                        shutil.copytree(src, dst, symlinks=True)
+    return inject
+
+
+def _injecting_reader(inject: dict[str, str]) -> Callable[[str], str]:
+    from afddiag.probes.sysfs import read_text
+
+    def read(path: str) -> str:
+        name = inject.get(path)
+        if name:
+            raise OSError(ERRNOS[name], os.strerror(ERRNOS[name]), path)
+        return read_text(path)
+
+    return read
+
+
+def _edits(data: bytes) -> list:
+    raw = _json_or_none(data)
+    return raw if isinstance(raw, list) else []
+
+
+def target_sysfs(data: bytes) -> None:
+    """Edits to a real case's sysfs tree → ``probe_fabric`` (never raises) → the fabric gates."""
+    from afddiag.collect import Observation
+    from afddiag.facts import FabricFacts, QpFacts
+    from afddiag.probes.netlink import parse_rdma_dev_json
+    from afddiag.probes.sysfs import probe_fabric
+
+    base = CASES / "fabric" / BASE_FABRIC_CASE
+    with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
+        root = Path(tmp) / "case"
+        shutil.copytree(base / "sys", root / "sys", symlinks=True)
+        inject = _apply_edits(root, _edits(data))
+        order = parse_rdma_dev_json(json.loads((base / "rdma-dev.json").read_text()))
+        fab = probe_fabric(str(root), order, "rdma-dev.json", None, None, reader=_injecting_reader(inject))
+        if not isinstance(fab, FabricFacts):
+            raise Finding("probe_fabric did not return FabricFacts")
+        obs = Observation(host="fuzz", source="fuzz", fabric=fab, qp=QpFacts(why="fuzz"), env={})
+        _gates(obs, {"fabric"}, "192.168.100.10")
+
+
+def target_snapshot(data: bytes) -> None:
+    """Edits to a whole case folder → ``afddiag all --json --snapshot`` in-process: exit 0-3 and a JSON
+    report, or exit 64 and one stderr line; never a traceback."""
+    from afddiag import cli
+
+    with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
+        root = Path(tmp) / "case"
+        shutil.copytree(CASES / "fabric" / BASE_FABRIC_CASE, root, symlinks=True)
+        shutil.copy(CASES / "gpu" / BASE_GPU_CASE / "gpu.json", root / "gpu.json")
+        (root / "env").write_text("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1\n")
+        _apply_edits(root, _edits(data))  # read errors cannot be injected through the CLI: edits only
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.run(["all", "--json", "--snapshot", str(root), "--fabric-ip", "192.168.100.10", "--timeout", "20"])
+        if rc == 64:
+            lines = err.getvalue().strip().splitlines()
+            if not lines or not lines[0].startswith("afddiag:"):
+                raise Finding(f"usage error without a one-line message: {err.getvalue()!r}")
+            return
+        if rc not in (0, 1, 2, 3):
+            raise Finding(f"exit code {rc!r}; stderr {err.getvalue()[-500:]!r}")
+        rep = json.loads(out.getvalue())
+        for g in rep["gates"]:
+            if g["verdict"] == "ERROR" and "gate failed on these facts" in g["summary"]:
+                raise Finding(f"{g['id']} raised inside the gate: {g['summary']}")
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "ip_addr": target_ip_addr,
+    "rdma_dev": target_rdma_dev,
+    "env": target_env,
+    "gpu": target_gpu,
+    "sysfs": target_sysfs,
+    "snapshot": target_snapshot,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs: seeds from the real cases, and a mutator
+
+
+def seeds(target: str) -> list[bytes]:
+    """Starting inputs of ``target``: the real cases' files of that kind, and the stored corpus."""
+    out: list[bytes] = []
+    fab, gpu = sorted((CASES / "fabric").iterdir()), sorted((CASES / "gpu").iterdir())
+    if target == "ip_addr":
+        out += [p.read_bytes() for c in fab if (p := c / "ip-addr.json").is_file()]
+    elif target == "rdma_dev":
+        out += [p.read_bytes() for c in fab if (p := c / "rdma-dev.json").is_file()]
+    elif target == "env":
+        out += [p.read_bytes() for c in fab if (p := c / "env").is_file()]
+    elif target == "gpu":
+        out += [p.read_bytes() for c in gpu if (p := c / "gpu.json").is_file()]
+    else:
+        out.append(b"[]")
+    d = CORPUS / target
+    if d.is_dir():
+        out += [p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()]
+    return out
+
+
+def _mutate_json(obj: Any, rng: random.Random, depth: int = 0) -> Any:
+    """Structure-aware mutation: swap a value's type, drop or duplicate a key or item, odd strings."""
+    odd = [None, True, -1, 0, 2**63, 1e308, float("nan"), "", "NOT_SUPPORTED", "\u0000", "x" * 1000,
+           [], {}, [None], {"": None}, rng.choice(ODD_NAMES)]
+    if depth > 6 or rng.random() < 0.15:
+        return rng.choice(odd)
+    if isinstance(obj, dict) and obj:
+        obj = dict(obj)
+        k = rng.choice(list(obj))
+        r = rng.random()
+        if r < 0.2:
+            del obj[k]
+        elif r < 0.3:
+            obj[rng.choice(ODD_NAMES)] = obj[k]
+        else:
+            obj[k] = _mutate_json(obj[k], rng, depth + 1)
+        return obj
+    if isinstance(obj, list) and obj:
+        obj = list(obj)
+        i = rng.randrange(len(obj))
+        r = rng.random()
+        if r < 0.2:
+            del obj[i]
+        elif r < 0.35:
+            obj.extend([obj[i]] * rng.choice([1, 2, 50]))
+        else:
+            obj[i] = _mutate_json(obj[i], rng, depth + 1)
+        return obj
+    return rng.choice(odd)
+
+
+def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        r = rng.random()
+        if r < 0.25 and b:
+            del b[rng.randrange(len(b)):]  # truncate
+        elif r < 0.5 and b:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        elif r < 0.75:
+            b[rng.randrange(len(b) + 1):0] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif b:
+            i = rng.randrange(len(b))
+            b[i:i] = b[i: i + rng.randint(1, 64)]  # duplicate a chunk
+    return bytes(b)
+
+
+def _random_edits(rng: random.Random, snapshot: bool) -> list:
+    ops = ["bytes", "truncate", "delete", "dir", "rename", "errno", "dup"]
+    contents = ["", "\x00\xff\xfe", "4: ACTIVE", "1: DOWN", "RoCE v2", "IB/RoCE v1", "9000", "-1",
+                "0000:0000:0000:0000:0000:ffff:c0a8:640a", "fe80::1", "\u00e9\u00e9", "x" * 5000, "1: \n2:",
+                "[{\"ifname\": 1}]", "{}", "null", "[", "export = \"", "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP==,=x"]
+    edits = []
+    for _ in range(rng.randint(1, 6)):
+        op = rng.choice(ops)
+        arg: Any = {"bytes": rng.choice(contents), "truncate": rng.randint(0, 40), "delete": 0, "dir": 0,
+                    "rename": rng.randrange(len(ODD_NAMES)), "errno": rng.choice(list(ERRNOS)),
+                    "dup": rng.choice([1, 3, 20])}[op]
+        edits.append([op, rng.randrange(10000), arg])
+    return edits
+
+
+def mutate(target: str, data: bytes, rng: random.Random) -> bytes:
+    """One new input for ``target`` derived from ``data``."""
+    if target in ("sysfs", "snapshot"):
+        base = _edits(data)
+        if rng.random() < 0.5 or not base:
+            return json.dumps(base + _random_edits(rng, target == "snapshot")).encode()
+        return json.dumps(_random_edits(rng, target == "snapshot")).encode()
+    if target in ("ip_addr", "rdma_dev", "gpu") and rng.random() < 0.7:
+        raw = _json_or_none(data)
+        if raw is not None:
+            return json.dumps(_mutate_json(raw, rng)).encode()
+    return _mutate_bytes(data, rng)
+
+
+def run_one(target: str, data: bytes) -> str | None:
+    """Run ``target`` on ``data``: None when afddiag kept its promise, else the finding (one line)."""
+    try:
+        TARGETS[target](data)
+    except Finding as e:
+        return f"finding: {e}"
+    except RecursionError as e:
+        return f"crash: RecursionError: {e}"
+    except Exception as e:  # noqa: BLE001 - every other exception is a crash
+        import traceback
+
+        tb = traceback.extract_tb(e.__traceback__)
+        where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb) if "afddiag" in f.filename), "?")
+        return f"crash: {type(e).__name__} at {where}: {e}"
+    return None
+
+
+def save(target: str, data: bytes, tag: str = "crash") -> Path:
+    """Keep ``data`` in the corpus (``tests/fuzz/corpus/<target>/<tag>-<hash>``)."""
+    import hashlib
+
+    d = CORPUS / target
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{tag}-{hashlib.sha1(data).hexdigest()[:12]}"
+    p.write_bytes(data)
+    return p

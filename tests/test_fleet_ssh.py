@@ -1,0 +1,266 @@
+"""`afddiag fleet` against real OpenSSH servers on loopback.
+
+Each "host" is its own sshd (127.0.0.1, its own port) whose ForceCommand answers from a snapshot
+(`<the requested afddiag command> --snapshot <case>`), with a generated host key listed in a test
+known_hosts and a generated client key. Also: one host down (nothing listening), one slower than
+the per-host timeout, one printing garbage, one whose host key is not the one known_hosts lists, and
+one without ForceCommand that `--push` copies the zipapp to (run by /usr/bin/python3, which has
+neither click nor rich nor psutil: the zipapp must be self-contained).
+
+Needs openssh-server (lab/setup.sh installs it); outside CI a missing sshd skips, under CI it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from afddiag import cli
+from conftest import CASES
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+FABRIC = CASES / "fabric"
+TIMEOUT_S = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, deadline_s: float = 10.0) -> None:
+    t = time.monotonic() + deadline_s
+    while time.monotonic() < t:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd on port {port} did not listen within {deadline_s}s")
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def sshfleet(tmp_path_factory):
+    if not (os.path.exists(SSHD) and shutil.which("ssh-keygen")):
+        msg = "openssh-server not installed (lab/setup.sh installs it)"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    if os.geteuid() != 0:
+        pytest.skip("sshd test hosts log in as root: run as root")
+    pytest.importorskip("asyncssh")
+    d = tmp_path_factory.mktemp("fleet")
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+    host_pub = _keygen(d / "hostkey")
+    _keygen(d / "otherkey")  # the impostor's key: not in known_hosts
+    client_pub = _keygen(d / "client")
+    (d / "authorized_keys").write_text(client_pub + "\n")
+    envs = {
+        "coord": "AFD_ROLE=coordinator\nAFD_PREFILL_CAPACITY=256\n"
+                 "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.101.10=roceP2p1s0f1\n",
+        "spark-a": "AFD_ROLE=expert\nAFD_EXPERT_CAPACITY=256\n",
+        "spark-b": "AFD_ROLE=expert\nAFD_EXPERT_CAPACITY=128\n"
+                   "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1\n",
+    }
+    for n, text in envs.items():
+        (d / f"{n}.env").write_text(text)
+    snap = {"coord": FABRIC / "10-spark-mtu-1500-vs-peer-9000", "spark-a": FABRIC / "01-spark-fabric-ip-on-nonfirst-device",
+            "spark-b": FABRIC / "02-spark-map-set-healthy", "pushed": FABRIC / "02-spark-map-set-healthy"}
+    wrappers = {
+        "coord": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {snap["coord"]}"',
+        "spark-a": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {snap["spark-a"]}"',
+        "spark-b": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {snap["spark-b"]}"',
+        "slow": "sleep 60",
+        "garbage": "echo 'afddiag: this is {not JSON'",
+        "impostor": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {snap["spark-a"]}"',
+        "pushed": None,  # no ForceCommand: runs what the client asks (the pushed zipapp)
+    }
+    ports = {n: _free_port() for n in [*wrappers, "down"]}
+    procs = []
+    known = []
+    for name, body in wrappers.items():
+        cfg = [f"Port {ports[name]}", "ListenAddress 127.0.0.1",
+               f"HostKey {d / ('otherkey' if name == 'impostor' else 'hostkey')}",
+               f"PidFile {d / (name + '.pid')}", f"AuthorizedKeysFile {d / 'authorized_keys'}", "StrictModes no",
+               "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+               "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp", "LogLevel ERROR",
+               "MaxStartups 50"]
+        if body is not None:
+            w = d / f"wrap-{name}.sh"
+            w.write_text("#!/bin/sh\n" + body + "\n")
+            w.chmod(0o755)
+            cfg.append(f"ForceCommand {w}")
+        (d / f"sshd-{name}.conf").write_text("\n".join(cfg) + "\n")
+        log = open(d / f"sshd-{name}.log", "w")
+        procs.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / f"sshd-{name}.conf")], stdout=log,
+                                      stderr=subprocess.STDOUT))
+        known.append(f"[127.0.0.1]:{ports[name]} {host_pub}")
+    known.append(f"[127.0.0.1]:{ports['down']} {host_pub}")
+    (d / "known_hosts").write_text("\n".join(known) + "\n")
+    try:
+        for name in wrappers:
+            _wait_port(ports[name])
+        afd = f"{sys.executable} -m afddiag"
+        fip = {"coord": "192.168.101.10", "spark-a": "192.168.100.10", "spark-b": "192.168.100.11",
+               "slow": "192.168.100.13", "garbage": "192.168.100.14", "impostor": "192.168.100.15",
+               "down": "192.168.100.16", "pushed": "192.168.100.11"}
+        roles = {"coord": "coordinator"}
+        lines = ["[fleet]", f'known_hosts = "{d / "known_hosts"}"', f'identity = "{d / "client"}"',
+                 f'afddiag = "{afd}"', "concurrency = 8", f"timeout_s = {TIMEOUT_S}", "connect_timeout_s = 5",
+                 'peers = "none"', ""]
+        for name in ["coord", "spark-a", "spark-b", "slow", "garbage", "impostor", "down"]:
+            lines += ["[[host]]", f'name = "{name}"', f'ssh = "root@127.0.0.1:{ports[name]}"',
+                      f'role = "{roles.get(name, "expert")}"', f'fabric_ip = "{fip[name]}"']
+            if name in envs:
+                lines.append(f'launch_env = "{d / (name + ".env")}"')
+            lines.append("")
+        (d / "fleet.toml").write_text("\n".join(lines))
+        push_inv = [l for l in lines[:9] if not l.startswith("afddiag")] + [
+            "[[host]]", 'name = "pushed"', f'ssh = "root@127.0.0.1:{ports["pushed"]}"', 'role = "expert"',
+            f'fabric_ip = "{fip["pushed"]}"', f'launch_env = "{d / "spark-b.env"}"', 'python = "/usr/bin/python3"',
+            f'args = ["--snapshot", "{snap["pushed"]}"]', ""]
+        (d / "push.toml").write_text("\n".join(push_inv))
+        yield {"dir": d, "inventory": d / "fleet.toml", "push_inventory": d / "push.toml", "ports": ports}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _fleet(capsys, *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = cli.run(["fleet", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def fleet_json(sshfleet):
+    """One `afddiag fleet --json` run over the loopback fleet (module-scoped: ~TIMEOUT_S seconds)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    t = time.monotonic()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.run(["fleet", "--inventory", str(sshfleet["inventory"]), "--json"])
+    return {"rc": rc, "report": json.loads(out.getvalue()), "stderr": err.getvalue(),
+            "elapsed_s": time.monotonic() - t}
+
+
+def _row(fr: dict, name: str) -> dict:
+    return next(r for r in fr["hosts"] if r["name"] == name)
+
+
+def _gate(fr: dict, gid: str) -> dict:
+    return next(g for g in fr["gates"] if g["id"] == gid)
+
+
+def test_healthy_hosts_complete_and_bad_ones_are_error_rows(fleet_json):
+    fr = fleet_json["report"]
+    assert [r["name"] for r in fr["hosts"]] == ["coord", "spark-a", "spark-b", "slow", "garbage", "impostor", "down"]
+    for n in ("coord", "spark-a", "spark-b"):
+        r = _row(fr, n)
+        assert r["status"] == "ok", r
+        assert fr["reports"][n]["inputs"]["launch_env"].endswith(f"{n}.env")
+    assert fr["reports"]["coord"]["inputs"]["role"] == "coordinator"
+    assert fr["reports"]["spark-a"]["inputs"]["fabric_ip"] == "192.168.100.10"
+    slow, garbage, imp, down = (_row(fr, n) for n in ("slow", "garbage", "impostor", "down"))
+    assert slow["status"] == "ERROR" and f"timed out after {TIMEOUT_S} s while running afddiag" in slow["error"]
+    assert garbage["status"] == "ERROR" and "not JSON" in garbage["error"] and "this is {not JSON" in garbage["error"]
+    assert imp["status"] == "ERROR" and "host key not verified" in imp["error"]
+    assert down["status"] == "ERROR" and "unreachable" in down["error"] and "refused" in down["error"]
+    assert fr["hosts_ok"] == 3 and fr["hosts_error"] == 4
+    # the slow host did not hold the others: everything ended around one per-host timeout
+    assert fleet_json["elapsed_s"] < TIMEOUT_S + 8
+    assert fleet_json["rc"] == 2  # FAILs below
+
+
+def test_cross_host_gates_name_the_host(fleet_json):
+    fr = fleet_json["report"]
+    cap = _gate(fr, "fleet.capacity")
+    assert cap["verdict"] == "FAIL" and cap["summary"].startswith("spark-b AFD_EXPERT_CAPACITY=128"), cap
+    assert "coordinator coord's AFD_PREFILL_CAPACITY=256" in cap["summary"]
+    dm = _gate(fr, "fleet.devicemap")
+    assert dm["verdict"] == "FAIL" and dm["summary"].startswith("spark-a: DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP not set")
+    mtu = _gate(fr, "fleet.mtu")
+    assert mtu["verdict"] == "FAIL" and mtu["summary"].startswith("spark-b RoCE MTU 4096 (enp1s0f1np1 MTU 9000): "
+                                                                   "differs from the fleet's 1024"), mtu
+    assert mtu["facts"]["roce_mtu"] == {"coord": 1024, "spark-a": 1024, "spark-b": 4096}
+    fip = _gate(fr, "fleet.fabric-ip")
+    assert fip["facts"]["fabric_ips"] == {"coord": "192.168.101.10", "spark-a": "192.168.100.10",
+                                          "spark-b": "192.168.100.11"}
+    assert fip["verdict"] == "FAIL", fip
+    assert fip["summary"].startswith("coord 192.168.101.10 (192.168.101.0/24): not on the fleet's subnet "
+                                     "192.168.100.0/24"), fip
+    for g in fr["gates"]:
+        assert "4 host(s) without a report not judged: slow, garbage, impostor, down" in g["summary"], g
+
+
+def test_progress_on_stderr_per_host(fleet_json):
+    err = fleet_json["stderr"]
+    for n in ("coord", "spark-a", "spark-b"):
+        assert f"{n}: done: exit" in err
+    assert "slow: ERROR: timed out" in err and "down: ERROR: unreachable" in err
+    assert "garbage: running" in err
+
+
+def test_fleet_table_plain(sshfleet, capsys):
+    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["inventory"]), "--quiet", "--timeout", "4")
+    print(out, file=sys.stderr)  # the table, for the record (pytest -s shows it)
+    assert rc == 2
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["host", "role", "status"]
+    assert any(l.startswith("slow ") and "ERROR" in l and "timed out after 4 s" in l for l in lines), out
+    assert any(l.startswith("FAIL   fleet.capacity   spark-b") for l in lines), out
+    assert "3 host(s) reported, 4 without a report" in out
+    assert err == ""  # --quiet
+
+
+def test_unknown_known_hosts_file_refuses_every_host(sshfleet, capsys, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    rc, out, _ = _fleet(capsys, "--inventory", str(sshfleet["inventory"]), "--json", "--known-hosts", str(empty),
+                        "--quiet", "--timeout", "4")
+    fr = json.loads(out)
+    assert rc == 3
+    assert all(r["status"] == "ERROR" for r in fr["hosts"])
+    assert "host key not verified" in _row(fr, "coord")["error"]
+
+
+def test_push_runs_the_zipapp_on_a_bare_python(sshfleet, capsys):
+    """/usr/bin/python3 here has no click, rich or psutil: the pushed zipapp brings click and rich."""
+    home = Path(os.path.expanduser("~root"))
+    try:
+        rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push")
+        fr = json.loads(out)
+        row = _row(fr, "pushed")
+        assert row["status"] == "ok", (row, err)
+        rep = fr["reports"]["pushed"]
+        assert rep["inputs"]["launch_env"].endswith("spark-b.env")
+        assert rep["host"] == "spark-b" and rep["afddiag_version"]
+        assert "copying the zipapp (SFTP)" in err and ".cache/afddiag/afddiag-" in err
+        # a second run finds the same zipapp there and does not copy it again (size check)
+        rc2, out2, _ = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push", "--quiet")
+        assert _row(json.loads(out2), "pushed")["status"] == "ok"
+    finally:
+        shutil.rmtree(home / ".cache" / "afddiag", ignore_errors=True)

@@ -1,0 +1,141 @@
+"""The soft-RoCE lab, pair-test boot (lab/scenario-pair.py; one boot for the whole module): the route
+and ARP gates with a deliberately wrong route and two rails on one subnet, and the pair test with real
+RC QPs: once with the server in another network namespace (handshake and RTS only: Linux 6.1's rxe
+receives in the initial namespace only), once rxa <-veth-> rxb in the initial namespace with policy
+routing keeping the traffic on the wire (SEND and WRITE 64 B … 64 KiB, verified).
+
+Needs lab/setup.sh to have run (as root); outside CI a missing lab skips, under CI it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_lab import BOOT_TIMEOUT_S, IN_CI, REPO, _lab_missing
+
+pytestmark = pytest.mark.lab
+
+SIZES = [64, 512, 1024, 4096, 65536]
+
+
+@pytest.fixture(scope="module")
+def pairlab(tmp_path_factory) -> dict:
+    why = _lab_missing()
+    if why and IN_CI and os.geteuid() == 0:
+        p = subprocess.run(["bash", str(REPO / "lab" / "setup.sh")], capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            pytest.fail(f"lab/setup.sh failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
+        why = _lab_missing()
+    if why:
+        if IN_CI:
+            pytest.fail(f"soft-RoCE lab cannot boot under CI: {why}")
+        pytest.skip(f"soft-RoCE lab not available: {why}")
+    out = tmp_path_factory.mktemp("pairlab")
+    env = dict(os.environ, AFDDIAG_LAB_PYTHON=sys.executable,
+               AFDDIAG_LAB_SCRIPT=str(REPO / "lab" / "scenario-pair.py"))
+    try:
+        p = subprocess.run(["bash", str(REPO / "lab" / "boot.sh"), str(out)], capture_output=True, text=True,
+                           timeout=BOOT_TIMEOUT_S + 60, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"lab boot did not finish in {BOOT_TIMEOUT_S + 60}s")
+    results = out / "results.json"
+    if not results.is_file():
+        console = (out / "console.log").read_text()[-6000:] if (out / "console.log").exists() else ""
+        pytest.fail(f"lab boot failed (rc {p.returncode}): {p.stderr[-3000:]}\nconsole:\n{console}")
+    r = json.loads(results.read_text())
+    assert r["errors"] == [], "\n".join(r["errors"])
+    assert r["ready"]["ready"], r["ready"]
+    return r
+
+
+def _gates(lab: dict, name: str) -> dict:
+    sc = lab["scenarios"][name]
+    assert sc["exception"] is None, sc["exception"]
+    assert isinstance(sc["json"], dict), (sc["stdout"], sc["stderr"])
+    return {g["id"]: g for g in sc["json"]["gates"]}
+
+
+def test_wrong_route_fails_fabric_route_naming_the_rail(pairlab):
+    assert pairlab["captures"]["route_get_wrong"][0]["dev"] == "pc"
+    g = _gates(pairlab, "route-wrong")
+    r = g["fabric.route"]
+    assert r["verdict"] == "FAIL", r
+    assert r["summary"].startswith("route to peer 10.9.0.1 leaves by pc, not pa (the netdev of rxa GID"), r
+    assert r["facts"]["routes"][0]["source"] == "ip route get"
+
+
+def test_two_rails_one_subnet_default_arp_sysctls_fail(pairlab):
+    a = _gates(pairlab, "route-wrong")["fabric.arp"]
+    assert a["verdict"] == "FAIL", a
+    assert "pa and pc on 10.9.0.0/24" in a["summary"] and "arp_ignore 0" in a["summary"]
+
+
+def test_fixed_route_and_arp_pass(pairlab):
+    assert pairlab["captures"]["route_get_fixed"][0]["dev"] == "pa"
+    g = _gates(pairlab, "route-fixed")
+    assert g["fabric.route"]["verdict"] == "PASS", g["fabric.route"]
+    assert g["fabric.arp"]["verdict"] == "PASS", g["fabric.arp"]
+    assert g["fabric.arp"]["facts"]["effective"]["pa"] == {"arp_ignore": 1, "arp_announce": 2, "rp_filter": 2}
+
+
+def _pair(lab: dict, side: str, tag: str = "wire") -> dict:
+    sc = lab["scenarios"][f"pair-{tag}-{side}"]
+    assert sc.get("exception") is None, sc
+    assert isinstance(sc["json"], dict), (sc.get("stdout"), sc.get("stderr"))
+    return sc
+
+
+def test_pair_moves_send_and_write_past_the_mtu(pairlab):
+    sc = _pair(pairlab, "client")
+    f = sc["json"]
+    assert f["error"] is None, f
+    assert sc["rc"] == 0
+    assert (f["device"], f["fabric_ip"], f["peer"]) == ("rxa", "10.9.0.2", "10.9.0.1:18516")
+    assert f["path_mtu"] == 1024  # 1500-byte veth
+    assert [(p["op"], p["size"]) for p in f["phases"]] == [(op, s) for s in SIZES for op in ("send", "write")]
+    for p in f["phases"]:
+        assert p["verified"], p
+        assert p["rtt_us_median"] > 0 and p["rtt_us_min"] <= p["rtt_us_median"]
+        assert p["bw_gbps"] > 0
+    big = [p for p in f["phases"] if p["size"] == 65536]
+    assert all(p["size"] > 4 * f["path_mtu"] for p in big)  # multi-packet messages moved
+    print("\n" + "\n".join(f"{p['op']:<5} {p['size']:>6} B  rtt median {p['rtt_us_median']} µs  "
+                           f"bw {p['bw_gbps']} GB/s" for p in f["phases"]), file=sys.stderr)
+
+
+def test_server_side_saw_the_client_and_exited(pairlab):
+    sc = _pair(pairlab, "server")
+    f = sc["json"]
+    assert f["error"] is None and sc["rc"] == 0, f
+    assert f["device"] == "rxb" and f["fabric_ip"] == "10.9.0.1"
+    client = pairlab["scenarios"]["pair-wire-client"]["json"]
+    assert f["peer_qp_num"] == client["qp_num"] and client["peer_qp_num"] == f["qp_num"]
+    assert pairlab["pair-wire-server_exit"] == 0
+
+
+def test_across_namespaces_handshake_and_rts(pairlab):
+    """Server in netns peer: the TCP handshake crosses namespaces and both QPs reach RTS (path MTU set)."""
+    c = _pair(pairlab, "client", "netns")["json"]
+    s = _pair(pairlab, "server", "netns")["json"]
+    assert (c["device"], s["device"]) == ("rxa", "rxb")
+    assert c["peer_qp_num"] == s["qp_num"] and s["peer_qp_num"] == c["qp_num"]
+    assert c["path_mtu"] == s["path_mtu"] == 1024
+    assert c["destroyed"] and s["destroyed"]
+
+
+def test_pair_destroys_everything(pairlab):
+    for side in ("client", "server"):
+        assert pairlab["scenarios"][f"pair-wire-{side}"]["json"]["destroyed"] is True
+    caps = pairlab["captures"]
+    for kind in ("resource_qp_after_runs", "resource_pd_after_runs", "resource_mr_after_runs"):
+        rows = caps[kind]
+        assert isinstance(rows, list), (kind, rows)
+        left = [x for x in rows if x.get("comm") != "ib_core"]
+        assert left == [], (kind, left)
+    assert all(d["ctx"] == 0 for d in caps["resource_after_runs"]), caps["resource_after_runs"]
+    assert caps["rdma_dev_after_cleanup"] == []
