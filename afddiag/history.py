@@ -87,7 +87,9 @@ def connect(path: str | os.PathLike | None = None, create: bool = True) -> sqlit
                 try:
                     con.execute("PRAGMA journal_mode = WAL")
                     break
-                except sqlite3.OperationalError:
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) and "busy" not in str(e):
+                        break  # no WAL on this filesystem (9p, some NFS): keep the rollback journal
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
