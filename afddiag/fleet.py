@@ -480,7 +480,13 @@ async def _push(conn: Any, local: str) -> str:
         except Exception:  # noqa: BLE001 - not there yet
             pass
         await sftp.put(local, remote + ".part")
-        await sftp.posix_rename(remote + ".part", remote) if hasattr(sftp, "posix_rename") else \
+        try:
+            await sftp.posix_rename(remote + ".part", remote)  # atomic replace (OpenSSH extension)
+        except Exception:  # noqa: BLE001 - a server without the extension: remove, then rename
+            try:
+                await sftp.remove(remote)
+            except Exception:  # noqa: BLE001 - not there
+                pass
             await sftp.rename(remote + ".part", remote)
     return remote
 
