@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +85,11 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
             "gpus": gpus, "cpu": cpu or {}}
     p = Path(path) if path else default_path()
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".baseline.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, p)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from afddiag.atomic import atomic_write
+
+    with atomic_write(p) as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
     return p
 
 

@@ -14,7 +14,6 @@ import os
 import posixpath
 import stat
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,39 +39,28 @@ def write_tar_gz(target: str | os.PathLike, files: dict[str, bytes], top: str = 
     (mode 0644, owner 0, mtime now) under ``top/`` when given, sorted by name. Returns the path.
     Raises OSError when the folder cannot be written (the temporary file is removed)."""
     p = Path(target)
-    folder = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+    from afddiag.atomic import atomic_write
+
     now = int(time.time())
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-                dirs: set[str] = set()
-                for name in sorted(files):
-                    full = posixpath.join(top, name) if top else name
-                    parent = posixpath.dirname(full)
-                    chain = []
-                    while parent and parent not in dirs:
-                        chain.append(parent)
-                        dirs.add(parent)
-                        parent = posixpath.dirname(parent)
-                    for d in reversed(chain):
-                        ti = tarfile.TarInfo(d)
-                        ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, now
-                        tar.addfile(ti)
-                    data = files[name]
-                    ti = tarfile.TarInfo(full)
-                    ti.size, ti.mode, ti.mtime = len(data), 0o644, now
-                    tar.addfile(ti, io.BytesIO(data))
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(p, binary=True) as raw:
+        with tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+            dirs: set[str] = set()
+            for name in sorted(files):
+                full = posixpath.join(top, name) if top else name
+                parent = posixpath.dirname(full)
+                chain = []
+                while parent and parent not in dirs:
+                    chain.append(parent)
+                    dirs.add(parent)
+                    parent = posixpath.dirname(parent)
+                for d in reversed(chain):
+                    ti = tarfile.TarInfo(d)
+                    ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, now
+                    tar.addfile(ti)
+                data = files[name]
+                ti = tarfile.TarInfo(full)
+                ti.size, ti.mode, ti.mtime = len(data), 0o644, now
+                tar.addfile(ti, io.BytesIO(data))
     return p
 
 

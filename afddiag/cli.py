@@ -10,9 +10,14 @@ import ipaddress
 import sys
 from collections.abc import Sequence
 
+from typing import TYPE_CHECKING
+
 import click
 
 from afddiag import __version__
+
+if TYPE_CHECKING:
+    from afddiag.collect import Inputs
 
 # Everything else is imported where it is used: `afddiag --version` and `--help` load click alone.
 EXIT_USAGE = 64  # afddiag.verdict.EXIT_USAGE

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 ROCE_V2 = "RoCE v2"

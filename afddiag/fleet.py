@@ -550,15 +550,14 @@ def build_zipapp(dest: str) -> str:
             files.append((Path(spec.origin), Path(spec.origin).name))
     main = "import sys\nfrom afddiag.cli import main\nmain()\n"
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest + ".tmp"
-    with open(tmp, "wb") as f:
+    from afddiag.atomic import atomic_write
+
+    with atomic_write(dest, binary=True, mode=0o755) as f:
         f.write(b"#!/usr/bin/env python3\n")
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as z:
             z.writestr("__main__.py", main)
             for p, arc in files:
                 z.write(p, arc)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dest)
     return dest
 
 

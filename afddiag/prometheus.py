@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime as _dt
 import io
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,22 +79,11 @@ def render(report: dict[str, Any], command: str = "all") -> str:
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, rename;
     mode 0644 so node_exporter's user reads it). Raises OSError when the folder cannot be written."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return p
+    from afddiag.atomic import atomic_write
+
+    with atomic_write(path) as f:
+        f.write(text)
+    return Path(path)
 
 
 def write_report(report: dict[str, Any], fmt: str, output: str | None, command: str) -> None:

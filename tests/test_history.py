@@ -13,7 +13,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from afddiag import history
