@@ -161,10 +161,17 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
             pb = pbmod.load(role, playbook_path)
         if launch_env_path:
             try:
-                text = open(launch_env_path, encoding="utf-8").read()
+                with open(launch_env_path, encoding="utf-8") as f:
+                    text = f.read()
+            except UnicodeDecodeError as e:
+                raise click.UsageError(f"launch env {launch_env_path}: not UTF-8 text (byte {e.start}): save it as "
+                                       "UTF-8 KEY=VALUE lines")
             except OSError as e:
                 raise click.UsageError(f"launch env {launch_env_path}: {e.strerror}: give the launcher's env file")
             launch_env = parse_launch_env(text, launch_env_path, pb.aliases if pb else None)
+            if pb is not None and launch_env.get("AFD_ROLE") and launch_env["AFD_ROLE"] != pb.name:
+                click.echo(f"afddiag: judging as role {pb.name} (--role/--playbook), although {launch_env_path} "
+                           f"says AFD_ROLE={launch_env['AFD_ROLE']}", err=True)
             if pb is None and launch_env.get("AFD_ROLE"):
                 pb = pbmod.load(launch_env["AFD_ROLE"])
                 if pb.aliases:  # the role's aliases apply to the file that named it
@@ -223,10 +230,16 @@ class LazyGroup(click.Group):
         return sorted(set(super().list_commands(ctx)) | {n for n in LAZY_COMMANDS if self._load(n)})
 
     def get_command(self, ctx, name):
-        return super().get_command(ctx, name) or self._load(name)
+        cmd = super().get_command(ctx, name) or self._load(name)
+        if cmd is None and name in LAZY_COMMANDS:
+            why = self._why.get(name, "")
+            raise click.UsageError(f"'{name}' is not available: {why} (pip install 'afddiag' with its dependencies)")
+        return cmd
 
-    @staticmethod
-    def _load(name):
+    _why: dict[str, str] = {}
+
+    @classmethod
+    def _load(cls, name):
         import importlib
 
         target = LAZY_COMMANDS.get(name)
@@ -235,7 +248,8 @@ class LazyGroup(click.Group):
         mod, _, attr = target.partition(":")
         try:
             return getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError):
+        except (ImportError, AttributeError) as e:
+            cls._why[name] = str(e)
             return None
 
 
@@ -258,10 +272,9 @@ def cli() -> None:
                    "MTU; prints latency (µs) and bandwidth (GB/s).")
 @click.option("--port", "pair_port", type=click.IntRange(1, 65535), default=18515, show_default=True,
               help="TCP port of the pair test's handshake.")
-@click.option("--once", is_flag=True, help="With --serve: serve one session and exit (the default; for scripts).")
 @click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Time bound of the pair session (and of --serve's wait for a client), seconds.")
-def fabric(serve, pair_target, pair_port, once, pair_timeout, **kw) -> int:
+def fabric(serve, pair_target, pair_port, pair_timeout, **kw) -> int:
     """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR.
 
     With --serve / --pair HOST[:PORT]: the host-to-host pair test instead (exit 0 when every phase
@@ -390,15 +403,23 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         raise click.UsageError(str(e))
     dm = report.device_map(obs.fabric)
     if not dm:
-        click.echo("afddiag devicemap: no IPv4 RoCE v2 GID on an ACTIVE port: put the fabric address on the "
-                   "RoCE netdev first (afddiag fabric says more)", err=True)
+        if not (obs.fabric and obs.fabric.devices):
+            click.echo("afddiag devicemap: no RDMA device on this host: load the RDMA driver first "
+                       "(afddiag fabric says more)", err=True)
+        else:
+            click.echo("afddiag devicemap: no IPv4 RoCE v2 GID on an ACTIVE port: put the fabric address on the "
+                       "RoCE netdev first (afddiag fabric says more)", err=True)
         return 2
     if fmt == "nccl":
         fip = resolve_fabric_ip(obs.fabric, fabric_ip)
+        if fip.ip is None:
+            click.echo(f"afddiag devicemap: several fabric IPs ({', '.join(sorted(dm))}): give --fabric-ip with "
+                       "the one the launcher uses", err=True)
+            return 2
         pairs = [p for p in report.launch_exports(obs.fabric, fip.ip) if p[0].startswith("NCCL_")]
         if not pairs:
-            click.echo(f"afddiag devicemap: fabric IP {fip.ip or 'ambiguous: ' + ', '.join(sorted(dm))} has no IPv4 "
-                       "RoCE v2 GID on an ACTIVE port: give --fabric-ip with one of the map's addresses", err=True)
+            click.echo(f"afddiag devicemap: fabric IP {fip.ip} has no IPv4 RoCE v2 GID on an ACTIVE port: give "
+                       f"--fabric-ip with one of {', '.join(sorted(dm))}", err=True)
             return 2
         click.echo(report.format_exports(pairs, "env"))
         return 0

@@ -277,8 +277,14 @@ def attach_load(readings: dict[str, Any], budget_s: float) -> None:
 
 
 def _load_baseline(obs: Observation, inputs: Inputs) -> None:
+    """The host's recorded baseline: live runs read the state directory's (or --baseline); a
+    snapshot replay reads only an explicit --baseline, since this machine's baseline is not the
+    captured host's (replays give the same verdicts anywhere)."""
     from afddiag import baseline
 
+    if inputs.snapshot and not inputs.baseline_path:
+        obs.baseline, obs.baseline_why = None, "a replay uses no local baseline (give --baseline to compare)"
+        return
     obs.baseline, obs.baseline_why = baseline.load(inputs.baseline_path)
 
 

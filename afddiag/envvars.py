@@ -172,6 +172,9 @@ def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, s
         if line.startswith("export ") or line.startswith("export\t"):
             line = line[7:].lstrip()
         key, sep, val = line.partition("=")
+        if sep and (key != key.rstrip() or val[:1] in (" ", "\t")):
+            raise LaunchEnvError(f"{where}: spaces around '=' ({raw.strip()[:60]!r}): a shell sourcing this file "
+                                 "would run a command instead: write KEY=VALUE")
         key = key.strip()
         if not sep or not _KEY_RE.match(key):
             raise LaunchEnvError(f"{where}: not a KEY=VALUE line ({raw.strip()[:60]!r}): fix or comment it out")

@@ -317,12 +317,12 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None) -> None:
                   width=200 if plain else None, soft_wrap=plain)
     w = max([len(r["name"]) for r in fr["hosts"]] + [4])
     if plain:
-        out.write(f"{'host':<{w}}  {'role':<12} {'status':<6} exit  pass/warn/fail/skip/error  failing gates / error\n")
+        out.write(f"{'host':<{w}}  {'role':<12} {'collected':<9} exit  pass/warn/fail/skip/error  failing gates / error\n")
         for r in fr["hosts"]:
             c = r.get("counts") or {}
             cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
             what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
-            out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<6} {r['exit_code']!s:<5} "
+            out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<9} {r['exit_code']!s:<5} "
                       f"{cnt:<26} {what}\n")
         out.write("\n")
         for g in fr["gates"]:
@@ -505,14 +505,14 @@ def collect(inv: Inventory, opts: SshOptions, progress: Progress | None = None) 
 
 # ---------------------------------------------------------------- zipapp for --push
 
-VENDORED = ("click", "rich", "pynvml")
+VENDORED = ("click", "rich", "pynvml", "tomli")  # tomli: tomllib for targets on Python 3.10
 
 
 def build_zipapp(dest: str) -> str:
     """Write a self-contained zipapp of this afddiag to ``dest`` (a file path); return ``dest``.
 
     Holds the ``afddiag`` package (with ``checks/gates.toml`` as ``afddiag.checks`` and the
-    playbooks as ``afddiag.playbooks``) and the pure-Python dependencies click, rich and pynvml
+    playbooks as ``afddiag.playbooks``) and the pure-Python dependencies click, rich, pynvml and tomli
     (vendored from this interpreter). Not vendored, because they are compiled: psutil (the target
     needs ``python3-psutil``; without it the CPU probe and netdev addresses are not read, the gates
     that need them SKIP) and pyverbs (``python3-pyverbs``, which must match the target's rdma-core;

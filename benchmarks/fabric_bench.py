@@ -101,7 +101,7 @@ def main() -> int:
         spark = spark_snapshot(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device", td / "spark")
         slots = sum(1 for _ in spark.glob("sys/class/infiniband/*/ports/*/gids/*"))
         show = wall(["bash", "-c", SHOW_GIDS, "show_gids", str(spark)], max(1, args.repeat // 2))
-        cold = wall(AFDDIAG + ["fabric", "--snapshot", str(spark)], args.repeat, env=env)
+        cold = wall(AFDDIAG + ["fabric", "--no-history", "--snapshot", str(spark)], args.repeat, env=env)
         warm = in_process(spark, args.repeat)
         rows += [
             ("snapshot", f"4-HCA Spark (case 01), {slots} GID slots", ""),
@@ -111,7 +111,7 @@ def main() -> int:
             ("afddiag fabric, in-process (probe + gates)", f"{warm * 1000:.1f} ms", f"{show / warm:.0f}x faster"),
         ]
         ver = wall(AFDDIAG + ["--version"], args.repeat, first_output=True, env=env)
-        allc = wall(AFDDIAG + ["all", "--snapshot", str(spark)], args.repeat, first_output=True, env=env)
+        allc = wall(AFDDIAG + ["all", "--no-history", "--snapshot", str(spark)], args.repeat, first_output=True, env=env)
         bare = wall([sys.executable, "-c", "print(1)"], args.repeat, first_output=True, env=env)
         rows += [
             ("python -c print(1) (interpreter floor)", f"{bare * 1000:.0f} ms", "anchor"),
@@ -131,8 +131,8 @@ def main() -> int:
                 base = base or per
                 rows.append((f"replay {devs} devices x {nslots} slots", f"{t * 1000:.1f} ms",
                              f"{per:.1f} us/slot ({per / base:.2f}x the smallest's per-slot cost)"))
-        for label, cmd in (("afddiag fabric", AFDDIAG + ["fabric", "--snapshot", str(spark)]),
-                           ("afddiag all (no load probe)", AFDDIAG + ["all", "--snapshot", str(spark)])):
+        for label, cmd in (("afddiag fabric", AFDDIAG + ["fabric", "--no-history", "--snapshot", str(spark)]),
+                           ("afddiag all (no load probe)", AFDDIAG + ["all", "--no-history", "--snapshot", str(spark)])):
             mb = peak_rss_mb(cmd)
             rows.append((f"peak RSS, {label}", f"{mb:.1f} MB", f"{'PASS' if mb <= 80 else 'MISS'} goal <= 80 MB"))
     w = max(len(r[0]) for r in rows)

@@ -9,7 +9,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -356,25 +355,10 @@ def test_a_plain_tar_of_a_case_directory_replays(tmp_path):
 
 @pytest.fixture(scope="module")
 def capture_lab(tmp_path_factory) -> dict:
-    import test_lab
+    import labboot
 
-    why = test_lab._lab_missing()
-    if why:
-        if test_lab.IN_CI:
-            pytest.fail(f"soft-RoCE lab cannot boot under CI: {why}")
-        pytest.skip(f"soft-RoCE lab not available: {why}")
-    out = tmp_path_factory.mktemp("lab-capture")
-    env = dict(os.environ, AFDDIAG_LAB_PYTHON=sys.executable,
-               AFDDIAG_LAB_SCRIPT=str(REPO / "lab" / "scenario-capture.py"))
-    p = subprocess.run(["bash", str(REPO / "lab" / "boot.sh"), str(out)], capture_output=True, text=True,
-                       timeout=test_lab.BOOT_TIMEOUT_S + 60, env=env)
-    results = out / "results.json"
-    if p.returncode != 0 or not results.is_file():
-        console = (out / "console.log").read_text()[-6000:] if (out / "console.log").exists() else ""
-        pytest.fail(f"lab boot failed (rc {p.returncode}): {p.stderr[-3000:]}\nconsole:\n{console}")
-    r = json.loads(results.read_text())
-    assert r["errors"] == [], "\n".join(r["errors"])
-    r["outdir"] = out
+    r = labboot.boot(tmp_path_factory, "lab-capture", "scenario-capture.py")
+    assert r["boot_rc"] == 0, "lab/boot.sh failed although results.json exists"
     return r
 
 

@@ -229,7 +229,7 @@ def test_fleet_table_plain(sshfleet, capsys):
     print(out, file=sys.stderr)  # the table, for the record (pytest -s shows it)
     assert rc == 2
     lines = out.splitlines()
-    assert lines[0].split()[:3] == ["host", "role", "status"]
+    assert lines[0].split()[:3] == ["host", "role", "collected"]
     assert any(l.startswith("slow ") and "ERROR" in l and "timed out after 4 s" in l for l in lines), out
     assert any(l.startswith("FAIL   fleet.capacity   spark-b") for l in lines), out
     assert "3 host(s) reported, 4 without a report" in out

@@ -9,14 +9,11 @@ Needs lab/setup.sh to have run (as root); outside CI a missing lab skips, under 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 
-from test_lab import BOOT_TIMEOUT_S, IN_CI, REPO, _lab_missing
+import labboot
 
 pytestmark = pytest.mark.lab
 
@@ -25,30 +22,7 @@ SIZES = [64, 512, 1024, 4096, 65536]
 
 @pytest.fixture(scope="module")
 def pairlab(tmp_path_factory) -> dict:
-    why = _lab_missing()
-    if why and IN_CI and os.geteuid() == 0:
-        p = subprocess.run(["bash", str(REPO / "lab" / "setup.sh")], capture_output=True, text=True, timeout=1800)
-        if p.returncode != 0:
-            pytest.fail(f"lab/setup.sh failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
-        why = _lab_missing()
-    if why:
-        if IN_CI:
-            pytest.fail(f"soft-RoCE lab cannot boot under CI: {why}")
-        pytest.skip(f"soft-RoCE lab not available: {why}")
-    out = tmp_path_factory.mktemp("pairlab")
-    env = dict(os.environ, AFDDIAG_LAB_PYTHON=sys.executable,
-               AFDDIAG_LAB_SCRIPT=str(REPO / "lab" / "scenario-pair.py"))
-    try:
-        p = subprocess.run(["bash", str(REPO / "lab" / "boot.sh"), str(out)], capture_output=True, text=True,
-                           timeout=BOOT_TIMEOUT_S + 60, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"lab boot did not finish in {BOOT_TIMEOUT_S + 60}s")
-    results = out / "results.json"
-    if not results.is_file():
-        console = (out / "console.log").read_text()[-6000:] if (out / "console.log").exists() else ""
-        pytest.fail(f"lab boot failed (rc {p.returncode}): {p.stderr[-3000:]}\nconsole:\n{console}")
-    r = json.loads(results.read_text())
-    assert r["errors"] == [], "\n".join(r["errors"])
+    r = labboot.boot(tmp_path_factory, "pairlab", 'scenario-pair.py')
     assert r["ready"]["ready"], r["ready"]
     return r
 

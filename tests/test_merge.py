@@ -46,7 +46,7 @@ def test_merge_1000_reports_names_each_planted_fault(merged):
     assert fr["_rc"] == 2
     cap = _gate(fr, "fleet.capacity")
     assert cap["verdict"] == "FAIL"
-    assert cap["summary"].startswith("node00017 AFD_EXPERT_CAPACITY=128 in /etc/afd/node00017.env: differ from "
+    assert cap["summary"].startswith("node00017 AFD_EXPERT_CAPACITY=128 in /etc/afd/node00017.env: differs from "
                                      "coordinator node00000's AFD_PREFILL_CAPACITY=256"), cap["summary"]
     mtu = _gate(fr, "fleet.mtu")
     assert mtu["verdict"] == "FAIL" and mtu["summary"].startswith("node00042 RoCE MTU 1024 (enp1s0f1np1 MTU 1500)")

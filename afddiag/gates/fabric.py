@@ -38,7 +38,8 @@ def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
         return v
     if fab is None or not fab.captured:
         why = "; ".join(fab.notes) if fab and fab.notes else "fabric not probed"
-        return Verdict(gid, SKIP, f"fabric not captured: {why}", remedy("snapshot.fabric"))
+        return Verdict(gid, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
+                       remedy("snapshot.fabric"))
     if not fab.devices:
         return Verdict(gid, SKIP, "no RDMA device on this host", remedy("fabric.rdma-present"))
     fip = ctx.fabric_ip
@@ -89,7 +90,11 @@ def rdma_present(ctx: Context) -> Verdict:
     if (v := probe_failed(gid, fab)) is not None:
         return v
     if fab is None or not fab.captured:
-        return Verdict(gid, SKIP, "fabric not captured: " + ("; ".join(fab.notes) if fab else "not probed"),
+        why = "; ".join(fab.notes) if fab and fab.notes else "not probed"
+        if ctx.requires("rdma"):  # a role that needs RDMA cannot be passed on evidence that is not there
+            return Verdict(gid, FAIL, f"role {ctx.playbook.name} requires RDMA, but the fabric was not looked at "
+                           f"({why})", remedy("snapshot.fabric"))
+        return Verdict(gid, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
                        remedy("snapshot.fabric"))
     if not fab.devices:
         why = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
@@ -428,6 +433,9 @@ def arp(ctx: Context) -> Verdict:
                 continue
     shared = {net: sorted(nds) for net, nds in nets.items() if len(nds) > 1}
     facts: dict = {"subnets": {k: sorted(v) for k, v in nets.items()}, "shared": shared}
+    if not nets:
+        return Verdict(gid, SKIP, "no IPv4 address on any RDMA netdev: no ARP replies to judge", "nothing to do",
+                       facts)
     if not shared:
         return Verdict(gid, PASS, "one RDMA netdev per subnet (" + (", ".join(f"{n}: {', '.join(sorted(v))}"
                        for n, v in sorted(nets.items())) or "no IPv4 on the RDMA netdevs") + "): ARP replies "

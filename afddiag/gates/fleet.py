@@ -178,12 +178,12 @@ def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         ref_src = f"coordinator {next(n for n, v in coords.items() if v == ref)}'s AFD_PREFILL_CAPACITY={ref}"
     else:
         ref, _ = _minority({n: v for n, (_, v, _, _) in flags.items()})
-        ref_src = f"the most common flag {ref} (no coordinator report)"
+        ref_src = f"the most common flag {ref} (no coordinator reported its batch flag)"
     off = [n for n, (_, v, _, _) in flags.items() if v != ref]
     if off:
         parts = [f"{n} {flags[n][0]}={flags[n][1]}" + ("" if flags[n][2] else " (engine default)")
                  + f" in {flags[n][3]}" for n in off]
-        return Verdict(gid, FAIL, f"{_names(parts)}: differ from {ref_src}: the coordinator's batch flag and every "
+        return Verdict(gid, FAIL, f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from {ref_src}: the coordinator's batch flag and every "
                        "rank's capacity flag must be equal" + _tail(fleet), remedy(gid), facts)
     if unknown:
         return Verdict(gid, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role unknown); "

@@ -44,8 +44,7 @@ def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
 def present(ctx: Context) -> Verdict:
     gid = "gpu.present"
     if (v := _need_gpu(ctx, gid)) is not None:
-        g = ctx.obs.gpu
-        if g is not None and g.captured and not g.devices and ctx.requires("gpu"):
+        if v.verdict == SKIP and ctx.requires("gpu"):  # absent or not looked at: the role cannot pass
             v.verdict = FAIL
             v.summary += f"; role {ctx.playbook.name} requires a GPU"
         return v

@@ -35,8 +35,10 @@ def cpu_clock(ctx: Context) -> Verdict:
     model = cpu.get("model") or "CPU"
     if found:
         return Verdict(gid, FAIL, f"{model}: " + "; ".join(found), remedy(gid), facts)
-    if clk is None and not ref:
-        return Verdict(gid, WARN if min_mhz else SKIP, f"{model}: no cpufreq clock and no baseline to compare the "
+    compared = bool(ref) or (clk is not None and (bool(min_mhz) or bool(mx)))
+    if not compared:
+        what = "no cpufreq clock" if clk is None else f"clock under load {clk:.0f} MHz but no max and no role minimum"
+        return Verdict(gid, WARN if min_mhz else SKIP, f"{model}: {what}, and no baseline to compare the "
                        f"loop's {rate} Mop/s with", "record a baseline on a healthy host: `afddiag baseline record`",
                        facts)
     parts = [f"clock under load {clk:.0f} MHz" + (f" of max {mx:.0f}" if mx else "")] if clk else []

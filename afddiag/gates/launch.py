@@ -10,6 +10,7 @@ from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
 OTHER_KEY = {"AFD_PREFILL_CAPACITY": "AFD_EXPERT_CAPACITY", "AFD_EXPERT_CAPACITY": "AFD_PREFILL_CAPACITY"}
 ENGINE_DEFAULT_CAPACITY = 1024
+OTHER_SIDE = {"AFD_PREFILL_CAPACITY": "ranks'", "AFD_EXPERT_CAPACITY": "coordinator's"}
 NO_ENV = "no launch env file given (--launch-env FILE)"
 
 
@@ -59,7 +60,7 @@ def capacity(ctx: Context) -> Verdict:
     facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None}
     if want is None:
         return Verdict(gid, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
-                       f"{'ranks' if key == 'AFD_PREFILL_CAPACITY' else 'coordinator'}' value",
+                       f"{OTHER_SIDE.get(key, 'other side')} value",
                        "pass --expect-capacity N (the other side's flag)", facts)
     if own != want:
         return Verdict(gid, FAIL, f"{own_txt} but {src} is {want}: the coordinator's batch flag and the ranks' "
@@ -73,8 +74,9 @@ def memlock(ctx: Context) -> Verdict:
     if (v := probe_failed(gid, lim)) is not None:
         return v
     if lim is None or not lim.captured:
-        return Verdict(gid, SKIP, "limits not captured" + (f" ({'; '.join(lim.notes)})" if lim and lim.notes else ""),
-                       "run on the host, or capture limits.json")
+        notes = "; ".join(lim.notes) if lim and lim.notes else ""
+        return Verdict(gid, SKIP, notes if notes.startswith("limits not captured") else
+                       "limits not captured" + (f" ({notes})" if notes else ""), "run on the host, or capture limits.json")
     soft = lim.memlock_soft_bytes
     facts = {"memlock_soft_bytes": soft, "memlock_hard_bytes": lim.memlock_hard_bytes, "user": lim.user,
              "in_container": lim.in_container}

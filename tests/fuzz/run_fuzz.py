@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--save", action="store_true", help="keep findings in tests/fuzz/corpus")
     a = ap.parse_args(argv)
-    os.environ.setdefault("AFDDIAG_STATE_DIR", tempfile.mkdtemp(prefix="afddiag-fuzz-state-"))
+    state = tempfile.TemporaryDirectory(prefix="afddiag-fuzz-state-")  # removed when main returns
+    os.environ.setdefault("AFDDIAG_STATE_DIR", state.name)
     rng = random.Random(a.seed)
     targets = [t for t in a.targets.split(",") if t]
     per = a.seconds / max(1, len(targets))

@@ -1,0 +1,71 @@
+"""Boot the soft-RoCE lab once for a test module: lab/boot.sh with a guest script, results back.
+
+Needs lab/setup.sh to have run (as root). Outside CI a missing QEMU or lab kernel skips with the
+reason; with CI set it fails instead (under CI, as root, it first runs lab/setup.sh itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("AFDDIAG_LAB_CACHE", REPO / ".lab-cache"))
+IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+BOOT_TIMEOUT_S = 600
+
+
+def lab_missing() -> str | None:
+    """Why the lab cannot boot here, or None when it can."""
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 not installed (run lab/setup.sh as root)"
+    env = CACHE / "kernel.env"
+    if not env.is_file():
+        return f"lab kernel not set up ({env} missing: run lab/setup.sh as root)"
+    kv = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
+    for key in ("LAB_VMLINUZ", "LAB_VNG"):
+        if not Path(kv.get(key, "")).exists():
+            return f"{key}={kv.get(key)} missing (run lab/setup.sh as root)"
+    if not Path(f"/lib/modules/{kv.get('LAB_KVER', '')}/modules.dep").is_file():
+        return f"/lib/modules/{kv.get('LAB_KVER')} not installed (run lab/setup.sh as root)"
+    return None
+
+
+def boot(tmp_path_factory, name: str, script: str | None = None) -> dict:
+    """Boot once with ``lab/<script>`` (default lab/run-scenario.py) and return its results.json,
+    with ``outdir`` added. Fails (CI) or skips (elsewhere) when the lab cannot boot; fails when the
+    guest did not finish or reported errors."""
+    why = lab_missing()
+    if why and IN_CI and os.geteuid() == 0:
+        p = subprocess.run(["bash", str(REPO / "lab" / "setup.sh")], capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            pytest.fail(f"lab/setup.sh failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
+        why = lab_missing()
+    if why:
+        if IN_CI:
+            pytest.fail(f"soft-RoCE lab cannot boot under CI: {why}")
+        pytest.skip(f"soft-RoCE lab not available: {why}")
+    out = tmp_path_factory.mktemp(name)
+    env = dict(os.environ, AFDDIAG_LAB_PYTHON=sys.executable)
+    if script:
+        env["AFDDIAG_LAB_SCRIPT"] = str(REPO / "lab" / script)
+    try:
+        p = subprocess.run(["bash", str(REPO / "lab" / "boot.sh"), str(out)], capture_output=True, text=True,
+                           timeout=BOOT_TIMEOUT_S + 60, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"lab boot did not finish in {BOOT_TIMEOUT_S + 60}s")
+    results = out / "results.json"
+    if not results.is_file():
+        console = (out / "console.log").read_text()[-6000:] if (out / "console.log").exists() else ""
+        pytest.fail(f"lab boot failed (rc {p.returncode}): {p.stderr[-3000:]}\nconsole:\n{console}")
+    r = json.loads(results.read_text())
+    assert r["errors"] == [], "\n".join(r["errors"])
+    r["outdir"] = out
+    r["boot_rc"] = p.returncode
+    return r
