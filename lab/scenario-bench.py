@@ -14,7 +14,6 @@ and OUTDIR/bench.txt.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -24,9 +23,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("lab_scenario", os.path.join(HERE, "run-scenario.py"))
-lab = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lab)  # build(), wait_ready(), sh(), constants; sys.path gets the repo
+sys.path.insert(0, HERE)
+import labkit as lab  # noqa: E402  build(), wait_ready(), sh(), constants; sys.path gets the repo
 
 WALK_SLOTS = 64  # a full walk of 1,024 slots runs past 400 s under TCG: measure 64 and scale per slot
 SHOW_GIDS_ONE = r'''
@@ -87,9 +85,7 @@ def main() -> int:
 
         res["errors"].append(traceback.format_exc())
     finally:
-        for dev in (lab.SECOND_DEV, lab.FIRST_DEV):
-            lab.sh(["rdma", "link", "delete", dev], check=False)
-        lab.sh(["ip", "netns", "del", "peer"], check=False)
+        lab.teardown()
     rows = []
     if "qp_reached" in res:
         walk = res["show_gids_all_devices_est_s"]

@@ -5,7 +5,7 @@ between runs, and record what afddiag says (runs as root, in the VM that lab/boo
 
 Usage (inside the VM): ``python lab/scenario-faults.py OUTDIR``
 
-Topology: lab/run-scenario.py's (imported from it, not copied): rxe ``zrxe0`` on va (no IPv4,
+Topology: lab/labkit.py's incident host (imported, not copied): rxe ``zrxe0`` on va (no IPv4,
 device index 0), rxe ``arxe1`` on vc (10.9.0.2/24), the peer 10.9.0.1 on vd in netns ``peer``.
 Every run is ``afddiag all --json --fabric-ip 10.9.0.2 --peer 10.9.0.1 --timeout T --qp-timeout Q``
 with ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=arxe1`` (the healthy baseline), in this
@@ -32,7 +32,6 @@ OUTDIR/<fault>.json (afddiag's JSON) and OUTDIR/run.log. Exit 0 when every step 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -46,9 +45,8 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-_spec = importlib.util.spec_from_file_location("lab_run_scenario", os.path.join(REPO, "lab", "run-scenario.py"))
-lab = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lab)  # the topology (build, wait_ready), sh, sh_json, log
+sys.path.insert(0, os.path.join(REPO, "lab"))
+import labkit as lab  # noqa: E402  the topology (build, wait_ready), sh, sh_json, log
 
 FABRIC_IP, PEER_IP = lab.FABRIC_IP, lab.PEER_IP
 MAP = f"{FABRIC_IP}={lab.SECOND_DEV}"

@@ -33,58 +33,19 @@ runs and after cleanup) and OUTDIR/run.log. Exit 0 when every step ran (whatever
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import io
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from labkit import LOG, T0, log, read, run_cli, sh, sh_json  # noqa: E402
 
 HOST_IP, PEER_IP, RAIL2_IP = "10.9.0.2", "10.9.0.1", "10.9.0.3"
 PORT = 18515
 CLONE_NEWNET = 0x40000000
-T0 = time.monotonic()
-LOG: list[str] = []
-
-
-def log(msg: str) -> None:
-    line = f"[{time.monotonic() - T0:7.2f}s] [{os.getpid()}] {msg}"
-    LOG.append(line)
-    print(line, file=sys.stderr, flush=True)
-
-
-def sh(args: list[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    t = time.monotonic()
-    p = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=120)
-    log(f"$ {' '.join(args)} -> rc {p.returncode} ({time.monotonic() - t:.2f}s)"
-        + (f"\n  stderr: {p.stderr.strip()}" if p.stderr.strip() else ""))
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed (rc {p.returncode}): {p.stderr.strip()}")
-    return p
-
-
-def sh_json(args: list[str]) -> object:
-    p = sh(args, check=False)
-    try:
-        return json.loads(p.stdout) if p.stdout.strip() else None
-    except ValueError:
-        return {"unparsed": p.stdout, "stderr": p.stderr, "rc": p.returncode}
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def build() -> None:
     sh(["modprobe", "-a", "rdma_rxe", "rdma_ucm"])
     sh(["ip", "netns", "add", "peer"])
@@ -127,28 +88,6 @@ def wait_ready(timeout_s: float = 60.0) -> dict:
             log(f"ready={ok}: {json.dumps(seen)}")
             return seen
         time.sleep(0.5)
-
-
-def run_cli(name: str, args: list[str]) -> dict:
-    """afddiag's CLI in this process: exit code, parsed JSON, timing."""
-    out, err = io.StringIO(), io.StringIO()
-    t = time.monotonic()
-    rc, exc = None, None
-    try:
-        import afddiag.cli as cli
-
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = cli.run(list(args))
-    except Exception:
-        exc = traceback.format_exc()
-    text = out.getvalue()
-    try:
-        parsed = json.loads(text) if text.strip() else None
-    except ValueError:
-        parsed = None
-    log(f"afddiag {name}: rc={rc} in {time.monotonic() - t:.2f}s" + (f"\n{exc}" if exc else ""))
-    return {"name": name, "args": args, "rc": rc, "elapsed_s": round(time.monotonic() - t, 3), "json": parsed,
-            "stdout": None if parsed is not None else text, "stderr": err.getvalue()[-4000:], "exception": exc}
 
 
 def set_arp(netdevs: list[str]) -> None:

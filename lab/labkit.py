@@ -1,0 +1,176 @@
+"""What every lab guest script shares: logging, helper commands, the incident host and an in-process
+afddiag run. Imported by lab/run-scenario.py and the lab/scenario-*.py scripts (run as root in the
+guest, `python lab/<script>.py OUTDIR`: starting a process under QEMU's emulation costs seconds, so
+a script is one Python process that runs afddiag in-process).
+
+The incident host (:func:`build`)::
+
+    host side                                   netns "peer"
+    va (no IPv4, fe80 only) -- rxe zrxe0 <==veth==> vb (up, no address)
+    vc 10.9.0.2/24          -- rxe arxe1 <==veth==> vd 10.9.0.1/24
+
+``zrxe0`` is created first, so it has the lowest kernel device index and libibverbs enumerates it
+first, although its name sorts after ``arxe1``. The peer needs no rxe device: RTR only resolves the
+peer's address (ARP); it does not talk to a remote QP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+MAP_VAR = "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP"
+FABRIC_IP = "10.9.0.2"
+PEER_IP = "10.9.0.1"
+FIRST_DEV = "zrxe0"  # created first: lowest index, sorts last by name
+SECOND_DEV = "arxe1"
+UNCHANGED = object()
+
+T0 = time.monotonic()
+LOG: list[str] = []
+
+
+def log(msg: str) -> None:
+    """One timestamped line (seconds since start, pid) to stderr and to :data:`LOG`."""
+    line = f"[{time.monotonic() - T0:7.2f}s] [{os.getpid()}] {msg}"
+    LOG.append(line)
+    print(line, file=sys.stderr, flush=True)
+
+
+def sh(args: list[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one helper command, log it, and raise RuntimeError on failure when ``check``."""
+    t = time.monotonic()
+    p = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=120)
+    log(f"$ {' '.join(args)} -> rc {p.returncode} ({time.monotonic() - t:.2f}s)"
+        + (f"\n  stderr: {p.stderr.strip()}" if p.stderr.strip() else ""))
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed (rc {p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def sh_json(args: list[str]) -> object:
+    """A command's JSON output (``rdma -j``, ``ip -j``), or what it printed when that is not JSON."""
+    p = sh(args, check=False)
+    try:
+        return json.loads(p.stdout) if p.stdout.strip() else None
+    except ValueError:
+        return {"unparsed": p.stdout, "stderr": p.stderr, "rc": p.returncode}
+
+
+def read(path: str) -> str | None:
+    """A sysfs attribute as stripped text, or None when it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def port_gids(dev: str, port: int = 1) -> list[tuple[int, str, str | None]]:
+    """Populated (index, gid, type) of one port; empty slots skipped (their type read fails)."""
+    base = f"/sys/class/infiniband/{dev}/ports/{port}"
+    out = []
+    try:
+        n = len(os.listdir(f"{base}/gids"))
+    except OSError:
+        return out
+    for i in range(n):
+        g = read(f"{base}/gids/{i}")
+        if not g or all(c in "0:" for c in g):
+            continue
+        out.append((i, g, read(f"{base}/gid_attrs/types/{i}")))
+    return out
+
+
+def build() -> None:
+    """The incident host (module docstring): two veth pairs, the peer namespace, two rxe devices."""
+    sh(["modprobe", "-a", "rdma_rxe", "rdma_ucm"])  # rdma_ucm: /dev/infiniband/rdma_cm, as on a real host
+    sh(["ip", "netns", "add", "peer"])
+    sh(["ip", "-batch", "-"], stdin="\n".join([
+        "link set lo up",
+        "link add va type veth peer name vb",
+        "link add vc type veth peer name vd",
+        "link set vb netns peer",
+        "link set vd netns peer",
+        "link set va up",
+        f"addr add {FABRIC_IP}/24 dev vc",
+        "link set vc up",
+    ]) + "\n")
+    sh(["ip", "-n", "peer", "-batch", "-"], stdin="\n".join([
+        "link set lo up",
+        "link set vb up",
+        f"addr add {PEER_IP}/24 dev vd",
+        "link set vd up",
+    ]) + "\n")
+    # Order matters: the first one created gets the lowest device index.
+    sh(["rdma", "link", "add", FIRST_DEV, "type", "rxe", "netdev", "va"])
+    sh(["rdma", "link", "add", SECOND_DEV, "type", "rxe", "netdev", "vc"])
+
+
+def wait_ready(timeout_s: float = 60.0) -> dict:
+    """Wait until both ports are ACTIVE, arxe1 has the RoCE v2 GID of 10.9.0.2 and zrxe0 has a
+    RoCE v2 GID (its fe80 one). Returns the GID tables seen and ``ready``."""
+    want = "0000:0000:0000:0000:0000:ffff:0a09:0002"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        a = port_gids(SECOND_DEV)
+        z = port_gids(FIRST_DEV)
+        states = {d: read(f"/sys/class/infiniband/{d}/ports/1/state") for d in (FIRST_DEV, SECOND_DEV)}
+        ok = (
+            all(s and "ACTIVE" in s for s in states.values())
+            and any(g == want and t == "RoCE v2" for _, g, t in a)
+            and any(t == "RoCE v2" for _, _, t in z)
+        )
+        if ok or time.monotonic() > deadline:
+            seen = {"states": states, FIRST_DEV: z, SECOND_DEV: a, "ready": ok}
+            log(f"ready={ok}: {json.dumps(seen)}")
+            return seen
+        time.sleep(0.5)
+
+
+def teardown() -> None:
+    """Remove the incident host: both rxe devices, the namespace, the veths."""
+    for dev in (SECOND_DEV, FIRST_DEV):
+        sh(["rdma", "link", "delete", dev], check=False)
+    sh(["ip", "netns", "del", "peer"], check=False)
+    for nd in ("va", "vc"):  # gone with the namespace that held their peers, normally
+        if os.path.exists(f"/sys/class/net/{nd}"):
+            sh(["ip", "link", "del", nd], check=False)
+
+
+def run_cli(name: str, args: list[str], env_map: object = UNCHANGED) -> dict:
+    """afddiag's CLI in this process (``afddiag.cli.run``): exit code, parsed JSON, output, timing.
+    ``env_map`` sets (str) or unsets (None) the device map in the environment first."""
+    if env_map is None:
+        os.environ.pop(MAP_VAR, None)
+    elif env_map is not UNCHANGED:
+        os.environ[MAP_VAR] = str(env_map)
+    out, err = io.StringIO(), io.StringIO()
+    t = time.monotonic()
+    rc, exc = None, None
+    try:
+        import afddiag.cli as cli
+
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.run(list(args))
+    except Exception:
+        exc = traceback.format_exc()
+    elapsed = time.monotonic() - t
+    text = out.getvalue()
+    try:
+        parsed = json.loads(text) if text.strip().startswith(("{", "[")) else None
+    except ValueError:
+        parsed = None
+    log(f"afddiag {name}: rc={rc} in {elapsed:.2f}s" + (f"\n{exc}" if exc else ""))
+    return {"name": name, "args": list(args), "map": None if env_map is UNCHANGED else env_map, "rc": rc,
+            "elapsed_s": round(elapsed, 3), "json": parsed, "stdout": None if parsed is not None else text[-4000:],
+            "stderr": err.getvalue()[-4000:], "exception": exc}
