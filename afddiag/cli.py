@@ -445,10 +445,17 @@ def baseline_record(baseline_path, budget_s) -> int:
     from afddiag.probes.cpu import read_cpu
     from afddiag.probes.gpu import read_gpu
 
-    readings = read_gpu()
-    if readings.get("devices"):
-        attach_load(readings, budget_s)
-    cpu = read_cpu()
+    from afddiag.collect import ProbeTimeout, bounded
+
+    try:
+        readings = read_gpu()  # bounded inside
+        if readings.get("devices"):
+            bounded(lambda: attach_load(readings, budget_s), budget_s * max(1, len(readings["devices"])) + 30,
+                    "load probe")
+        cpu = bounded(read_cpu, 30, "CPU probe")
+    except ProbeTimeout as e:
+        click.echo(f"afddiag baseline record: {e}: nothing recorded", err=True)
+        return 3
     cpu_fig = {k: cpu[k] for k in ("loop_mops", "under_load_mhz", "max_mhz") if cpu.get(k) is not None}
     try:
         path = bl.record(readings, cpu_fig, socket.gethostname(), baseline_path)

@@ -15,6 +15,32 @@ ROCE_V2 = "RoCE v2"
 ROCE_V1 = "IB/RoCE v1"
 
 
+# What a verbs errno from ibv_modify_qp means on RoCE (the QP probe records the errno, gates say it).
+ERRNO_WORDS = {
+    110: "address resolution timed out (no ARP reply from the peer on this port)",
+    101: "network unreachable from this GID's netdev",
+    22: "invalid attribute (this GID cannot reach that destination: no IPv4 on this port?)",
+    61: "the GID slot is empty",
+    113: "no route to host",
+    19: "no such device",
+    95: "operation not supported by this device",
+}
+
+
+def errno_words(err: int) -> str:
+    """Words for a verbs errno, sign ignored (call sites differ): the RoCE meaning when known, else
+    ``os.strerror``."""
+    import os
+
+    n = abs(int(err))
+    if n in ERRNO_WORDS:
+        return ERRNO_WORDS[n]
+    try:
+        return os.strerror(n)
+    except (ValueError, OverflowError):
+        return f"errno {n}"
+
+
 def ipv4_from_gid(gid: str) -> str | None:
     """Return the dotted IPv4 address of an IPv4-mapped GID (``::ffff:a.b.c.d``), else None.
 

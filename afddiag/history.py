@@ -309,7 +309,7 @@ def history(gate, host, as_json, path) -> int:
     """When each gate's verdict changed, and the load-probe drift vs the last gpu.slow-state PASS.
 
     Reads the local store every fabric/gpu/all/preflight run appends to (unless --no-history).
-    Exit 1 when nothing is recorded yet.
+    Exit 1 when nothing is recorded yet, or no recorded gate matches --gate.
     """
     try:
         s = summarize(path, gate, host)
@@ -318,6 +318,9 @@ def history(gate, host, as_json, path) -> int:
         return 1
     except sqlite3.Error as e:
         click.echo(f"afddiag history: {path or default_path()}: {e}", err=True)
+        return 1
+    if gate and s["hosts"] and not any(h["gates"] for h in s["hosts"].values()):
+        click.echo(f"afddiag history: no recorded gate matches {gate!r} (ids as in `afddiag catalog`)", err=True)
         return 1
     if as_json:
         click.echo(json.dumps(s, indent=2))

@@ -84,3 +84,12 @@ def test_unimportable_lazy_command_says_why(monkeypatch, capsys):
     monkeypatch.setitem(climod.LAZY_COMMANDS, "fleet", "afddiag.no_such_module:fleet")
     assert run(["fleet", "--help"]) == 64
     assert "'fleet' is not available: No module named 'afddiag.no_such_module'" in capsys.readouterr().err
+
+
+def test_history_gate_filter_that_matches_nothing_exits_1(capsys):
+    assert run(["fabric", "--json", "--snapshot", str(C01)]) in (0, 1, 2)  # one recorded run
+    capsys.readouterr()
+    assert run(["history", "--gate", "fabric.link"]) == 0
+    capsys.readouterr()
+    assert run(["history", "--gate", "no.such-gate"]) == 1
+    assert "no recorded gate matches 'no.such-gate'" in capsys.readouterr().err

@@ -5,22 +5,13 @@ from __future__ import annotations
 
 from afddiag.catalog import remedy
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
-from afddiag.facts import ROCE_V2, Entry, carriers, ipv4_entries, to_jsonable, usable_rocev2
+from afddiag.facts import errno_words, ROCE_V2, Entry, carriers, ipv4_entries, to_jsonable, usable_rocev2
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 ROCE_MTUS = (4096, 2048, 1024, 512, 256)
 ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
 
-ERRNO_WORDS = {
-    110: "address resolution timed out (no ARP reply from the peer on this port)",
-    101: "network unreachable from this GID's netdev",
-    22: "invalid attribute (this GID cannot reach that destination: no IPv4 on this port?)",
-    61: "the GID slot is empty",
-    113: "no route to host",
-    19: "no such device",
-    95: "operation not supported by this device",
-}
 
 
 def roce_mtu(netdev_mtu: int) -> int:
@@ -319,10 +310,8 @@ def devicemap_env(ctx: Context) -> Verdict:
 
 
 def decode_errno(err: int | None) -> str:
-    """Words for a verbs errno (sign ignored: call sites differ)."""
-    if err is None:
-        return "no errno"
-    return ERRNO_WORDS.get(abs(err), f"errno {abs(err)}")
+    """Words for a verbs errno (sign ignored: call sites differ); "no errno" for None."""
+    return "no errno" if err is None else errno_words(err)
 
 
 def qp_rtr(ctx: Context) -> Verdict:

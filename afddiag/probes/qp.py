@@ -23,14 +23,13 @@ Everything is bounded and never raises: failures become facts (``QpResult.errno`
 
 from __future__ import annotations
 
-import errno as errno_mod
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from afddiag.facts import (
+    ERRNO_WORDS,
     ROCE_V2,
     FabricFacts,
     Port,
@@ -38,6 +37,7 @@ from afddiag.facts import (
     QpResult,
     QpStep,
     RdmaDevice,
+    errno_words,
     gid_for_ipv4,
     is_empty_gid,
 )
@@ -49,15 +49,7 @@ NO_PYVERBS_WHY = (
 
 #: Errno → what it means at ``ibv_modify_qp`` RTR for a RoCE RC QP. Keys are positive errnos;
 #: look up ``abs(err)`` (libibverbs returns positive errnos, some pyverbs paths negative ones).
-ERRNO_MEANINGS: dict[int, str] = {
-    errno_mod.ETIMEDOUT: "address resolution timed out (no ARP reply from the peer)",  # 110
-    errno_mod.ENETUNREACH: "network unreachable",  # 101
-    errno_mod.EINVAL: (
-        "invalid attribute (the GID at sgid_index cannot reach that destination: "
-        "no IPv4 on this port?)"
-    ),  # 22
-    errno_mod.ENODATA: "GID slot empty",  # 61
-}
+ERRNO_MEANINGS = ERRNO_WORDS  # one table, in afddiag.facts
 
 SGID_FABRIC_IP = "fabric IP"
 SGID_FALLBACK = "first RoCE v2 GID (fallback)"
@@ -75,19 +67,8 @@ RTS_MAX_RD_ATOMIC = 1
 
 
 def decode_errno(err: int | None) -> str | None:
-    """Words for an errno from a QP call; sign ignored (``abs``). None for None.
-
-    Known RoCE meanings come from :data:`ERRNO_MEANINGS`; anything else is ``os.strerror``.
-    """
-    if err is None:
-        return None
-    n = abs(int(err))
-    if n in ERRNO_MEANINGS:
-        return ERRNO_MEANINGS[n]
-    try:
-        return os.strerror(n)
-    except (ValueError, OverflowError):
-        return f"errno {n}"
+    """Words for an errno (sign ignored: call sites differ), or None for None (afddiag.facts.errno_words)."""
+    return None if err is None else errno_words(err)
 
 
 def mtu_enum_to_bytes(mtu: int | None) -> int | None:
