@@ -392,13 +392,15 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
     Exits 2 with a message on stderr when no address qualifies.
     """
     from afddiag import report
+    from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot, opened_snapshot
     from afddiag.gates import resolve_fabric_ip
 
-    from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot
-
-    inputs = Inputs(snapshot=snapshot, run_qp=False)
     try:
-        obs = gather_snapshot(inputs, True, False) if snapshot else gather_live(inputs, True, False, lambda f: None)
+        if snapshot:
+            with opened_snapshot(snapshot) as root:  # a folder, or a capture bundle extracted safely
+                obs = gather_snapshot(Inputs(snapshot=root, run_qp=False), True, False)
+        else:
+            obs = gather_live(Inputs(run_qp=False), True, False, lambda f: None)
     except SnapshotError as e:
         raise click.UsageError(str(e))
     dm = report.device_map(obs.fabric)

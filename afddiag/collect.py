@@ -309,14 +309,12 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
                     want_host: bool = False) -> Observation:
     """Read a snapshot directory instead of the host: ``sys/``, ``rdma-dev.json``,
     ``ip-addr.json``, ``env``, ``gpu.json``, ``image.json`` (image inspect), ``limits.json``. Any
-    part may be absent; what it would have fed is marked not captured. Raises
+    part may be absent; what it would have fed is marked not captured. A capture bundle is opened
+    by the caller with :func:`opened_snapshot` first (one extraction for every reader). Raises
     :class:`SnapshotError` when the directory does not exist."""
-    from afddiag.bundle import is_bundle
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
     from afddiag.probes.sysfs import probe_fabric, read_text
 
-    if inputs.snapshot and is_bundle(inputs.snapshot):
-        return _gather_bundle(inputs, want_fabric, want_gpu, want_launch, want_host)
     root = Path(inputs.snapshot or "")
     if not root.is_dir():
         raise SnapshotError(f"snapshot {root}: not a directory (give a folder holding sys/, rdma-dev.json, ip-addr.json, env, gpu.json)")
@@ -434,20 +432,3 @@ def relabel(obj: Any, root: str, bundle: str) -> Any:
     if isinstance(obj, list):
         return [relabel(v, root, bundle) for v in obj]
     return obj
-
-
-def _gather_bundle(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_launch: bool,
-                   want_host: bool) -> Observation:
-    """:func:`gather_snapshot` for a capture bundle: read from :func:`opened_snapshot`'s folder,
-    which is removed afterwards; notes and the source name the bundle."""
-    import dataclasses
-
-    bundle = str(inputs.snapshot)
-    with opened_snapshot(bundle) as root:
-        obs = gather_snapshot(dataclasses.replace(inputs, snapshot=root), want_fabric, want_gpu,
-                              want_launch, want_host)
-    obs.source = f"snapshot {bundle}"
-    for notes in (obs.notes, obs.fabric.notes if obs.fabric else None, obs.gpu.notes if obs.gpu else None):
-        if notes:
-            notes[:] = relabel(notes, root, bundle)
-    return obs

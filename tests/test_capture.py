@@ -403,3 +403,18 @@ def test_lab_prometheus_and_history_in_the_guest(capture_lab):
     assert hist and len(hist["hosts"]) == 1
     (h,) = hist["hosts"].values()
     assert h["runs"] == 2 and h["gates"]["fabric.first-device"][0]["verdict"] == "FAIL"
+
+
+def test_devicemap_reads_a_bundle_like_a_folder(tmp_path):
+    import tempfile
+
+    case = next(p for p in FABRIC if p.name.startswith("01-"))
+    bundle, _ = write_bundle(tmp_path / "host.tar.gz", case_sources(case))
+    before = set(Path(tempfile.gettempdir()).glob("afddiag-bundle-*"))
+    outs = []
+    for snap in (case, bundle):
+        res = CliRunner().invoke(cli, ["devicemap", "--snapshot", str(snap), "--format", "json"],
+                                 standalone_mode=False, catch_exceptions=False)
+        outs.append(json.loads(res.stdout))
+    assert outs[0] == outs[1] == {"192.168.100.10": "rocep1s0f1", "192.168.101.10": "roceP2p1s0f1"}
+    assert set(Path(tempfile.gettempdir()).glob("afddiag-bundle-*")) == before  # extraction folder removed
