@@ -87,7 +87,7 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
     p.parent.mkdir(parents=True, exist_ok=True)
     from afddiag.atomic import atomic_write
 
-    with atomic_write(p) as f:
+    with atomic_write(p, device_ok=path is not None) as f:
         json.dump(data, f, indent=2)
         f.write("\n")
     return p

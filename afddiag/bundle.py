@@ -42,7 +42,7 @@ def write_tar_gz(target: str | os.PathLike, files: dict[str, bytes], top: str = 
     from afddiag.atomic import atomic_write
 
     now = int(time.time())
-    with atomic_write(p, binary=True) as raw:
+    with atomic_write(p, binary=True, device_ok=True) as raw:
         with tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
             dirs: set[str] = set()
             for name in sorted(files):

@@ -428,7 +428,9 @@ def capture(output, load, timeout_s) -> int:
     try:
         path, notes = write_bundle(output, src, timeout_s)
     except OSError as e:
-        raise click.UsageError(f"--output {output}: {e.strerror or e}: give a writable place")
+        from afddiag.atomic import output_error
+
+        raise click.UsageError(output_error(f"--output {output}", e))
     for n in notes:
         click.echo(f"afddiag capture: note: {n}", err=True)
     click.echo(f"afddiag capture: wrote {os.path.getsize(path)} bytes; replay with "

@@ -206,7 +206,9 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
         try:
             write_report(rep, fmt, output, cmd)
         except OSError as e:
-            raise click.UsageError(f"--output {output}: {e.strerror or e}: give a writable place")
+            from afddiag.atomic import output_error
+
+            raise click.UsageError(output_error(f"--output {output}", e))
     elif fmt == "json":
         report.write_json(rep)
     else:
@@ -465,8 +467,9 @@ def baseline_record(baseline_path, budget_s) -> int:
         click.echo(f"afddiag baseline record: {e}", err=True)
         return 2
     except OSError as e:
-        raise click.UsageError(f"baseline {baseline_path or bl.default_path()}: {e.strerror}: give --path somewhere "
-                               "writable")
+        from afddiag.atomic import output_error
+
+        raise click.UsageError(output_error(f"baseline {baseline_path or bl.default_path()}", e))
     data, _ = bl.load(path)
     click.echo(f"recorded {len(data['gpus'])} GPU(s) and the CPU in {path}")
     for uuid, g in data["gpus"].items():

@@ -78,10 +78,12 @@ def render(report: dict[str, Any], command: str = "all") -> str:
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, rename;
-    mode 0644 so node_exporter's user reads it). Raises OSError when the folder cannot be written."""
+    mode 0644 so node_exporter's user reads it; an old file keeps its mode and owner; a character
+    device the user named is written in place). Raises OSError when the folder cannot be written,
+    :class:`afddiag.atomic.OutputTargetError` for a FIFO, socket or folder."""
     from afddiag.atomic import atomic_write
 
-    with atomic_write(path) as f:
+    with atomic_write(path, device_ok=True) as f:
         f.write(text)
     return Path(path)
 
