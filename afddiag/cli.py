@@ -127,7 +127,7 @@ def gpu_opts(f):
                      help="SM count the image's kernels were exported for.")(f)
     f = click.option("--load", is_flag=True, help="Run the GPU load probe (FP32, BF16, GEMV, copy; ~3 s a GPU) "
                      "for gpu.slow-state (the expert playbook turns it on).")(f)
-    f = click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False),
+    f = click.option("--baseline", "baseline_path", type=click.Path(exists=True, dir_okay=False),
                      help="Baseline file (default: the user's state directory).")(f)
     f = click.option("--xid-log", type=click.Path(dir_okay=False, exists=True),
                      help="A saved kernel log (dmesg, journalctl -k) to read Xid events from instead of /dev/kmsg.")(f)
@@ -193,13 +193,64 @@ def _diagnose(cmd: str, inputs: Inputs):
         raise click.UsageError(str(e))
 
 
+def output_format(as_json: bool, fmt: str | None) -> str:
+    """``--json`` and ``--format`` → one format; a usage error when they disagree (``--json --format
+    prometheus``)."""
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} ask for two outputs: give one of them")
+    return fmt or ("json" if as_json else "table")
+
+
+def _gather_fabric(inputs: Inputs):
+    """Fabric facts only (no QP walk), live or from ``inputs.snapshot`` (a folder or a bundle)."""
+    import dataclasses
+
+    from afddiag.collect import SnapshotError, gather_live, gather_snapshot, opened_snapshot
+
+    inputs = dataclasses.replace(inputs, run_qp=False)
+    try:
+        if inputs.snapshot:
+            with opened_snapshot(inputs.snapshot) as root:  # a folder, or a capture bundle extracted safely
+                return gather_snapshot(dataclasses.replace(inputs, snapshot=root), True, False)
+        return gather_live(inputs, True, False, lambda f: None)
+    except SnapshotError as e:
+        raise click.UsageError(str(e))
+
+
+def _no_map_reason(obs) -> str:
+    if not (obs.fabric and obs.fabric.devices):
+        return "no RDMA device on this host: load the RDMA driver first (afddiag fabric says more)"
+    return ("no IPv4 RoCE v2 GID on an ACTIVE port: put the fabric address on the RoCE netdev first "
+            "(afddiag fabric says more)")
+
+
+def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
+    """The GID table (``table`` or ``csv``) of this host or the snapshot; exit 2 without devices."""
+    from afddiag.gates import resolve_fabric_ip
+    from afddiag.gates.fabric import engine_device_for
+    from afddiag.gidtable import gid_rows, legend, write_gid_table
+
+    obs = obs or _gather_fabric(inputs)
+    if obs.fabric and obs.fabric.failed:
+        click.echo(f"afddiag: {obs.fabric.failed}", err=True)
+        return 3
+    if not (obs.fabric and obs.fabric.devices):
+        click.echo(f"afddiag: {_no_map_reason(obs)}", err=True)
+        return 2
+    fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip).ip
+    dev, how = engine_device_for(obs.fabric, obs.env, fip)
+    rows = gid_rows(obs.fabric, dev, fip)
+    write_gid_table(rows, legend(rows, dev, how, fip) if fmt == "table" else [], fmt)
+    return 0
+
+
 def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> int:
     from afddiag import report
     from afddiag.history import record_run
 
+    fmt = output_format(as_json, fmt)
     rep, _ = _diagnose(cmd, make_inputs(**kw))
     record_run(rep, cmd, enabled=not no_history)
-    fmt = fmt or ("json" if as_json else "table")
     if output or fmt == "prometheus":
         from afddiag.prometheus import write_report
 
@@ -225,8 +276,18 @@ LAZY_COMMANDS = {
 }
 
 
+class PipeClosed(Exception):
+    """stdout's reader went away (EPIPE). Not an OSError, so click's own handler (exit 1) lets it pass."""
+
+
 class LazyGroup(click.Group):
     """A click group whose extra commands are imported on first use (click's lazy-loading pattern)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as e:
+            raise PipeClosed() from e
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | {n for n in LAZY_COMMANDS if self._load(n)})
@@ -276,12 +337,25 @@ def cli() -> None:
               help="TCP port of the pair test's handshake.")
 @click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Time bound of the pair session (and of --serve's wait for a client), seconds.")
-def fabric(serve, pair_target, pair_port, pair_timeout, **kw) -> int:
+@click.option("--gids", is_flag=True, help="Print the GID table instead (show_gids: DEV PORT INDEX GID IPv4 VER "
+              "NETDEV, enumeration order, marking the device the engine opens and the fabric IP's GID); no gates.")
+def fabric(serve, pair_target, pair_port, pair_timeout, gids, **kw) -> int:
     """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR.
 
     With --serve / --pair HOST[:PORT]: the host-to-host pair test instead (exit 0 when every phase
-    moved and verified its bytes, 2 otherwise).
+    moved and verified its bytes, 2 otherwise). With --gids: the GID table alone.
     """
+    if gids:
+        if serve or pair_target:
+            raise click.UsageError("--gids prints the GID table; give it without --serve/--pair")
+        if kw.get("as_json") or kw.get("fmt") not in (None, "table") or kw.get("output"):
+            raise click.UsageError("--gids prints a table on stdout; for CSV use `afddiag devicemap --format csv`, "
+                                   "for JSON the report's facts.fabric (`afddiag fabric --json`)")
+        inputs = make_inputs(snapshot=kw.get("snapshot"), timeout_s=kw.get("timeout_s"),
+                             fabric_ip=kw.get("fabric_ip"), no_qp=True, role=kw.get("role"),
+                             playbook_path=kw.get("playbook_path"), launch_env_path=kw.get("launch_env_path"))
+        return _gids(inputs, "table")
+    output_format(kw.get("as_json"), kw.get("fmt"))
     if serve or pair_target:
         return _pair(serve, pair_target, pair_port, pair_timeout, kw)
     return _run("fabric", **kw)
@@ -385,34 +459,27 @@ def preflight(strict, export, drain, no_history, **kw) -> int:
 
 @cli.command()
 @click.option("--snapshot", type=click.Path(), help="Read a snapshot directory (or a capture bundle) instead of this host.")
-@click.option("--format", "fmt", type=click.Choice(["env", "shell", "json", "nccl"]), default="env",
-              show_default=True, help="nccl: NCCL_IB_HCA==dev:port and NCCL_IB_GID_INDEX for the fabric IP.")
-@click.option("--fabric-ip", callback=_ipv4, help="The launcher's fabric IPv4 address (for --format nccl).")
+@click.option("--format", "fmt", type=click.Choice(["env", "shell", "json", "nccl", "table", "csv"]), default="env",
+              show_default=True, help="nccl: NCCL_IB_HCA==dev:port and NCCL_IB_GID_INDEX for the fabric IP; table, "
+              "csv: every GID (DEV PORT INDEX GID IPv4 VER NETDEV, show_gids order), marking the device the engine "
+              "opens and the fabric IP's GID.")
+@click.option("--fabric-ip", callback=_ipv4, help="The launcher's fabric IPv4 address (for --format nccl|table|csv).")
 def devicemap(snapshot, fmt, fabric_ip) -> int:
     """Print DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP for this host (IPv4 RoCE v2 GIDs on ACTIVE ports).
 
-    Exits 2 with a message on stderr when no address qualifies.
+    Exits 2 with a message on stderr when no address qualifies (table/csv: when there is no RDMA device).
     """
     from afddiag import report
-    from afddiag.collect import Inputs, SnapshotError, gather_live, gather_snapshot, opened_snapshot
+    from afddiag.collect import Inputs
     from afddiag.gates import resolve_fabric_ip
 
-    try:
-        if snapshot:
-            with opened_snapshot(snapshot) as root:  # a folder, or a capture bundle extracted safely
-                obs = gather_snapshot(Inputs(snapshot=root, run_qp=False), True, False)
-        else:
-            obs = gather_live(Inputs(run_qp=False), True, False, lambda f: None)
-    except SnapshotError as e:
-        raise click.UsageError(str(e))
+    inputs = Inputs(snapshot=snapshot, fabric_ip=fabric_ip, run_qp=False)
+    obs = _gather_fabric(inputs)
+    if fmt in ("table", "csv"):
+        return _gids(inputs, fmt, obs)
     dm = report.device_map(obs.fabric)
     if not dm:
-        if not (obs.fabric and obs.fabric.devices):
-            click.echo("afddiag devicemap: no RDMA device on this host: load the RDMA driver first "
-                       "(afddiag fabric says more)", err=True)
-        else:
-            click.echo("afddiag devicemap: no IPv4 RoCE v2 GID on an ACTIVE port: put the fabric address on the "
-                       "RoCE netdev first (afddiag fabric says more)", err=True)
+        click.echo(f"afddiag devicemap: {_no_map_reason(obs)}", err=True)
         return 2
     if fmt == "nccl":
         fip = resolve_fabric_ip(obs.fabric, fabric_ip)
@@ -428,6 +495,17 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         click.echo(report.format_exports(pairs, "env"))
         return 0
     click.echo(report.format_devicemap(dm, fmt))
+    return 0
+
+
+@cli.command()
+@click.argument("which", type=click.Choice(["report", "fleet"]), default="report")
+def schema(which) -> int:
+    """Print the JSON Schema of `afddiag all --json` (report) or of `afddiag fleet|merge --json` (fleet)."""
+    from importlib import resources
+
+    click.echo(resources.files("afddiag.schema").joinpath(f"{which}.schema.json").read_text(encoding="utf-8"),
+               nl=False)
     return 0
 
 
@@ -528,12 +606,42 @@ def run(argv: Sequence[str] | None = None) -> int:
     except click.Abort:
         click.echo("afddiag: aborted", err=True)
         return 130
+    except PipeClosed:
+        return EXIT_SIGPIPE
     except click.ClickException as e:
         e.show()
         return EXIT_USAGE
     return rv if isinstance(rv, int) else 0
 
 
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that closed the pipe
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point: run and exit with the code."""
-    sys.exit(run(argv))
+    """Console-script entry point: run and exit with the code. A reader that closes the pipe early
+    (``afddiag all | head -3``) ends the run quietly with 141 (128 + SIGPIPE), not a traceback and not
+    a verdict's code."""
+    try:
+        code = run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = EXIT_SIGPIPE
+    if code == EXIT_SIGPIPE or _stdout_closed():
+        import os
+
+        try:  # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        sys.exit(EXIT_SIGPIPE)
+    sys.exit(code)
+
+
+def _stdout_closed() -> bool:
+    try:
+        sys.stdout.flush()
+        return False
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False

@@ -57,7 +57,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-FLEET_SCHEMA = "afddiag-fleet/1"
+FLEET_SCHEMA = "afddiag-fleet/1"  # kept in "schema" for readers of the first fleet reports
+FLEET_SCHEMA_VERSION = 1  # afddiag/schema/fleet.schema.json
 _FLEET_KEYS = {"user", "known_hosts", "identity", "concurrency", "timeout_s", "connect_timeout_s", "afddiag",
                "python", "peers"}
 _HOST_KEYS = {"name", "role", "ssh", "fabric_ip", "launch_env", "args", "afddiag", "python"}
@@ -214,6 +215,8 @@ def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | No
 def _not_a_report(obj: Any) -> str | None:
     if not isinstance(obj, dict):
         return f"JSON {type(obj).__name__}, not an afddiag report object"
+    if obj.get("kind") == "fleet" or obj.get("schema") == FLEET_SCHEMA:
+        return "a fleet report (afddiag fleet|merge --json), not one host's report: give the per-host reports"
     if not isinstance(obj.get("gates"), list) or "schema_version" not in obj:
         return "JSON object without schema_version/gates: not an afddiag report"
     return None
@@ -270,7 +273,8 @@ def _host_row(h: HostResult) -> dict[str, Any]:
 
 def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source: str = "merge",
           keep_reports: bool = False) -> dict[str, Any]:
-    """Run the fleet gates over ``hosts`` and build the fleet report (``schema`` afddiag-fleet/1).
+    """Run the fleet gates over ``hosts`` and build the fleet report (``schema_version`` 1,
+    ``afddiag/schema/fleet.schema.json``; ``schema`` "afddiag-fleet/1" is kept for older readers).
 
     Exit code: 2 if any host exited 2 or a fleet gate FAILs; else 3 if a host has no report, exited
     3, or a fleet gate ERRORs; else 1 on any WARN; else 0. ``keep_reports`` embeds each per-host
@@ -292,7 +296,7 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
         counts[v.verdict] += 1
-    out = {"schema": FLEET_SCHEMA, "afddiag_version": __version__, "source": source,
+    out = {"schema_version": FLEET_SCHEMA_VERSION, "kind": "fleet", "schema": FLEET_SCHEMA, "afddiag_version": __version__, "source": source,
            "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "expect": dict(expect or {}), "hosts": rows, "gates": [to_jsonable(v) for v in verdicts],
            "counts": counts, "hosts_ok": sum(1 for r in rows if r["status"] == "ok"),
@@ -302,21 +306,16 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     return out
 
 
-def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None) -> None:
+def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
     """The fleet table: one row per host (status, exit, counts, failing gates or the error), then
-    one row per fleet gate with its remedy. Plain text (no colour) when ``out`` is not a TTY."""
+    one row per fleet gate with its remedy. Plain full-width text when ``out`` is not a terminal;
+    on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing."""
     out = out or sys.stdout
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    from afddiag.render import COLORS, console_for, gate_table, write_gate_lines
 
-    from afddiag.report import COLORS
-
-    plain = not out.isatty() or "NO_COLOR" in os.environ
-    con = Console(file=out, no_color=plain, force_terminal=False if plain else None, highlight=False,
-                  width=200 if plain else None, soft_wrap=plain)
+    con = console_for(out, width)
     w = max([len(r["name"]) for r in fr["hosts"]] + [4])
-    if plain:
+    if con is None:
         out.write(f"{'host':<{w}}  {'role':<12} {'collected':<9} exit  pass/warn/fail/skip/error  failing gates / error\n")
         for r in fr["hosts"]:
             c = r.get("counts") or {}
@@ -325,14 +324,20 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None) -> None:
             out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<9} {r['exit_code']!s:<5} "
                       f"{cnt:<26} {what}\n")
         out.write("\n")
-        for g in fr["gates"]:
-            out.write(f"{g['verdict']:<5}  {g['id']:<16} {g['summary']}\n")
-            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
-                out.write(f"{'':<5}  {'':<16} remedy: {g['remedy']}\n")
+        write_gate_lines(fr["gates"], out, 16)
     else:
-        t = Table(title=f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})")
-        for col in ("host", "role", "status", "exit", "pass/warn/fail/skip/error", "failing gates / error"):
-            t.add_column(col)
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(title=f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+        t.add_column("host", overflow="fold")
+        t.add_column("role", overflow="fold")
+        t.add_column("status", no_wrap=True)
+        t.add_column("exit", no_wrap=True)
+        t.add_column("p/w/f/s/e", overflow="fold")
+        t.add_column("failing gates / error", overflow="fold", ratio=1)
         for r in fr["hosts"]:
             c = r.get("counts") or {}
             cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
@@ -340,16 +345,7 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None) -> None:
             t.add_row(r["name"], str(r.get("role") or "-"), Text(r["status"], style="" if r["status"] == "ok"
                       else COLORS["ERROR"]), str(r["exit_code"]), cnt, what)
         con.print(t)
-        g_t = Table(title="cross-host gates")
-        g_t.add_column("verdict", no_wrap=True)
-        g_t.add_column("gate", no_wrap=True)
-        g_t.add_column("summary / remedy")
-        for g in fr["gates"]:
-            body = Text(g["summary"])
-            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
-                body.append("\n→ " + g["remedy"], style="italic")
-            g_t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
-        con.print(g_t)
+        con.print(gate_table(fr["gates"], "cross-host gates"))
     c = fr["counts"]
     out.write(f"{fr['hosts_ok']} host(s) reported, {fr['hosts_error']} without a report; fleet gates: {c['PASS']} "
               f"pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error — exit "
@@ -564,7 +560,7 @@ def build_zipapp(dest: str) -> str:
 # ---------------------------------------------------------------- click commands
 
 @click.command()
-@click.option("--inventory", "inventory_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--inventory", "inventory_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="The fleet's inventory (TOML: [fleet], [expect], [[host]]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet report (with every host's report) on stdout.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
@@ -614,9 +610,9 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, readable=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet report on stdout.")
-@click.option("--inventory", "inventory_path", type=click.Path(dir_okay=False),
+@click.option("--inventory", "inventory_path", type=click.Path(exists=True, dir_okay=False),
               help="Take [expect] and each host's role and fabric IP (matched by name) from this inventory.")
 @click.option("--expect-capacity", type=click.IntRange(1, 1 << 20), help="Fleet-wide capacity flag.")
 @click.option("--expect-gid-index", type=click.IntRange(0, 1 << 16), help="The GID index a stack forces.")

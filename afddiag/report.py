@@ -12,10 +12,10 @@ from typing import Any, TextIO
 from afddiag import __version__
 from afddiag.envvars import MAP_VAR, format_device_map
 from afddiag.facts import FabricFacts, to_jsonable, usable_rocev2
+from afddiag.render import COLORS  # noqa: F401 - importable from here too
 from afddiag.verdict import Verdict, exit_code
 
 SCHEMA_VERSION = 1
-COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
 
 
 def device_map(fabric: FabricFacts | None) -> dict[str, str]:
@@ -56,32 +56,18 @@ def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:
     out.write("\n")
 
 
-def write_table(report: dict[str, Any], out: TextIO | None = None) -> None:
-    """A rich table; plain text when ``out`` is not a TTY or NO_COLOR is set."""
-    out = out or sys.stdout
-    plain = not out.isatty() or "NO_COLOR" in os.environ
-    if plain:  # plain text needs no rich (start-up: rich costs ~40 ms to import)
-        for g in report["gates"]:
-            out.write(f"{g['verdict']:<5}  {g['id']:<22} {g['summary']}\n")
-            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
-                out.write(f"{'':<5}  {'':<22} remedy: {g['remedy']}\n")
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
+def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
+    """A rich table on a terminal (cells fold at its width, or at ``width``); plain full-width
+    lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`)."""
+    from afddiag.render import console_for, gate_table, write_gate_lines
 
-        con = Console(file=out, highlight=False)
-        t = Table(title=f"afddiag {report['afddiag_version']} — {report['host']} ({report['source']})",
-                  show_lines=False, expand=False)
-        t.add_column("verdict", no_wrap=True)
-        t.add_column("gate", no_wrap=True)
-        t.add_column("summary / remedy")
-        for g in report["gates"]:
-            body = Text(g["summary"])
-            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
-                body.append("\n→ " + g["remedy"], style="italic")
-            t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
-        con.print(t)
+    out = out or sys.stdout
+    con = console_for(out, width)
+    if con is None:  # plain text needs no rich (start-up: rich costs ~40 ms to import)
+        write_gate_lines(report["gates"], out)
+    else:
+        con.print(gate_table(report["gates"], f"afddiag {report['afddiag_version']} — {report['host']} "
+                             f"({report['source']})"))
     dm = report.get("device_map") or {}
     if dm:
         out.write(f"device map: {MAP_VAR}={format_device_map(dm)}\n")

@@ -81,17 +81,19 @@ def test_merge_file_forms_and_garbage(tmp_path, thousand, capsys):
     (tmp_path / "garbage.json").write_text("<html>502</html>")
     (tmp_path / "other.json").write_text('{"hello": 1}')
     rc = cli.run(["merge", "--json", str(tmp_path / "array.json"), str(tmp_path / "lines.jsonl"),
-                  str(tmp_path / "garbage.json"), str(tmp_path / "other.json"), str(tmp_path / "missing.json")])
+                  str(tmp_path / "garbage.json"), str(tmp_path / "other.json")])
     fr = json.loads(capsys.readouterr().out)
     rows = {r["name"]: r for r in fr["hosts"]}
     assert [r["name"] for r in fr["hosts"]][:4] == ["node00000", "node00001", "node00002", "node00003"]
     assert rows["garbage.json"]["status"] == "ERROR" and "not JSON" in rows["garbage.json"]["error"]
     assert "not an afddiag report" in rows["other.json"]["error"]
-    assert "No such file" in rows["missing.json"]["error"]
     assert {r["exit_code"] for r in fr["hosts"][:4]} == {2}  # the generated reports carry per-host FAILs
     assert rc == 2  # FAIL outranks the ERROR rows
-    assert [r["exit_code"] for r in fr["hosts"][4:]] == [3, 3, 3]
+    assert [r["exit_code"] for r in fr["hosts"][4:]] == [3, 3]
     assert fr["hosts_ok"] == 4
+    # a file that is not there is the user's typo, not a host without a report: usage error
+    assert cli.run(["merge", str(tmp_path / "array.json"), str(tmp_path / "missing.json")]) == 64
+    assert "missing.json" in capsys.readouterr().err
 
 
 def test_merge_table_and_expectations(tmp_path, thousand, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from afddiag.catalog import remedy
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
-from afddiag.facts import errno_words, ROCE_V2, Entry, carriers, ipv4_entries, to_jsonable, usable_rocev2
+from afddiag.facts import errno_words, ROCE_V2, Entry, FabricFacts, carriers, ipv4_entries, to_jsonable, usable_rocev2
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -180,19 +180,25 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
     return Verdict(gid, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gid), {"inventory": inventory})
 
 
-def engine_device(ctx: Context) -> tuple[str | None, str]:
-    """The device the engine opens: the map's entry for the fabric IP, else the first enumerated."""
-    env = ctx.obs.env or {}
-    fab = ctx.obs.fabric
-    ip = ctx.fabric_ip.ip
+def engine_device_for(fab: FabricFacts | None, env: dict[str, str] | None, ip: str | None) -> tuple[str | None, str]:
+    """The RDMA device the engine opens, and how it is chosen: the device named for ``ip`` in
+    ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` (from ``env``), else the first device in libibverbs
+    enumeration order (``fab.devices[0]``, lowest kernel device index). ``(None, how)`` without devices."""
+    env = env or {}
     if MAP_VAR in env:
         entries, _ = parse_device_map(env[MAP_VAR])
         if ip in entries:
             return entries[ip], f"{MAP_VAR} names it for {ip}"
     first = fab.devices[0].name if fab and fab.devices else None
-    how = "first enumerated device, " + (f"{MAP_VAR} has no entry for {ip}" if MAP_VAR in env else
-                                         f"{MAP_VAR} not set")
+    how = "first enumerated device, " + (f"{MAP_VAR} not set" if MAP_VAR not in env else
+                                         f"{MAP_VAR} has no entry for {ip}" if ip else
+                                         f"{MAP_VAR} set, but no fabric IP to look up")
     return first, how
+
+
+def engine_device(ctx: Context) -> tuple[str | None, str]:
+    """The device the engine opens: the map's entry for the fabric IP, else the first enumerated."""
+    return engine_device_for(ctx.obs.fabric, ctx.obs.env, ctx.fabric_ip.ip)
 
 
 def first_device(ctx: Context) -> Verdict:

@@ -1,0 +1,57 @@
+"""Text rendering shared by the per-host report, the fleet report and the history: one rich
+Console per output, verdict tables whose cells wrap (never cut) at the terminal's width.
+
+Plain text (no rich, no colour, full-width lines) goes to anything that is not a terminal or when
+``NO_COLOR`` is set, so pipes, files and ``grep`` see every character; a terminal gets a rich table
+sized to its width (80 columns included): gate ids and remedies fold onto more lines instead of
+ending in ``…``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TextIO
+
+COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
+TELLS = ("WARN", "FAIL", "ERROR")  # verdicts whose remedy is printed
+
+
+def console_for(out: TextIO, width: int | None = None):
+    """A rich Console writing to ``out`` when it is a terminal (or ``width`` is given: tests, fixed
+    layouts); None when plain text is wanted (not a terminal, or ``NO_COLOR`` set without ``width``)."""
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    if width is None and (not tty or "NO_COLOR" in os.environ):
+        return None
+    from rich.console import Console
+
+    return Console(file=out, width=width, highlight=False, no_color="NO_COLOR" in os.environ or not tty,
+                   force_terminal=tty if width is not None else None, emoji=False)
+
+
+def gate_table(gates: list[dict[str, Any]], title: str | None = None):
+    """A rich Table of verdicts: verdict, gate id, summary with the remedy under it (for WARN, FAIL,
+    ERROR). Every cell folds: at 80 columns nothing is cut, long words (an ``export VAR=…`` line)
+    continue on the next line."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
+    t.add_column("verdict", no_wrap=True, min_width=5)
+    t.add_column("gate", overflow="fold", min_width=min(max([len(g["id"]) for g in gates] + [4]), 22))
+    t.add_column("summary / remedy", overflow="fold", ratio=1)
+    for g in gates:
+        body = Text(g["summary"], overflow="fold")
+        if g["verdict"] in TELLS and g.get("remedy"):
+            body.append("\n→ " + g["remedy"], style="italic")
+        t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
+    return t
+
+
+def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, id_width: int = 22) -> None:
+    """Plain verdict lines, one per gate (``VERDICT  gate.id  summary``), the remedy on the next line
+    for WARN, FAIL and ERROR; full length, never cut."""
+    for g in gates:
+        out.write(f"{g['verdict']:<5}  {g['id']:<{id_width}} {g['summary']}\n")
+        if g["verdict"] in TELLS and g.get("remedy"):
+            out.write(f"{'':<5}  {'':<{id_width}} remedy: {g['remedy']}\n")
