@@ -21,7 +21,7 @@ else:  # pragma: no cover
 
 SITE_DIRS = ("/etc/afddiag/playbooks",)
 _TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "aliases"}
-_GPU = {"model", "reserve_fraction", "min_memory_bytes", "load_probe"}
+_GPU = {"model", "reserve_fraction", "reserve_bytes", "min_memory_bytes", "load_probe"}
 _HOST = {"cpu_min_mhz"}
 _LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
 # [timeouts]: each probe's time bound, seconds (--timeout overrides all but qp_s and load_s; --qp-timeout qp_s).
@@ -45,6 +45,7 @@ class Playbook:
     requires: list[str] = field(default_factory=list)  # "gpu", "rdma": their absence FAILs
     gpu_model: str = ""
     reserve_fraction: float = 0.0
+    reserve_bytes: int = 0  # the engine's planned device budget (gpu.headroom; unified memory: of host RAM)
     min_memory_bytes: int = 0
     load_probe: bool = False
     capacity_key: str = ""
@@ -86,6 +87,7 @@ def parse(text: str, path: str) -> Playbook:
             requires=list(d.get("requires", [])),
             gpu_model=str(g.get("model", "")),
             reserve_fraction=float(g.get("reserve_fraction", 0.0)),
+            reserve_bytes=int(g.get("reserve_bytes", 0)),
             min_memory_bytes=int(g.get("min_memory_bytes", 0)),
             load_probe=bool(g.get("load_probe", False)),
             capacity_key=str(la.get("capacity_key", "")),
@@ -100,6 +102,8 @@ def parse(text: str, path: str) -> Playbook:
         raise PlaybookError(f"playbook {path}: bad value ({e})") from None
     if not 0.0 <= pb.reserve_fraction <= 1.0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
+    if pb.reserve_bytes < 0:
+        raise PlaybookError(f"playbook {path}: gpu.reserve_bytes {pb.reserve_bytes} is negative; give bytes (0: none planned)")
     bad_t = {k: v for k, v in pb.timeouts.items() if not 0.1 <= v <= 600}
     if bad_t:
         raise PlaybookError(f"playbook {path}: [timeouts] {', '.join(f'{k} = {v:g}' for k, v in bad_t.items())}: "

@@ -115,7 +115,7 @@ device = st.fixed_dictionaries({}, optional={
 gpu_json = st.fixed_dictionaries({}, optional={
     "devices": st.one_of(st.lists(st.one_of(device, scalars), max_size=4), scalars),
     "driver_version": scalars, "cuda_driver_version": scalars, "why": scalars, "failed": scalars,
-    "host_meminfo_kb": st.one_of(st.dictionaries(st.sampled_from(["MemTotal", "MemAvailable"]), scalars), scalars),
+    "host_meminfo_kb": st.one_of(st.dictionaries(st.sampled_from(["MemTotal", "MemAvailable", "MemFree", "Cached", "Buffers"]), scalars), scalars),
     "expect": st.one_of(st.dictionaries(st.sampled_from(["image_sm_count", "baseline"]), st.one_of(scalars, anyjson)),
                         scalars),
     "xid_events": st.one_of(st.lists(anyjson, max_size=3), scalars), "notes": scalars})

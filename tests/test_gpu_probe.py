@@ -263,7 +263,7 @@ def test_healthy_device_reads_every_field(fake_gpus, meminfo):
     assert r["driver_version"] == "580.159.04"
     assert r["cuda_driver_version"] == 13000
     assert r["versions"]["nvml"] == "13.580.159.04"
-    assert r["host_meminfo_kb"] == {"MemTotal": 131774380, "MemAvailable": 119212540}
+    assert r["host_meminfo_kb"] == {"MemTotal": 131774380, "MemFree": 1000, "MemAvailable": 119212540}
     (d,) = r["devices"]
     assert d["index"] == 0 and d["name"] == "NVIDIA H200" and d["uuid"] == UUID_A
     assert d["pci_bus_id"] == "00000000:18:00.0"

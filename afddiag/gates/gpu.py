@@ -419,11 +419,94 @@ def processes(ctx: Context) -> Verdict:
                    "nothing to do", facts)
 
 
+GIB = 2**30
+
+
+def judge_unified_headroom(label: str, meminfo_kb: dict | None, need_bytes: int,
+                           plan: str) -> tuple[str, str, dict]:
+    """Judge unified memory (GB10) against a planned reservation: ``(verdict, summary, facts)``.
+
+    ``meminfo_kb``: ``/proc/meminfo`` lines in kB (``MemFree``, ``MemAvailable``, ``Cached``,
+    ``Buffers``); ``need_bytes``: the reservation; ``plan``: where it comes from (words). On unified
+    memory the CUDA free figure follows MemFree, so page cache counts as used: FAIL when
+    MemAvailable itself is below the reservation (processes hold it), WARN when MemFree is below it
+    but MemAvailable covers it (page cache is what is short), PASS when MemFree covers it. A missing
+    MemFree (an older capture) is judged on MemAvailable and said so. Pure."""
+    def kb(key: str) -> int | None:
+        v = (meminfo_kb or {}).get(key)
+        return int(v) * 1024 if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    free, avail, cached, buffers = kb("MemFree"), kb("MemAvailable"), kb("Cached"), kb("Buffers")
+    facts = {"need_bytes": need_bytes, "plan": plan, "mem_free_bytes": free, "mem_available_bytes": avail,
+             "cached_bytes": cached, "buffers_bytes": buffers}
+    g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    if avail is None:
+        return WARN, f"{label} (unified memory): MemAvailable not read, cannot check the {g(need_bytes)} {plan}", facts
+    if avail < need_bytes:
+        return FAIL, (f"{label} (unified memory): MemAvailable {g(avail)} is below the {g(need_bytes)} {plan}"
+                      + (f" (MemFree {g(free)}, Cached {g(cached)})" if free is not None and cached is not None else "")
+                      + ": processes hold the memory, dropping caches will not free it"), facts
+    if free is None:
+        return PASS, (f"{label} (unified memory): MemAvailable {g(avail)} covers the {g(need_bytes)} {plan} "
+                      "(MemFree not captured: the CUDA free figure, which follows it, was not checked)"), facts
+    if free < need_bytes:
+        cache = (cached or 0) + (buffers or 0)
+        return WARN, (f"{label} (unified memory): MemFree {g(free)} is below the {g(need_bytes)} {plan}; page cache "
+                      f"{g(cache)} holds the difference (MemAvailable {g(avail)} covers it): the CUDA free figure "
+                      "follows MemFree, so the engine may refuse to start (\"free memory ... less than desired\")"), facts
+    return PASS, f"{label} (unified memory): MemFree {g(free)} covers the {g(need_bytes)} {plan}", facts
+
+
+def headroom(ctx: Context) -> Verdict:
+    gid = "gpu.headroom"
+    if (v := _need_gpu(ctx, gid)) is not None:
+        return v
+    g, pb = ctx.obs.gpu, ctx.playbook
+    results: list[tuple[str, str, dict]] = []
+    for d in g.devices:
+        label = _label(d)
+        if d.unified:
+            need = pb.reserve_bytes or int(pb.reserve_fraction * (d.memory_total_bytes or 0))
+            if not need:
+                results.append((SKIP, f"{label}: role {pb.name} plans no reservation ([gpu] reserve_bytes)", {}))
+                continue
+            plan = (f"reservation of role {pb.name}" if pb.reserve_bytes
+                    else f"{pb.reserve_fraction:.0%} reservation of role {pb.name}")
+            results.append(judge_unified_headroom(label, g.host_meminfo_kb, need, plan))
+        elif pb.reserve_bytes:
+            free = d.memory_free_bytes
+            facts = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free, "total_bytes": d.memory_total_bytes}
+            if free is None:
+                results.append((WARN, f"{label}: NVML free memory not read, cannot check the "
+                                f"{pb.reserve_bytes / GIB:.1f} GiB reservation of role {pb.name}", facts))
+            elif free < pb.reserve_bytes:
+                results.append((FAIL, f"{label}: NVML free {free / GIB:.2f} GiB is below the "
+                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", facts))
+            else:
+                results.append((PASS, f"{label}: NVML free {free / GIB:.2f} GiB covers the "
+                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", facts))
+        elif pb.reserve_fraction:
+            results.append((SKIP, f"{label}: discrete GPU: gpu.memory judges NVML free memory against the "
+                            f"{pb.reserve_fraction:.0%} reservation", {}))
+        else:
+            results.append((SKIP, f"{label}: role {pb.name} plans no reservation ([gpu] reserve_bytes)", {}))
+    order = [FAIL, WARN, PASS, SKIP]
+    worst = min((v for v, _, _ in results), key=order.index)
+    summary = "; ".join(s for v, s, _ in results if v == worst)
+    facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results)}
+    facts["host_meminfo_kb"] = g.host_meminfo_kb
+    rem = {FAIL: remedy(gid), WARN: remedy(gid + ".cache") if any("page cache" in s for _, s, _ in results)
+           else "read /proc/meminfo and NVML memory on the host (`afddiag gpu`)",
+           PASS: "nothing to do", SKIP: "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
+    return Verdict(gid, worst, summary, rem, facts)
+
+
 GATES = [
     ("gpu.present", present),
     ("gpu.sm-count", sm_count),
     ("gpu.image-arch", image_arch),
     ("gpu.memory", memory),
+    ("gpu.headroom", headroom),
     ("gpu.clock-events", clock_events),
     ("gpu.slow-state", slow_state),
     ("gpu.errors", errors),

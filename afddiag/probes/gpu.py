@@ -59,13 +59,21 @@ def _text(v: Any) -> Any:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
+MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "CmaTotal", "CmaFree")
+
+
 def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
-    """``MemTotal`` and ``MemAvailable`` in kB from ``/proc/meminfo`` (raises OSError/ValueError)."""
+    """The lines of ``/proc/meminfo`` named in :data:`MEMINFO_KEYS`, in kB as the kernel prints them:
+    ``MemTotal`` and ``MemAvailable`` always, ``MemFree``, ``Buffers``, ``Cached`` (unified-memory
+    headroom: on a GB10 the CUDA free figure follows MemFree, so page cache counts as used) and
+    ``CmaTotal``/``CmaFree`` (the Spark registration bug signature) where the kernel prints them.
+    Raises OSError/ValueError when the file cannot be read or lacks MemTotal/MemAvailable
+    (``grep -E 'Mem|Cached|Cma' /proc/meminfo``)."""
     out: dict[str, int] = {}
     with open(path, encoding="ascii", errors="replace") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
+            if key in MEMINFO_KEYS and rest.split() and rest.split()[0].isdigit():
                 out[key] = int(rest.split()[0])
     missing = {"MemTotal", "MemAvailable"} - out.keys()
     if missing:
@@ -692,7 +700,8 @@ def read_gpu(
         or None when a list failed. Inner values NVML could not give are None, with a note.
       - ``under_load``: None (this probe puts no load on the GPU).
 
-    - ``host_meminfo_kb``: ``{MemTotal, MemAvailable}`` in kB from ``meminfo_path``.
+    - ``host_meminfo_kb``: ``{MemTotal, MemAvailable, MemFree, Cached, ...}`` in kB from ``meminfo_path``
+      (:func:`read_meminfo`).
     - ``xid_events``: ``[{xid, pci, text}]`` (:func:`parse_xid_lines`) from the kernel log, read
       non-blocking from ``kmsg_path`` (or the saved log ``xid_log`` when given), within the time
       bound; None when it could not be read. ``xid_source``: the path read, else why not
