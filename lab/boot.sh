@@ -6,7 +6,10 @@
 #   bash lab/setup.sh          # once per machine (as root)
 #   bash lab/boot.sh [OUTDIR]
 #
-# Environment: AFDDIAG_LAB_PYTHON (the guest's Python; default <repo>/.venv/bin/python, which must
+# Environment: AFDDIAG_LAB_KERNEL (which kernel: "6.1", the default, Debian 12's kernel; "bpo", the
+# trixie-backports kernel whose rxe moves data between network namespaces; or a path to a vmlinuz whose
+# modules are installed in /lib/modules/<ver>, <ver> taken from its name vmlinuz-<ver> or its folder
+# .../modules/<ver>/vmlinuz), AFDDIAG_LAB_PYTHON (the guest's Python; default <repo>/.venv/bin/python, which must
 # see Debian's python3-pyverbs: a venv made with --system-site-packages), AFDDIAG_LAB_KVM=1 to use
 # KVM (default off: nested KVM does not work on the CI machines), AFDDIAG_LAB_TIMEOUT (seconds, 540),
 # AFDDIAG_LAB_SCRIPT (the guest script, default lab/run-scenario.py; it gets OUTDIR as its argument and
@@ -25,6 +28,26 @@ if [ ! -f "$CACHE/kernel.env" ]; then
 fi
 # shellcheck disable=SC1091
 . "$CACHE/kernel.env"
+KERNEL="${AFDDIAG_LAB_KERNEL:-6.1}"
+case "$KERNEL" in
+  6.1) ;;
+  bpo)
+    if [ -z "${LAB_VMLINUZ_BPO:-}" ]; then
+      echo "lab/boot.sh: no trixie-backports kernel in $CACHE/kernel.env: run lab/setup.sh (as root) again" >&2
+      exit 3
+    fi
+    LAB_KVER="$LAB_KVER_BPO" LAB_VMLINUZ="$LAB_VMLINUZ_BPO" ;;
+  */*)
+    LAB_VMLINUZ="$KERNEL"
+    case "$(basename "$KERNEL")" in
+      vmlinuz-*) LAB_KVER="$(basename "$KERNEL")"; LAB_KVER="${LAB_KVER#vmlinuz-}" ;;
+      *) LAB_KVER="$(basename "$(dirname "$KERNEL")")" ;;
+    esac
+    [ -f "/lib/modules/$LAB_KVER/modules.dep" ] ||
+      { echo "lab/boot.sh: AFDDIAG_LAB_KERNEL=$KERNEL: no /lib/modules/$LAB_KVER/modules.dep (name it vmlinuz-<ver>)" >&2; exit 64; }
+    ;;
+  *) echo "lab/boot.sh: AFDDIAG_LAB_KERNEL=$KERNEL: give 6.1, bpo or a path to a vmlinuz" >&2; exit 64 ;;
+esac
 [ -s "$LAB_VMLINUZ" ] || { echo "lab/boot.sh: $LAB_VMLINUZ missing: run lab/setup.sh" >&2; exit 3; }
 [ -x "$LAB_VNG" ] || { echo "lab/boot.sh: $LAB_VNG missing: run lab/setup.sh" >&2; exit 3; }
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,40 +22,47 @@ IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 BOOT_TIMEOUT_S = 600
 
 
-def lab_missing() -> str | None:
-    """Why the lab cannot boot here, or None when it can."""
+KERNEL_KEYS = {"6.1": ("LAB_KVER", "LAB_VMLINUZ"), "bpo": ("LAB_KVER_BPO", "LAB_VMLINUZ_BPO")}
+
+
+def lab_missing(kernel: str = "6.1") -> str | None:
+    """Why the lab cannot boot ``kernel`` ("6.1" or "bpo", as lab/boot.sh's AFDDIAG_LAB_KERNEL) here,
+    or None when it can."""
     if shutil.which("qemu-system-x86_64") is None:
         return "qemu-system-x86_64 not installed (run lab/setup.sh as root)"
     env = CACHE / "kernel.env"
     if not env.is_file():
         return f"lab kernel not set up ({env} missing: run lab/setup.sh as root)"
     kv = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
-    for key in ("LAB_VMLINUZ", "LAB_VNG"):
-        if not Path(kv.get(key, "")).exists():
+    kver, vmlinuz = KERNEL_KEYS[kernel]
+    for key in (vmlinuz, "LAB_VNG"):
+        if not kv.get(key) or not Path(kv[key]).exists():
             return f"{key}={kv.get(key)} missing (run lab/setup.sh as root)"
-    if not Path(f"/lib/modules/{kv.get('LAB_KVER', '')}/modules.dep").is_file():
-        return f"/lib/modules/{kv.get('LAB_KVER')} not installed (run lab/setup.sh as root)"
+    if not Path(f"/lib/modules/{kv.get(kver, '')}/modules.dep").is_file():
+        return f"/lib/modules/{kv.get(kver)} not installed (run lab/setup.sh as root)"
     return None
 
 
-def boot(tmp_path_factory, name: str, script: str | None = None) -> dict:
-    """Boot once with ``lab/<script>`` (default lab/run-scenario.py) and return its results.json,
-    with ``outdir`` added. Fails (CI) or skips (elsewhere) when the lab cannot boot; fails when the
-    guest did not finish or reported errors."""
-    why = lab_missing()
+def boot(tmp_path_factory, name: str, script: str | None = None, kernel: str = "6.1") -> dict:
+    """Boot ``kernel`` ("6.1" or "bpo") once with ``lab/<script>`` (default lab/run-scenario.py) and
+    return its results.json, with ``outdir``, ``boot_rc`` and ``boot_s`` (seconds, wall) added. Fails
+    (CI) or skips (elsewhere) when the lab cannot boot; fails when the guest did not finish or
+    reported errors."""
+    why = lab_missing(kernel)
     if why and IN_CI and os.geteuid() == 0:
         p = subprocess.run(["bash", str(REPO / "lab" / "setup.sh")], capture_output=True, text=True, timeout=1800)
         if p.returncode != 0:
             pytest.fail(f"lab/setup.sh failed (rc {p.returncode}):\n{p.stderr[-4000:]}")
-        why = lab_missing()
+        why = lab_missing(kernel)
     if why:
         if IN_CI:
             pytest.fail(f"soft-RoCE lab cannot boot under CI: {why}")
         pytest.skip(f"soft-RoCE lab not available: {why}")
     out = tmp_path_factory.mktemp(name)
-    env = dict(os.environ, AFDDIAG_LAB_PYTHON=sys.executable)
+    env = dict(os.environ, AFDDIAG_LAB_PYTHON=sys.executable, AFDDIAG_LAB_KERNEL=kernel)
     if script:
         env["AFDDIAG_LAB_SCRIPT"] = str(REPO / "lab" / script)
+    t0 = time.monotonic()
     try:
         p = subprocess.run(["bash", str(REPO / "lab" / "boot.sh"), str(out)], capture_output=True, text=True,
                            timeout=BOOT_TIMEOUT_S + 60, env=env)
@@ -68,4 +76,5 @@ def boot(tmp_path_factory, name: str, script: str | None = None) -> dict:
     assert r["errors"] == [], "\n".join(r["errors"])
     r["outdir"] = out
     r["boot_rc"] = p.returncode
+    r["boot_s"] = round(time.monotonic() - t0, 1)
     return r
