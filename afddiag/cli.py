@@ -201,6 +201,15 @@ def output_format(as_json: bool, fmt: str | None) -> str:
     return fmt or ("json" if as_json else "table")
 
 
+def need_prometheus() -> None:
+    """A usage error, before any probing, when prometheus_client cannot be imported."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as e:
+        raise click.UsageError(f"--format prometheus needs prometheus_client ({e}): pip install prometheus-client, "
+                               "or apt install python3-prometheus-client")
+
+
 def _gather_fabric(inputs: Inputs):
     """Fabric facts only (no QP walk), live or from ``inputs.snapshot`` (a folder or a bundle)."""
     import dataclasses
@@ -249,6 +258,8 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
     from afddiag.history import record_run
 
     fmt = output_format(as_json, fmt)
+    if fmt == "prometheus":
+        need_prometheus()
     rep, _ = _diagnose(cmd, make_inputs(**kw))
     record_run(rep, cmd, enabled=not no_history)
     if output or fmt == "prometheus":

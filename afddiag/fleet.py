@@ -501,7 +501,7 @@ def collect(inv: Inventory, opts: SshOptions, progress: Progress | None = None) 
 
 # ---------------------------------------------------------------- zipapp for --push
 
-VENDORED = ("click", "rich", "pynvml", "tomli")  # tomli: tomllib for targets on Python 3.10
+VENDORED = ("click", "rich", "pynvml", "tomli", "prometheus_client")  # tomli: tomllib for Python 3.10 targets
 
 
 def build_zipapp(dest: str) -> str:

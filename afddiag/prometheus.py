@@ -1,18 +1,30 @@
 """Render a report for Prometheus' node_exporter textfile collector, and write reports to files.
 
-Scheme (``--format prometheus``; point node_exporter's ``--collector.textfile.directory`` at the
-folder and give ``--output DIR/afddiag.prom``; the file is replaced atomically):
+The metrics are built in a :class:`prometheus_client.CollectorRegistry` and rendered by
+``prometheus_client.generate_latest`` (the library owns the exposition format and its escaping);
+the file is written by :func:`afddiag.atomic.atomic_write` rather than ``write_to_textfile``, which
+neither fsyncs, keeps an old file's mode and owner, nor refuses a FIFO.
 
-- ``afddiag_gate_status{host,role,command,gate,verdict}``: one gauge per gate; the value codes the
-  verdict, **0 PASS, 1 WARN, 2 FAIL, 3 ERROR, 4 SKIP** (the ``verdict`` label repeats it in words, so
-  ``afddiag_gate_status >= 2`` alerts on FAIL and ERROR and a table reads without a legend);
-- ``afddiag_gates{host,role,command,verdict}``: how many gates gave each verdict;
-- ``afddiag_exit_code{host,role,command}``: the run's exit code (0 clean, 1 WARN, 2 FAIL, 3 ERROR);
-- ``afddiag_last_run_timestamp_seconds{host,role,command}``: when the report was made (Unix time);
-- ``afddiag_device_map_info{host,ip,device} 1``: one per entry of the device map;
+Point node_exporter's ``--collector.textfile.directory`` at the folder and give
+``--output DIR/afddiag.prom``. node_exporter adds ``instance``, so there is no host label; labels
+name only what stays put across runs (a verdict flipping changes a value, never a series):
+
+- ``afddiag_gate_status{role,command,gate}``: the verdict as the value, **0 PASS, 1 WARN, 2 FAIL,
+  3 ERROR, 4 SKIP** (``afddiag_gate_status >= 2`` alerts on FAIL and ERROR);
+- ``afddiag_gates{role,command,verdict}``: how many gates gave each verdict (all five, always);
+- ``afddiag_exit_code{role,command}``: 0 clean, 1 WARN, 2 FAIL, 3 ERROR;
+- ``afddiag_last_run_timestamp_seconds{role,command}``: when the report was made (Unix time);
+- ``afddiag_roce_path_mtu_bytes{device,port,netdev}``: the RoCE path MTU of each port with a
+  populated GID (from the netdev MTU, as the kernel's ``iboe_get_mtu``);
+- ``afddiag_qp_rtr_transition_seconds{device,port}``: how long ``ibv_modify_qp`` to RTR took in
+  the QP walk (live runs that walked);
+- ``afddiag_gpu_under_load_sm_clock_hertz{gpu,uuid}``, ``afddiag_gpu_under_load_power_watts``,
+  ``afddiag_gpu_load_flops_per_second{gpu,uuid,kind="fp32"|"bf16_mma"}``,
+  ``afddiag_gpu_load_bytes_per_second{gpu,uuid,kind="gemv"|"copy"}``: the load probe's figures
+  (``--load``; the value in base units, TFLOP/s × 10¹², GB/s × 10⁹);
+- ``afddiag_gpu_sm_clock_hertz{gpu,uuid}`` and ``afddiag_gpu_temperature_celsius{gpu,uuid}`` at idle;
+- ``afddiag_device_map_info{ip,device} 1``: one per entry of the device map;
 - ``afddiag_build_info{version} 1``.
-
-Label values are escaped as the exposition format asks (backslash, double quote, newline).
 """
 
 from __future__ import annotations
@@ -27,14 +39,8 @@ from typing import Any
 STATUS = {"PASS": 0, "WARN": 1, "FAIL": 2, "ERROR": 3, "SKIP": 4}
 
 
-def escape_label(value: Any) -> str:
-    """A label value escaped for the text exposition format: ``\\`` → ``\\\\``, ``"`` → ``\\"``,
-    newline → ``\\n``."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(**kv: Any) -> str:
-    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in kv.items()) + "}"
+class PrometheusUnavailable(RuntimeError):
+    """prometheus_client is not importable (the message says how to install it)."""
 
 
 def _timestamp(report: dict[str, Any]) -> float:
@@ -44,36 +50,124 @@ def _timestamp(report: dict[str, Any]) -> float:
         return time.time()
 
 
-def render(report: dict[str, Any], command: str = "all") -> str:
-    """The report (``afddiag/schema/report.schema.json`` shape) as textfile-collector text, ending
-    with a newline. ``command`` is the afddiag command that made it (a label)."""
-    host = report.get("host") or ""
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _dicts(v: Any) -> list[dict[str, Any]]:
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
+def path_mtus(fabric: dict[str, Any] | None) -> list[tuple[str, str, str, int]]:
+    """``(device, port, netdev, RoCE path MTU bytes)`` for each port whose GIDs name a netdev with a
+    known MTU, from a report's ``facts.fabric`` (JSON form)."""
+    from afddiag.gates.fabric import roce_mtu
+
+    if not isinstance(fabric, dict):
+        return []
+    netdevs = fabric.get("netdevs") if isinstance(fabric.get("netdevs"), dict) else {}
+    out = []
+    for dev in _dicts(fabric.get("devices")):
+        for port in _dicts(dev.get("ports")):
+            nds = sorted({g.get("netdev") for g in _dicts(port.get("gids")) if isinstance(g.get("netdev"), str)})
+            for nd in nds:
+                mtu = _num((netdevs.get(nd) or {}).get("mtu")) if isinstance(netdevs.get(nd), dict) else None
+                if mtu is not None:
+                    out.append((str(dev.get("name")), str(port.get("num")), nd, roce_mtu(int(mtu))))
+    return out
+
+
+def registry_for(report: dict[str, Any], command: str = "all"):
+    """A :class:`prometheus_client.CollectorRegistry` holding the report's gauges (see the module
+    docstring). Raises :class:`PrometheusUnavailable` when prometheus_client is not installed."""
+    try:
+        from prometheus_client import CollectorRegistry, Gauge
+    except ImportError as e:
+        raise PrometheusUnavailable(f"--format prometheus needs prometheus_client ({e}): pip install "
+                                    "prometheus-client, or apt install python3-prometheus-client") from e
+    reg = CollectorRegistry(auto_describe=True)
     role = (report.get("inputs") or {}).get("role") or "generic"
-    base = {"host": host, "role": role, "command": command}
-    out: list[str] = []
+    base = {"role": role, "command": command}
 
-    def family(name: str, help_: str, rows: list[tuple[dict[str, Any], float]]) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} gauge")
-        for labels, value in rows:
-            v = int(value) if float(value).is_integer() else value
-            out.append(f"{name}{_labels(**labels)} {v}")
+    def gauge(name: str, doc: str, labels: tuple[str, ...], rows) -> None:
+        rows = [(lv, v) for lv, v in rows if v is not None]
+        if not rows:  # nothing read (no GPU, no QP walk): no family, rather than an empty one
+            return
+        g = Gauge(name, doc, labels, registry=reg)
+        for lv, v in rows:
+            (g.labels(**lv) if labels else g).set(v)
 
-    family("afddiag_gate_status", "Verdict of one afddiag gate: 0 PASS, 1 WARN, 2 FAIL, 3 ERROR, 4 SKIP.",
-           [({**base, "gate": g["id"], "verdict": g["verdict"]}, STATUS.get(g["verdict"], 3))
-            for g in report.get("gates") or []])
+    gates = _dicts(report.get("gates"))
+    gauge("afddiag_gate_status", "Verdict of one afddiag gate: 0 PASS, 1 WARN, 2 FAIL, 3 ERROR, 4 SKIP.",
+          ("role", "command", "gate"), [({**base, "gate": g.get("id")}, STATUS.get(g.get("verdict"), 3)) for g in gates])
     counts = report.get("counts") or {}
-    family("afddiag_gates", "Number of gates of the last run that gave each verdict.",
-           [({**base, "verdict": v}, counts.get(v, 0)) for v in STATUS])
-    family("afddiag_exit_code", "Exit code of the last afddiag run: 0 clean, 1 WARN, 2 FAIL, 3 ERROR.",
-           [(base, report.get("exit_code", 3))])
-    family("afddiag_last_run_timestamp_seconds", "When the last afddiag run made its report (Unix time).",
-           [(base, round(_timestamp(report), 3))])
-    family("afddiag_device_map_info", "One entry of DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP: fabric IP -> RDMA device.",
-           [({"host": host, "ip": ip, "device": dev}, 1) for ip, dev in (report.get("device_map") or {}).items()])
-    family("afddiag_build_info", "afddiag version that made the report.",
-           [({"version": report.get("afddiag_version", "")}, 1)])
-    return "\n".join(out) + "\n"
+    gauge("afddiag_gates", "Number of gates of the last run that gave each verdict.", ("role", "command", "verdict"),
+          [({**base, "verdict": v}, counts.get(v, 0)) for v in STATUS])
+    gauge("afddiag_exit_code", "Exit code of the last afddiag run: 0 clean, 1 WARN, 2 FAIL, 3 ERROR.",
+          ("role", "command"), [(base, report.get("exit_code", 3))])
+    gauge("afddiag_last_run_timestamp_seconds", "When the last afddiag run made its report (Unix time).",
+          ("role", "command"), [(base, round(_timestamp(report), 3))])
+    facts = report.get("facts") if isinstance(report.get("facts"), dict) else {}
+    gauge("afddiag_roce_path_mtu_bytes", "RoCE path MTU of an RDMA port: the largest of 256..4096 that fits its "
+          "netdev MTU (kernel iboe_get_mtu).", ("device", "port", "netdev"),
+          [({"device": d, "port": p, "netdev": n}, m) for d, p, n, m in path_mtus(facts.get("fabric"))])
+    qp = facts.get("qp") if isinstance(facts.get("qp"), dict) else {}
+    rtr = []
+    for r in _dicts(qp.get("results")):
+        step = next((s for s in _dicts(r.get("steps")) if s.get("to") == "RTR" and s.get("ok")), None)
+        if step and _num(step.get("elapsed_ms")) is not None:
+            rtr.append(({"device": str(r.get("device")), "port": str(r.get("port"))}, _num(step["elapsed_ms"]) / 1e3))
+    gauge("afddiag_qp_rtr_transition_seconds", "Time of the QP walk's ibv_modify_qp to RTR (address resolution "
+          "included) on a device.", ("device", "port"), rtr)
+    gpu = facts.get("gpu") if isinstance(facts.get("gpu"), dict) else {}
+    devs = _dicts(gpu.get("devices"))
+
+    def per_gpu(pick) -> list:
+        out = []
+        for d in devs:
+            ids = {"gpu": str(d.get("index")), "uuid": str(d.get("uuid") or "")}
+            for extra, v in pick(d):
+                if v is not None:
+                    out.append(({**ids, **extra}, v))
+        return out
+
+    def ul(d: dict[str, Any]) -> dict[str, Any]:
+        return d.get("under_load") if isinstance(d.get("under_load"), dict) else {}
+
+    def scaled(v: Any, k: float) -> float | None:
+        n = _num(v)
+        return None if n is None else n * k
+
+    g2 = ("gpu", "uuid")
+    gauge("afddiag_gpu_under_load_sm_clock_hertz", "SM clock while the load probe ran.", g2,
+          per_gpu(lambda d: [({}, scaled(ul(d).get("clock_sm_mhz"), 1e6))]))
+    gauge("afddiag_gpu_under_load_power_watts", "Board power while the load probe ran.", g2,
+          per_gpu(lambda d: [({}, scaled(ul(d).get("power_mw"), 1e-3))]))
+    gauge("afddiag_gpu_load_flops_per_second", "Arithmetic rate the load probe achieved (fp32 FMA, bf16 mma.sync).",
+          g2 + ("kind",), per_gpu(lambda d: [({"kind": "fp32"}, scaled(ul(d).get("fp32_tflops"), 1e12)),
+                                             ({"kind": "bf16_mma"}, scaled(ul(d).get("bf16_tflops"), 1e12))]))
+    gauge("afddiag_gpu_load_bytes_per_second", "Memory bandwidth the load probe achieved (GEMV-shaped read, "
+          "device copy read+write).", g2 + ("kind",),
+          per_gpu(lambda d: [({"kind": "gemv"}, scaled(ul(d).get("gemv_gbps"), 1e9)),
+                             ({"kind": "copy"}, scaled(ul(d).get("copy_gbps"), 1e9))]))
+    gauge("afddiag_gpu_sm_clock_hertz", "SM clock when the GPU probe read it.", g2,
+          per_gpu(lambda d: [({}, scaled(d.get("clock_sm_mhz"), 1e6))]))
+    gauge("afddiag_gpu_temperature_celsius", "GPU temperature when the GPU probe read it.", g2,
+          per_gpu(lambda d: [({}, _num(d.get("temperature_c")))]))
+    gauge("afddiag_device_map_info", "One entry of DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP: fabric IP -> RDMA device.",
+          ("ip", "device"), [({"ip": ip, "device": dev}, 1) for ip, dev in (report.get("device_map") or {}).items()])
+    gauge("afddiag_build_info", "afddiag version that made the report.", ("version",),
+          [({"version": report.get("afddiag_version", "")}, 1)])
+    return reg
+
+
+def render(report: dict[str, Any], command: str = "all") -> str:
+    """The report (``afddiag/schema/report.schema.json`` shape) as textfile-collector text
+    (``prometheus_client.generate_latest``), ending with a newline. ``command`` is the afddiag command
+    that made it (a label). Raises :class:`PrometheusUnavailable` without prometheus_client."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry_for(report, command)).decode("utf-8")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

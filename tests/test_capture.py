@@ -397,7 +397,7 @@ def test_lab_prometheus_and_history_in_the_guest(capture_lab):
     text = (capture_lab["outdir"] / "afddiag.prom").read_text()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     first = [s for s in fams["afddiag_gate_status"].samples if s.labels["gate"] == "fabric.first-device"]
-    assert [(s.labels["verdict"], s.value) for s in first] == [("FAIL", 2.0)]
+    assert [s.value for s in first] == [2.0]  # FAIL
     assert [s.labels for s in fams["afddiag_device_map_info"].samples][0]["device"] == "arxe1"
     hist = capture_lab["runs"]["history"]["json"]
     assert hist and len(hist["hosts"]) == 1

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 
 import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from afddiag.cli import cli, run
-from afddiag.prometheus import STATUS, escape_label, render
+from afddiag.prometheus import STATUS, render
 from conftest import case_dirs, load_case
 
 FABRIC = case_dirs("fabric")
@@ -37,17 +39,19 @@ def test_every_case_renders_parseable_metrics_matching_the_json(case, tmp_path):
     assert code == rep["exit_code"]
     fams = families(out.read_text())
     assert {f.type for f in fams.values()} == {"gauge"}
-    status = {s.labels["gate"]: (s.labels["verdict"], s.value) for s in fams["afddiag_gate_status"].samples}
-    assert status == {g["id"]: (g["verdict"], float(STATUS[g["verdict"]])) for g in rep["gates"]}
-    for s in fams["afddiag_gate_status"].samples:
-        assert s.labels["host"] == rep["host"] and s.labels["role"] == "generic" and s.labels["command"] == "all"
+    status = {s.labels["gate"]: s.value for s in fams["afddiag_gate_status"].samples}
+    assert status == {g["id"]: float(STATUS[g["verdict"]]) for g in rep["gates"]}
+    for s in fams["afddiag_gate_status"].samples:  # no host (node_exporter adds instance), no verdict label
+        assert s.labels == {"role": "generic", "command": "all", "gate": s.labels["gate"]}
     (ec,) = fams["afddiag_exit_code"].samples
     assert ec.value == rep["exit_code"]
     counts = {s.labels["verdict"]: s.value for s in fams["afddiag_gates"].samples}
     assert counts == {k: float(v) for k, v in rep["counts"].items()}
-    dm = {s.labels["ip"]: s.labels["device"] for s in fams["afddiag_device_map_info"].samples}
+    info = fams["afddiag_device_map_info"].samples if rep["device_map"] else []
+    assert rep["device_map"] or "afddiag_device_map_info" not in fams  # no entries: no empty family
+    dm = {s.labels["ip"]: s.labels["device"] for s in info}
     assert dm == rep["device_map"]
-    assert all(s.value == 1 for s in fams["afddiag_device_map_info"].samples)
+    assert all(s.value == 1 for s in info)
     (ts,) = fams["afddiag_last_run_timestamp_seconds"].samples
     assert abs(ts.value - os.path.getmtime(out)) < 120
 
@@ -59,7 +63,7 @@ def test_expected_samples_for_the_first_device_incident(tmp_path):
     assert code == 2
     fams = families(text)
     first = [s for s in fams["afddiag_gate_status"].samples if s.labels["gate"] == "fabric.first-device"]
-    assert [(s.labels["verdict"], s.value) for s in first] == [("FAIL", 2.0)]
+    assert [s.value for s in first] == [2.0]  # FAIL
     assert fams["afddiag_exit_code"].samples[0].value == 2
     assert {s.labels["ip"]: s.labels["device"] for s in fams["afddiag_device_map_info"].samples}[
         load_case(case)["fabric_ip"]] == load_case(case)["expected"]["device_map"][load_case(case)["fabric_ip"]]
@@ -67,19 +71,84 @@ def test_expected_samples_for_the_first_device_incident(tmp_path):
 
 
 def test_labels_are_escaped_and_round_trip():
-    nasty = 'h"o\\st\nname'
-    rep = {"host": nasty, "inputs": {"role": "ex\"pert"}, "gates": [{"id": "fabric.link", "verdict": "WARN"}],
+    nasty = 'ex"pe\\rt\nrole'
+    rep = {"host": "h", "inputs": {"role": nasty}, "gates": [{"id": "fabric.link", "verdict": "WARN"}],
            "counts": {"WARN": 1}, "exit_code": 1, "device_map": {"10.0.0.1": 'dev"\\x'},
            "generated_at": "2026-11-30T12:00:00+00:00", "afddiag_version": "0.1.0"}
     text = render(rep, "gpu")
     assert '\\"' in text and "\\n" in text and "\\\\" in text
-    assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
     fams = families(text)
     (s,) = fams["afddiag_gate_status"].samples
-    assert s.labels == {"host": nasty, "role": 'ex"pert', "command": "gpu", "gate": "fabric.link", "verdict": "WARN"}
+    assert s.labels == {"role": nasty, "command": "gpu", "gate": "fabric.link"}
     assert s.value == 1
     assert fams["afddiag_device_map_info"].samples[0].labels["device"] == 'dev"\\x'
     assert fams["afddiag_last_run_timestamp_seconds"].samples[0].value == 1796040000
+
+
+def test_a_flipping_verdict_changes_the_value_not_the_series():
+    rep = {"host": "h", "inputs": {"role": "expert"}, "gates": [{"id": "gpu.slow-state", "verdict": "PASS"}],
+           "counts": {"PASS": 1}, "exit_code": 0, "device_map": {}, "generated_at": "2026-11-30T12:00:00+00:00"}
+    before = families(render(rep, "all"))
+    rep["gates"][0]["verdict"], rep["counts"], rep["exit_code"] = "FAIL", {"FAIL": 1}, 2
+    after = families(render(rep, "all"))
+    for name in ("afddiag_gate_status", "afddiag_gates", "afddiag_exit_code"):
+        assert [x.labels for x in before[name].samples] == [x.labels for x in after[name].samples], name
+    assert [x.value for x in after["afddiag_gate_status"].samples] == [2.0]
+
+
+def test_numeric_gauges_in_base_units():
+    h200 = next(c for c in GPU if "h200" in c.name)
+    rep = json.loads(invoke(["gpu", "--json", "--no-history", "--snapshot", str(h200)])[0])
+    fams = families(invoke(["gpu", "--format", "prometheus", "--no-history", "--snapshot", str(h200)])[0])
+    d = rep["facts"]["gpu"]["devices"][0]
+    ul = d["under_load"]
+    (clk,) = fams["afddiag_gpu_under_load_sm_clock_hertz"].samples
+    assert clk.value == ul["clock_sm_mhz"] * 1e6 and clk.labels == {"gpu": "0", "uuid": d["uuid"]}
+    rates = {x.labels["kind"]: x.value for x in fams["afddiag_gpu_load_flops_per_second"].samples}
+    want = {k: ul[f] * 1e12 for k, f in (("fp32", "fp32_tflops"), ("bf16_mma", "bf16_tflops")) if ul.get(f) is not None}
+    assert rates == pytest.approx(want) and want
+    bw = {x.labels["kind"]: x.value for x in fams.get("afddiag_gpu_load_bytes_per_second", type("E", (), {"samples": []})).samples}
+    assert bw == pytest.approx({k: ul[f] * 1e9 for k, f in (("gemv", "gemv_gbps"), ("copy", "copy_gbps"))
+                                if ul.get(f) is not None})
+    c10 = next(c for c in FABRIC if c.name.startswith("10-"))  # netdev MTU 1500 on the fabric rail
+    fams = families(invoke(["fabric", "--format", "prometheus", "--no-history", "--snapshot", str(c10)])[0])
+    mtus = {(x.labels["device"], x.labels["netdev"]): x.value for x in fams["afddiag_roce_path_mtu_bytes"].samples}
+    rep = json.loads(invoke(["fabric", "--json", "--no-history", "--snapshot", str(c10)])[0])
+    from afddiag.gates.fabric import roce_mtu
+
+    nds = rep["facts"]["fabric"]["netdevs"]
+    assert mtus and all(v == roce_mtu(nds[n]["mtu"]) for (_, n), v in mtus.items())
+    assert 1024.0 in mtus.values()  # MTU 1500 → path MTU 1024
+
+
+def test_qp_rtr_latency_in_seconds():
+    from afddiag.prometheus import registry_for
+
+    rep = {"gates": [], "counts": {}, "exit_code": 0, "facts": {"qp": {"results": [
+        {"device": "mlx5_1", "port": 1, "steps": [{"to": "INIT", "ok": True, "elapsed_ms": 0.2},
+                                                  {"to": "RTR", "ok": True, "elapsed_ms": 12.5}]},
+        {"device": "mlx5_0", "port": 1, "steps": [{"to": "INIT", "ok": True, "elapsed_ms": 0.2},
+                                                  {"to": "RTR", "ok": False, "elapsed_ms": 3.0}]}]}}}
+    from prometheus_client import generate_latest
+
+    fams = families(generate_latest(registry_for(rep)).decode())
+    assert [(x.labels, x.value) for x in fams["afddiag_qp_rtr_transition_seconds"].samples] == [
+        ({"device": "mlx5_1", "port": "1"}, 0.0125)]  # a failed RTR has no latency
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None and not os.environ.get("CI"), reason="promtool not installed (Debian: prometheus)")
+@pytest.mark.parametrize("case", FABRIC[:3] + GPU, ids=[p.name for p in FABRIC[:3] + GPU])
+def test_promtool_check_metrics_passes(case):
+    assert PROMTOOL, "promtool missing: scripts/setup.sh installs Debian's prometheus package"
+    meta = load_case(case)
+    args = ["--snapshot", str(case)] + (["--fabric-ip", meta["fabric_ip"]] if meta.get("fabric_ip") else [])
+    text, _ = invoke(["all", "--format", "prometheus", "--no-history"] + args)
+    p = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.strip() == "" and p.stderr.strip() == ""  # no lint findings either
 
 
 def test_output_is_atomic_and_readable_by_the_collector(tmp_path):
