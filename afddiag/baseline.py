@@ -44,17 +44,27 @@ def default_path() -> Path:
     return state_dir() / "baseline.json"
 
 
-def load(path: str | os.PathLike | None = None) -> tuple[dict[str, Any] | None, str]:
-    """Read a baseline file → (baseline or None, words on why none). Never raises."""
+def load(path: str | os.PathLike | None = None, strict: bool = False) -> tuple[dict[str, Any] | None, str]:
+    """Read a baseline file (through the bounded reader, :mod:`afddiag.reader`) → (baseline or None,
+    words on why none). Never raises, except with ``strict`` (a file the user named): a file that is
+    there but refused (too big, nested too deep, not JSON, a device) or of another format raises
+    :class:`afddiag.reader.InputError`, one line naming it."""
+    from afddiag.reader import InputError, load_json
+
     p = Path(path) if path else default_path()
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = load_json(p, max_bytes=16 << 20)
     except FileNotFoundError:
         return None, f"no baseline recorded ({p})"
-    except (OSError, ValueError) as e:
+    except InputError as e:
+        if strict:
+            raise InputError(f"baseline {e}: record it again with `afddiag baseline record`") from None
         return None, f"baseline {p} unreadable ({e}): record it again with `afddiag baseline record`"
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        return None, f"baseline {p} has another format: record it again with `afddiag baseline record`"
+        why = f"baseline {p} has another format: record it again with `afddiag baseline record`"
+        if strict:
+            raise InputError(why)
+        return None, why
     data["path"] = str(p)
     return data, ""
 

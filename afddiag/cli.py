@@ -186,10 +186,11 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
 
 def _diagnose(cmd: str, inputs: Inputs):
     from afddiag.collect import SnapshotError
+    from afddiag.reader import InputError
 
     try:
         return diagnose_full(inputs, FAMILIES[cmd])
-    except SnapshotError as e:
+    except (SnapshotError, InputError) as e:  # a file the user named (snapshot, --baseline) refused
         raise click.UsageError(str(e))
 
 
@@ -575,7 +576,12 @@ def baseline_show(baseline_path, as_json) -> int:
 
     from afddiag import baseline as bl
 
-    data, why = bl.load(baseline_path)
+    from afddiag.reader import InputError
+
+    try:
+        data, why = bl.load(baseline_path, strict=True)
+    except InputError as e:
+        raise click.UsageError(str(e))
     if data is None:
         click.echo(f"afddiag baseline show: {why}", err=True)
         return 1

@@ -148,6 +148,10 @@ def guarded(fn: Callable[[], T], timeout_s: float, what: str,
     except ProbeTimeout as e:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - a crashed probe becomes its gates' ERROR
+        from afddiag.reader import RefusedRead
+
+        if isinstance(e, RefusedRead):  # a snapshot file that is a device, FIFO or a link out of it
+            return None, f"{what} refused {e}"
         doing = f" while {progress.doing}" if progress and progress.doing else ""
         return None, f"{what} crashed{doing} ({type(e).__name__}: {e})"
 
@@ -285,23 +289,30 @@ def _load_baseline(obs: Observation, inputs: Inputs) -> None:
     if inputs.snapshot and not inputs.baseline_path:
         obs.baseline, obs.baseline_why = None, "a replay uses no local baseline (give --baseline to compare)"
         return
-    obs.baseline, obs.baseline_why = baseline.load(inputs.baseline_path)
+    obs.baseline, obs.baseline_why = baseline.load(inputs.baseline_path, strict=bool(inputs.baseline_path))
 
 
 class SnapshotError(ValueError):
     """A snapshot directory that cannot be used at all (message names the path and the fix)."""
 
 
-def _load_json(path: Path, notes: list[str]) -> Any:
+def _load_json(path: Path, notes: list[str], failures: dict[str, str] | None = None,
+               timeout_s: float | None = None) -> Any:
+    """One snapshot JSON part through the bounded reader (:func:`afddiag.reader.load_json`, confined
+    to the snapshot folder): its value, or None when absent. A part that is present but refused
+    (too big, too deep, a link out, a device, not JSON) is noted and, with ``failures``, recorded
+    there by name, so the gates that needed it say ERROR rather than "not captured"."""
+    from afddiag.reader import InputError, load_json
+
     try:
-        if path.exists() and not path.is_file():  # a FIFO or device would block the read
-            notes.append(f"{path.name}: not a regular file; treated as not captured")
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path, root=path.parent, **({"timeout_s": timeout_s} if timeout_s else {}))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        notes.append(f"{path.name}: unreadable ({e}); treated as not captured")
+    except InputError as e:
+        why = f"{path.name} refused: {str(e).replace(str(path), path.name, 1)}"
+        notes.append(why)
+        if failures is not None:
+            failures[path.name] = why
         return None
 
 
@@ -314,23 +325,34 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
     :class:`SnapshotError` when the directory does not exist."""
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
     from afddiag.probes.sysfs import probe_fabric, read_text
+    from afddiag.reader import confined_reader
 
     root = Path(inputs.snapshot or "")
     if not root.is_dir():
         raise SnapshotError(f"snapshot {root}: not a directory (give a folder holding sys/, rdma-dev.json, ip-addr.json, env, gpu.json)")
+    from afddiag.reader import InputError
+    from afddiag.reader import read_text as read_capped
+
     obs = Observation(host=root.name, source=f"snapshot {root}")
+    bad: dict[str, str] = {}  # part name -> why it was refused (its gates say ERROR)
+    part_s = inputs.timeout("fabric_s")  # one part's read: --timeout bounds it too
     case = _load_json(root / "case.json", obs.notes)
     if isinstance(case, dict) and isinstance(case.get("host"), str):
-        obs.host = case["host"]
-    elif (root / "host").is_file():  # a capture bundle's hostname
-        obs.host = (root / "host").read_text(encoding="utf-8", errors="replace").strip()[:253] or obs.host
-    env_path = root / "env"
-    env_text = None
-    if env_path.is_file():
+        obs.host = case["host"][:253]
+    else:  # a capture bundle's hostname
         try:
-            env_text = env_path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            obs.notes.append(f"env: unreadable ({e.strerror or e}); treated as not captured")
+            obs.host = read_capped(root / "host", root, 4096, part_s, errors="replace").strip()[:253] or obs.host
+        except FileNotFoundError:
+            pass
+        except InputError as e:
+            obs.notes.append(f"host refused: {e}; the folder name is used")
+    env_text = None
+    try:
+        env_text = read_capped(root / "env", root, timeout_s=part_s, errors="replace")
+    except FileNotFoundError:
+        pass
+    except InputError as e:
+        obs.notes.append(f"env refused: {e}; treated as not captured")
     if env_text is not None:
         obs.env = parse_env_file(env_text)
         obs.env_source = "snapshot env"
@@ -340,12 +362,17 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
     if want_launch:
         from afddiag.probes.launch import image_from_inspect, limits_from_json
 
-        raw = _load_json(root / "limits.json", obs.notes)
+        raw = _load_json(root / "limits.json", obs.notes, bad, part_s)
         obs.limits = limits_from_json(raw) if raw is not None else HostLimits(
             captured=False, notes=["limits not captured (no limits.json in the snapshot)"])
-        raw = _load_json(root / "image.json", obs.notes)
+        if "limits.json" in bad:
+            obs.limits = HostLimits(captured=False, failed=bad["limits.json"], notes=[bad["limits.json"]])
+        raw = _load_json(root / "image.json", obs.notes, bad, part_s)
         if raw is not None:
             obs.image = image_from_inspect(raw, (inputs.launch_env or {}).get("AFD_IMAGE"), "image.json")
+        elif "image.json" in bad:
+            obs.image = ImageFacts(ref=(inputs.launch_env or {}).get("AFD_IMAGE"), why=bad["image.json"],
+                                   failed=bad["image.json"])
         elif (inputs.launch_env or {}).get("AFD_IMAGE"):
             obs.image = ImageFacts(ref=inputs.launch_env["AFD_IMAGE"], why="image not captured (no image.json)")
     if want_fabric:
@@ -354,14 +381,14 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
         else:
             notes: list[str] = []
             order = order_source = None
-            raw = _load_json(root / "rdma-dev.json", notes)
+            raw = _load_json(root / "rdma-dev.json", notes, bad, part_s)
             if raw is not None:
                 try:
                     order, order_source = parse_rdma_dev_json(raw), "rdma-dev.json"
                 except ValueError as e:
                     notes.append(f"rdma-dev.json: {e}")
             addrs = addr_source = None
-            raw = _load_json(root / "ip-addr.json", notes)
+            raw = _load_json(root / "ip-addr.json", notes, bad, part_s)
             if raw is not None:
                 try:
                     addrs, addr_source = parse_ip_addr_json(raw), "ip-addr.json"
@@ -370,17 +397,20 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
             if addrs is None:
                 notes.append("addresses not captured (no ip-addr.json): a GID's netdev is assumed to hold its IP")
             progress = Progress()
-            reader = progress.tracking(read_text)
+            reader = progress.tracking(confined_reader(root, read_text))
             obs.fabric, failed = guarded(
                 lambda: probe_fabric(str(root), order, order_source, addrs, addr_source, reader=reader),
                 inputs.timeout("fabric_s"), "fabric probe (snapshot sysfs)", progress)
+            failed = failed or "; ".join(bad[k] for k in ("rdma-dev.json", "ip-addr.json") if k in bad) or None
             if failed:
                 obs.fabric = FabricFacts(captured=False, failed=failed)
             obs.fabric.notes[:0] = notes + ([failed] if failed else [])
         obs.qp = QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")
     if want_gpu:
-        raw = _load_json(root / "gpu.json", obs.notes)
-        if raw is None:
+        raw = _load_json(root / "gpu.json", obs.notes, bad, part_s)
+        if "gpu.json" in bad:
+            obs.gpu = GpuFacts(available=False, why=bad["gpu.json"], failed=bad["gpu.json"])
+        elif raw is None:
             obs.gpu = GpuFacts(captured=False, why="GPU not captured (no gpu.json in the snapshot)")
         else:
             obs.gpu, failed = guarded(lambda: gpu_facts_from_readings(raw), inputs.timeout("gpu_s"),
@@ -389,8 +419,9 @@ def gather_snapshot(inputs: Inputs, want_fabric: bool, want_gpu: bool, want_laun
                 obs.gpu = GpuFacts(available=False, why=failed, failed=failed)
         _load_baseline(obs, inputs)
     if want_host:
-        raw = _load_json(root / "cpu.json", obs.notes)
-        obs.cpu = raw if isinstance(raw, dict) else None
+        raw = _load_json(root / "cpu.json", obs.notes, bad, part_s)
+        obs.cpu = raw if isinstance(raw, dict) else ({"why": bad["cpu.json"], "failed": bad["cpu.json"]}
+                                                     if "cpu.json" in bad else None)
         if obs.baseline is None and not obs.baseline_why:
             _load_baseline(obs, inputs)
     return obs

@@ -201,13 +201,15 @@ def remote_args(h: InvHost, inv: Inventory) -> list[str]:
 def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | None]:
     """One host's stdout → ``(report, None)``, or ``(None, why)`` when it is not an afddiag report
     (not JSON, not an object, no ``schema_version``/``gates``)."""
+    from afddiag.reader import InputError, parse_json
+
     s = text.strip()
     if not s:
         return None, f"{where}: empty output"
     try:
-        obj = json.loads(s)
-    except ValueError as e:
-        return None, f"{where}: output is not JSON ({e.msg} at line {e.lineno}; starts {s[:60]!r})"
+        obj = parse_json(s, where)
+    except InputError as e:
+        return None, f"{e} (starts {s[:60]!r})"
     why = _not_a_report(obj)
     return (None, f"{where}: {why}") if why else (obj, None)
 
@@ -222,10 +224,17 @@ def _not_a_report(obj: Any) -> str | None:
     return None
 
 
+MAX_MERGE_FILE_BYTES = 256 << 20  # one merge input (1,000 reports of ~100 KiB in one JSON array)
+
+
 def load_reports(paths: list[str]) -> list[HostResult]:
     """Per-host report files → one :class:`HostResult` per report. A file holds one report, a JSON
     array of reports, or one report per line (JSON lines). A file that does not parse is an ERROR
-    row named after the file; a host name seen twice gets ``#2``, ``#3`` appended."""
+    row named after the file; a host name seen twice gets ``#2``, ``#3`` appended. Files are read
+    through :mod:`afddiag.reader`: a device, FIFO, a file over :data:`MAX_MERGE_FILE_BYTES` or JSON
+    nested deeper than its cap raises :class:`afddiag.reader.InputError` (the CLI's usage error)."""
+    from afddiag.reader import DepthError, InputError, parse_json, read_bytes
+
     out: list[HostResult] = []
     names: dict[str, int] = {}
 
@@ -237,13 +246,15 @@ def load_reports(paths: list[str]) -> list[HostResult]:
 
     for path in paths:
         try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
+            text = read_bytes(path, max_bytes=MAX_MERGE_FILE_BYTES).decode("utf-8", "replace")
+        except FileNotFoundError as e:
             add(None, path, f"{path}: {e.strerror}")
             continue
         try:
-            obj = json.loads(text)
-        except ValueError:
+            obj = parse_json(text, path)
+        except DepthError:
+            raise
+        except InputError:
             lines = [ln for ln in text.splitlines() if ln.strip()]
             if len(lines) > 1:
                 for i, ln in enumerate(lines, 1):
@@ -622,7 +633,12 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index) -> 
 
     Exit codes as `afddiag fleet`.
     """
-    hosts = load_reports(list(files))
+    from afddiag.reader import InputError
+
+    try:
+        hosts = load_reports(list(files))
+    except InputError as e:
+        raise click.UsageError(f"merge input {e}")
     expect: dict[str, Any] = {}
     if inventory_path:
         try:

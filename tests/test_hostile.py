@@ -112,3 +112,130 @@ def test_1_output_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_p
     link.symlink_to(real)
     assert run(["fabric", "--snapshot", str(FABRIC[0]), "--no-history", "--json", "--output", str(link)]) in (0, 1, 2)
     assert link.is_symlink() and json.loads(real.read_text())["gates"]
+
+
+# 2. / 6. snapshot parts, merge input and baselines through the bounded reader ----------------------
+
+DEEP = "[" * 1000 + "]" * 1000  # 2 KB
+FAB = next(p for p in FABRIC if (p / "sys").is_dir() and (p / "rdma-dev.json").is_file()
+           and (p / "ip-addr.json").is_file())
+
+
+def _snap(tmp_path, src=FAB):
+    import shutil
+
+    dst = tmp_path / "snap"
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def _json_run(capsys, args):
+    code = run(args + ["--json", "--no-history"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "RecursionError" not in out + err
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def _verdicts(rep):
+    return {g["id"]: g["verdict"] for g in rep["gates"]}
+
+
+@pytest.mark.parametrize("part,gate", [("rdma-dev.json", "fabric.first-device"), ("ip-addr.json", "fabric.link"),
+                                       ("gpu.json", "gpu.sm-count"), ("limits.json", "launch.memlock"),
+                                       ("image.json", "gpu.image-arch"), ("versions.json", None),
+                                       ("ip-route-get.json", None), ("case.json", None), ("cpu.json", "host.cpu-clock")])
+def test_2_nested_brackets_in_a_snapshot_part_is_an_error_for_its_gates_not_a_traceback(tmp_path, capsys, part, gate):
+    snap = _snap(tmp_path)
+    import shutil
+
+    shutil.copy(GPU[0] / "gpu.json", snap / "gpu.json")  # the image gate needs a GPU to judge against
+    (snap / part).write_text(DEEP)
+    env = tmp_path / "l.env"
+    env.write_text("AFD_IMAGE=img:1\n")
+    code, rep, _ = _json_run(capsys, ["all", "--snapshot", str(snap), "--launch-env", str(env), "--peer", "10.0.0.9"])
+    assert rep is not None and code in (0, 1, 2, 3)
+    notes = rep["notes"] + ((rep.get("facts") or {}).get("route") or {}).get("notes", [])
+    assert any(part in n and "nested deeper" in n for n in notes), notes
+    if gate:
+        assert _verdicts(rep)[gate] == "ERROR"
+        assert code in (2, 3)
+
+
+def test_2_nested_merge_input_and_baselines_are_usage_errors(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP)
+    assert run(["merge", str(deep)]) == 64
+    err = capsys.readouterr().err
+    assert "nested deeper" in err and "Traceback" not in err
+    assert run(["baseline", "show", "--path", str(deep)]) == 64
+    assert "nested deeper" in capsys.readouterr().err
+    code, rep, err = _json_run(capsys, ["gpu", "--snapshot", str(GPU[0]), "--baseline", str(deep)])
+    assert code == 64 and rep is None and "nested deeper" in err
+
+
+def test_2_a_deep_host_output_is_an_error_row(tmp_path):
+    from afddiag.fleet import parse_report
+
+    rep, why = parse_report(DEEP, "exit 0")
+    assert rep is None and "nested deeper" in why
+
+
+@pytest.mark.parametrize("part", ["gpu.json", "versions.json", "proc/sys/net/ipv4/conf/all/arp_ignore",
+                                  "sys/class/infiniband/DEV/ports/1/state"])
+def test_6_a_link_to_dev_zero_is_refused_quickly_and_small(tmp_path, capsys, part):
+    import resource
+    import time
+
+    snap = _snap(tmp_path)
+    if "DEV" in part:
+        part = part.replace("DEV", sorted(os.listdir(snap / "sys/class/infiniband"))[0])
+    target = snap / part
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        target.unlink()
+    target.symlink_to("/dev/zero")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    code, rep, _ = _json_run(capsys, ["all", "--snapshot", str(snap), "--timeout", "5"])
+    assert time.monotonic() - t0 < 20
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10  # KiB: under 200 MiB more
+    assert rep is not None and code in (0, 1, 2, 3)
+
+
+def test_6_a_sparse_gigabyte_gpu_json_is_refused_by_size(tmp_path, capsys):
+    snap = _snap(tmp_path, GPU[0])
+    with open(snap / "gpu.json", "wb") as f:
+        f.truncate(1 << 30)
+    code, rep, _ = _json_run(capsys, ["gpu", "--snapshot", str(snap)])
+    assert _verdicts(rep)["gpu.sm-count"] == "ERROR" and code == 3
+    assert any("gpu.json" in n and "cap" in n for n in rep["notes"])
+
+
+def test_6_a_link_out_of_the_snapshot_is_refused(tmp_path, capsys):
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"kernel": "LEAKED-SECRET"}))
+    snap = _snap(tmp_path)
+    (snap / "versions.json").symlink_to(secret)
+    (snap / "proc/sys/kernel").mkdir(parents=True)
+    (snap / "proc/sys/kernel/osrelease").symlink_to(tmp_path / "secret.json")
+    code, rep, _ = _json_run(capsys, ["all", "--snapshot", str(snap)])
+    assert "LEAKED-SECRET" not in json.dumps(rep)
+
+
+def test_6_reader_bounds(tmp_path):
+    from afddiag.reader import DepthError, InputError, json_depth, load_json, parse_json, read_bytes
+
+    assert json_depth('{"a": [1, {"b": "[[[[["}]}') == 3
+    with pytest.raises(DepthError):
+        parse_json("[" * 65 + "]" * 65, "x")
+    assert parse_json("[" * 64 + "]" * 64, "x") is not None
+    big = tmp_path / "big"
+    big.write_bytes(b"0" * 2000)
+    with pytest.raises(InputError, match="cap"):
+        read_bytes(big, max_bytes=1000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="FIFO"):
+        load_json(fifo)
+    with pytest.raises(FileNotFoundError):
+        load_json(tmp_path / "absent.json")

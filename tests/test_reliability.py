@@ -83,7 +83,9 @@ def _snapshot_with_fifo(tmp_path: Path, rel: str) -> tuple[Path, Path]:
     return snap, target
 
 
-def test_blocking_sysfs_read_is_error_for_fabric_gates_only(tmp_path) -> None:
+def test_blocking_sysfs_read_is_error_for_fabric_gates_only(tmp_path, monkeypatch, capsys) -> None:
+    """A FIFO in a snapshot's sysfs is refused without being opened (issue 13); a read that hangs
+    anyway (a hung mount) is cut at the probe's bound. Both: ERROR for the fabric gates alone."""
     snap, fifo = _snapshot_with_fifo(tmp_path, "sys/class/infiniband/roceP2p1s0f1/ports/1/state")
     shutil.copy(CASES / "gpu" / "06-h200-healthy-measured" / "gpu.json", snap / "gpu.json")
     rc, rep, err, elapsed = _cli(["all", "--json", "--timeout", "1.5", "--snapshot", str(snap),
@@ -93,27 +95,56 @@ def test_blocking_sysfs_read_is_error_for_fabric_gates_only(tmp_path) -> None:
     gates = _by_id(rep)
     for gid in FABRIC_FED:
         assert gates[gid]["verdict"] == "ERROR", (gid, gates[gid])
-        assert "did not finish within 1.5 s" in gates[gid]["summary"]
+        assert "is a FIFO, not a regular file" in gates[gid]["summary"]
         assert str(fifo) in gates[gid]["summary"]  # what it was doing
     assert gates["gpu.present"]["verdict"] == "PASS"  # the GPU facts are not the fabric probe's
     assert gates["fabric.qp-rtr"]["verdict"] == "SKIP"  # a snapshot holds no QP test, stuck sysfs or not
     assert rc == 3
 
+    from afddiag.probes import sysfs
 
-def test_fifo_where_a_snapshot_json_belongs_is_not_captured(tmp_path) -> None:
+    real = sysfs.read_text
+
+    def hangs(path: str) -> str:
+        if path.endswith("roceP2p1s0f1/ports/1/state"):
+            time.sleep(5)  # a hung mount: the probe's thread is abandoned at the bound
+        return real(path)
+
+    monkeypatch.setattr(sysfs, "read_text", hangs)
+    t0 = time.monotonic()
+    rc = run(["all", "--json", "--no-history", "--timeout", "1.5", "--snapshot", str(C01),
+              "--fabric-ip", "192.168.100.10"])
+    assert time.monotonic() - t0 < 4.5
+    gates = _by_id(json.loads(capsys.readouterr().out))
+    for gid in FABRIC_FED:
+        assert gates[gid]["verdict"] == "ERROR" and "did not finish within 1.5 s" in gates[gid]["summary"], gid
+        assert "roceP2p1s0f1/ports/1/state" in gates[gid]["summary"]
+    assert rc == 3
+
+
+def test_fifo_where_a_snapshot_json_belongs_is_an_error_not_a_hang(tmp_path) -> None:
     snap, _ = _snapshot_with_fifo(tmp_path, "gpu.json")
     rc, rep, err, elapsed = _cli(["all", "--json", "--timeout", "5", "--snapshot", str(snap)])
     assert rep is not None and elapsed < 15, err[-2000:]
-    assert _by_id(rep)["gpu.present"]["verdict"] == "SKIP"
-    assert any("gpu.json: not a regular file" in n for n in rep["notes"]), rep["notes"]
+    assert _by_id(rep)["gpu.present"]["verdict"] == "ERROR"  # a refused part is not "not captured" (issue 13)
+    assert any("gpu.json refused" in n and "is a FIFO" in n for n in rep["notes"]), rep["notes"]
 
 
-def test_playbook_timeouts_apply_and_the_flag_overrides(tmp_path) -> None:
+def test_playbook_timeouts_apply_and_the_flag_overrides(tmp_path, monkeypatch, capsys) -> None:
+    from afddiag.probes import sysfs
+
     pb = tmp_path / "slowhost.toml"
     pb.write_text('name = "slowhost"\n[timeouts]\nfabric_s = 0.7\nqp_s = 9\n')
-    snap, _ = _snapshot_with_fifo(tmp_path, "sys/class/infiniband/rocep1s0f1/ports/1/rate")
-    rc, rep, err, _ = _cli(["fabric", "--json", "--snapshot", str(snap), "--playbook", str(pb)])
-    assert "did not finish within 0.7 s" in _by_id(rep)["fabric.link"]["summary"], err[-1000:]
+    real = sysfs.read_text
+
+    def hangs(path: str) -> str:
+        if path.endswith("rocep1s0f1/ports/1/rate"):
+            time.sleep(3)
+        return real(path)
+
+    monkeypatch.setattr(sysfs, "read_text", hangs)
+    run(["fabric", "--json", "--no-history", "--snapshot", str(C01), "--playbook", str(pb)])
+    assert "did not finish within 0.7 s" in _by_id(json.loads(capsys.readouterr().out))["fabric.link"]["summary"]
     loaded = pbmod.load(path=str(pb))
     inputs = Inputs(playbook=loaded)
     assert inputs.timeout("fabric_s") == 0.7 and inputs.timeout("qp_s") == 9.0

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from afddiag.reader import load_json
+
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 
 
@@ -62,19 +64,35 @@ class RouteFacts:
     notes: list[str] = field(default_factory=list)
 
 
-def _read_int(path: str) -> int | None:
+def _read_small(path: str, root: str) -> str:
+    """One sysctl or version file, at most 4 KiB; under a snapshot ``root`` confined to it and
+    regular files only (a link to /dev/zero or out of the snapshot raises OSError)."""
+    from afddiag.reader import confined_reader
+
+    if root in ("/", ""):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return os.read(fd, 4096).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
+    return confined_reader(root, max_bytes=4096)(path)
+
+
+def _read_int(path: str, root: str = "/") -> int | None:
+    from afddiag.reader import RefusedRead
+
     try:
-        with open(path, encoding="ascii") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
+        return int(_read_small(path, root))
+    except (OSError, ValueError, RefusedRead):  # RefusedRead: a link out of the snapshot, a device
         return None
 
 
-def _read_text(path: str) -> str | None:
+def _read_text(path: str, root: str = "/") -> str | None:
+    from afddiag.reader import RefusedRead
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or None
-    except OSError:
+        return _read_small(path, root) or None
+    except (OSError, RefusedRead):
         return None
 
 
@@ -141,7 +159,7 @@ def read_sysctls(root: str, netdevs: list[str]) -> tuple[dict[str, dict[str, int
     """Raw ``conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` under ``root`` and the
     effective value per netdev (max of "all" and the netdev's; None when either is unread)."""
     base = os.path.join(root, "proc/sys/net/ipv4/conf")
-    conf = {nd: {k: _read_int(os.path.join(base, nd, k)) for k in SYSCTLS} for nd in ["all", *netdevs]}
+    conf = {nd: {k: _read_int(os.path.join(base, nd, k), root) for k in SYSCTLS} for nd in ["all", *netdevs]}
     eff: dict[str, dict[str, int | None]] = {}
     for nd in netdevs:
         eff[nd] = {}
@@ -182,7 +200,7 @@ def _routes_snapshot(root: Path, peers: list[str], facts: RouteFacts) -> bool:
     table = root / "ip-route.json"
     if get.is_file():
         try:
-            raw = json.loads(get.read_text(encoding="utf-8"))
+            raw = load_json(get, root)
         except (OSError, ValueError) as e:
             facts.notes.append(f"ip-route-get.json unreadable: {e}")
             return False
@@ -200,7 +218,7 @@ def _routes_snapshot(root: Path, peers: list[str], facts: RouteFacts) -> bool:
         return bool(peers)
     if table.is_file():
         try:
-            rows = json.loads(table.read_text(encoding="utf-8"))
+            rows = load_json(table, root)
         except (OSError, ValueError) as e:
             facts.notes.append(f"ip-route.json unreadable: {e}")
             return False
@@ -214,7 +232,7 @@ def _routes_snapshot(root: Path, peers: list[str], facts: RouteFacts) -> bool:
 _IBV_RE = re.compile(r"libibverbs\.so\.1\.\d+\.(\d+(?:\.\d+)?)\.0$")
 
 
-def read_versions(root: str | None = None) -> dict[str, str | None]:
+def read_versions(root: str | None = None, notes: list[str] | None = None) -> dict[str, str | None]:
     """``{"kernel", "bios", "rdma_core"}`` of this host (``root`` None) or of a snapshot
     (``versions.json``, else its ``proc/sys/kernel/osrelease`` and ``sys/class/dmi/id/bios_version``).
     rdma-core from the libibverbs file name (``libibverbs.so.1.14.44.0`` → "44.0"). Never raises."""
@@ -222,13 +240,16 @@ def read_versions(root: str | None = None) -> dict[str, str | None]:
     base = root or "/"
     if root is not None:
         try:
-            raw = json.loads(Path(root, "versions.json").read_text(encoding="utf-8"))
+            raw = load_json(Path(root, "versions.json"), root)
             if isinstance(raw, dict):
-                out.update({k: str(v) for k, v in raw.items() if k in out and v is not None})
-        except (OSError, ValueError):
+                out.update({k: str(v)[:200] for k, v in raw.items() if k in out and v is not None})
+        except FileNotFoundError:
             pass
-    out["kernel"] = out["kernel"] or _read_text(os.path.join(base, "proc/sys/kernel/osrelease"))
-    out["bios"] = out["bios"] or _read_text(os.path.join(base, "sys/class/dmi/id/bios_version"))
+        except (OSError, ValueError) as e:
+            if notes is not None:
+                notes.append(f"versions.json refused: {e}")
+    out["kernel"] = out["kernel"] or _read_text(os.path.join(base, "proc/sys/kernel/osrelease"), base)
+    out["bios"] = out["bios"] or _read_text(os.path.join(base, "sys/class/dmi/id/bios_version"), base)
     if root is None and out["rdma_core"] is None:
         # /usr/lib*/ and one level below (multiarch, lib64): a recursive glob of /usr/lib* takes minutes
         found = glob.glob("/usr/lib*/libibverbs.so.1.*.*.0") + glob.glob("/usr/lib*/*/libibverbs.so.1.*.*.0")
@@ -262,8 +283,9 @@ def attach_host_facts(obs: Any, inputs: Any, fabric_ip: str | None, want_fabric:
 
 
 def _attach(obs: Any, inputs: Any, root: str | None, fabric_ip: str | None, want_fabric: bool) -> None:
+    notes: list[str] = []
     try:
-        obs.versions = read_versions(root)
+        obs.versions = read_versions(root, notes)
     except Exception:  # noqa: BLE001
         obs.versions = None
     if not want_fabric:
@@ -273,3 +295,4 @@ def _attach(obs: Any, inputs: Any, root: str | None, fabric_ip: str | None, want
                       if g.netdev and g.ipv4})
     obs.route = probe_routes(root, fabric_ip, list(getattr(inputs, "peers", []) or []), netdevs,
                              min(3.0, float(getattr(inputs, "probe_timeout_s", None) or 3.0)))
+    obs.route.notes[:0] = notes

@@ -1,0 +1,195 @@
+"""One bounded reader for every input file afddiag did not write itself: snapshot parts, bundle
+members once extracted, ``merge`` reports, baselines, launch env files, inventories.
+
+Each read is bounded four ways: a size cap per file (bytes read, not the size the file claims), a
+JSON nesting-depth cap checked before the parser sees the text (a 2 KB file of 1,000 brackets would
+otherwise be a RecursionError), a confinement check (a snapshot's file may not be a link out of the
+snapshot, nor a device, FIFO or socket), and a time bound (the read runs in a daemon thread; a hung
+NFS mount or a FIFO cannot hold the main thread). A breach is :class:`InputError`, one line naming the
+file and why; a missing file stays :class:`FileNotFoundError` (callers treat it as "not captured").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import threading
+from typing import Any
+
+MAX_JSON_BYTES = 64 << 20  # a gpu.json with Xid events is ~100 KiB; a 10k-device ip-addr.json ~10 MiB
+MAX_TEXT_BYTES = 1 << 20  # env files, inventories, a host name, one sysctl
+MAX_DEPTH = 64  # the deepest JSON afddiag writes (a report's facts) nests ~10 levels
+TIMEOUT_S = 30.0  # one file; a capped regular file reads in well under a second
+
+
+class InputError(ValueError):
+    """An input file refused or unreadable: the message is one line naming the file and why."""
+
+
+class RefusedRead(Exception):
+    """A snapshot sysfs file refused by :func:`confined_reader`. Neither an OSError nor a ValueError
+    on purpose: the fabric probe treats those as one absent attribute, this stops the probe (its
+    gates say ERROR naming the file)."""
+
+
+class DepthError(InputError):
+    """JSON nested deeper than the cap (refused before parsing)."""
+
+
+def _kind(mode: int) -> str:
+    from afddiag.atomic import target_kind
+
+    return target_kind(os.stat_result((mode,) + (0,) * 9))
+
+
+def _confine(path: str, root: str | None) -> None:
+    """Refuse ``path`` when it resolves (through links) outside ``root``."""
+    if root is None:
+        return
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
+        raise InputError(f"{path}: a link out of the snapshot (to {real}); a snapshot's files stay inside it")
+
+
+def _read_capped(path: str, max_bytes: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise InputError(f"{path}: {st.st_size} bytes, over the {max_bytes}-byte cap")
+        chunks, n = [], 0
+        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - n)):
+            chunks.append(chunk)
+            n += len(chunk)
+            if n > max_bytes:
+                raise InputError(f"{path}: over the {max_bytes}-byte cap")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str | os.PathLike, root: str | os.PathLike | None = None, max_bytes: int = MAX_JSON_BYTES,
+               timeout_s: float = TIMEOUT_S) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes``, read within ``timeout_s``
+    seconds off the main thread. With ``root`` (a snapshot folder), ``path`` must resolve inside it.
+
+    Raises FileNotFoundError when absent, :class:`InputError` (one line) when it is a link out of
+    ``root``, not a regular file, over the cap, not read in time, or unreadable (EACCES, EIO)."""
+    path = os.fspath(path)
+    _confine(path, None if root is None else os.fspath(root))
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["data"] = _read_capped(path, max_bytes)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=work, name="afddiag-read", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise InputError(f"{path}: not read within {timeout_s:g} s (a hung mount?)")
+    e = box.get("error")
+    if isinstance(e, (FileNotFoundError, InputError)):
+        raise e
+    if isinstance(e, OSError):
+        raise InputError(f"{path}: unreadable ({e.strerror or e})")
+    if e is not None:
+        raise e
+    return box["data"]
+
+
+def read_text(path: str | os.PathLike, root: str | os.PathLike | None = None, max_bytes: int = MAX_TEXT_BYTES,
+              timeout_s: float = TIMEOUT_S, errors: str = "strict") -> str:
+    """:func:`read_bytes` decoded as UTF-8. With ``errors="strict"`` a non-UTF-8 file is
+    :class:`InputError` naming the byte offset."""
+    data = read_bytes(path, root, max_bytes, timeout_s)
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as e:
+        raise InputError(f"{os.fspath(path)}: not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+
+
+_STRINGS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """The bracket nesting depth of JSON ``text`` (strings skipped), counted without recursion;
+    stops counting once past ``limit`` (returns ``limit + 1``)."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(_STRINGS.sub("", text) if '"' in text else text):
+        if m.group() in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        else:
+            depth -= 1
+    return deepest
+
+
+def parse_json(text: str | bytes, what: str, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` of ``text`` with the depth checked first. Raises :class:`InputError` naming
+    ``what`` for text that is not UTF-8, not JSON, or nested deeper than ``max_depth``."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{what}: not UTF-8 (byte {e.start})") from None
+    if json_depth(text, max_depth) > max_depth:
+        raise DepthError(f"{what}: JSON nested deeper than {max_depth} levels")
+    try:
+        return json.loads(text)
+    except RecursionError:  # pragma: no cover - the depth check runs first
+        raise InputError(f"{what}: JSON nested too deep") from None
+    except ValueError as e:
+        raise InputError(f"{what}: not JSON ({e})") from None
+
+
+def load_json(path: str | os.PathLike, root: str | os.PathLike | None = None, max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_DEPTH, timeout_s: float = TIMEOUT_S) -> Any:
+    """Read (:func:`read_bytes`) and parse (:func:`parse_json`) one JSON file. Raises
+    FileNotFoundError when absent, :class:`InputError` for every other reason it cannot be used."""
+    return parse_json(read_bytes(path, root, max_bytes, timeout_s), os.fspath(path), max_depth)
+
+
+def confined_reader(root: str | os.PathLike, read=None, max_bytes: int = 65536):
+    """A sysfs-style reader ``(path) -> stripped text`` for a snapshot folder. A path that resolves
+    out of ``root`` or is not a regular file (a link to /dev/zero, a FIFO, a socket) raises
+    :class:`RefusedRead`: the fabric probe does not take it for an absent attribute, it stops, and
+    its gates say ERROR naming the file. ``read`` (default: a
+    ``max_bytes`` read) reads what passes the check."""
+    base = os.path.realpath(root)
+    prefix = base.rstrip(os.sep) + os.sep
+
+    def small(path: str) -> str:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        try:
+            return os.read(fd, max_bytes).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
+
+    inner = read or small
+    real_dirs: dict[str, str] = {}  # folder -> its real path (a GID table is 1,000 files in one folder)
+
+    def confined(path: str) -> str:
+        st = os.stat(path)  # FileNotFoundError etc. reach the caller as the kernel's answer would
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedRead(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+        head, tail = os.path.split(path)
+        real_dir = real_dirs.get(head)
+        if real_dir is None:
+            real_dir = real_dirs[head] = os.path.realpath(head)
+        real = os.path.realpath(os.path.join(real_dir, tail)) if os.path.islink(path) else os.path.join(real_dir, tail)
+        if not real.startswith(prefix):
+            raise RefusedRead(f"{path}: a link out of the snapshot (to {real})")
+        return inner(path)
+
+    return confined
