@@ -6,7 +6,7 @@ The bundle (a ``.tar.gz`` with one top folder ``afddiag-capture-<host>-<UTC time
   ``.../ports/<n>/{state,phys_state,link_layer,rate,gids/<i>,gid_attrs/types/<i>,gid_attrs/ndevs/<i>}``;
   attributes of empty GID slots are not copied, and ``gid_attrs/EINVAL-SLOTS`` lists the slots whose
   attributes are absent or failed to read (as in the shared cases);
-- ``sys/class/net/<if>/{mtu,operstate,address,carrier}`` (a file the kernel refused is left out);
+- ``sys/class/net/<if>/{mtu,operstate,address,carrier,speed}`` (a file the kernel refused is left out);
 - ``rdma-dev.json`` (``rdma -j dev show`` shape, from :func:`afddiag.probes.netlink.device_order`;
   absent when the order is unknown), ``ip-addr.json`` (``ip -j addr show`` shape, from the addresses
   afddiag reads and sysfs; absent when they could not be read), ``ip-route.json``
@@ -47,7 +47,7 @@ ENV_ALLOW = ("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", "NCCL_IB_HCA", "NCCL_IB
 ENV_ALLOW_PREFIX = "AFD_"
 HCA_ATTRS = ("node_guid", "node_type", "hca_type", "fw_ver")
 PORT_ATTRS = ("state", "phys_state", "link_layer", "rate")
-NET_ATTRS = ("mtu", "operstate", "address", "carrier")
+NET_ATTRS = ("mtu", "operstate", "address", "carrier", "speed")
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")  # proc/sys/net/ipv4/conf/{all,<netdev>}/ (fabric.arp)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:@\-]+$")  # sysfs entry names copied into the bundle
 

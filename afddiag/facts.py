@@ -123,6 +123,7 @@ class Netdev:
     name: str
     mtu: int | None = None  # bytes
     operstate: str | None = None  # "up", "down", "unknown"
+    speed_mbps: int | None = None  # negotiated speed, Mb/s (/sys/class/net/<if>/speed); None: not read, -1: unknown
     ipv4: list[str] = field(default_factory=list)  # "a.b.c.d/len"
     ipv6: list[str] = field(default_factory=list)  # "addr/len"
 

@@ -20,9 +20,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SITE_DIRS = ("/etc/afddiag/playbooks",)
-_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "aliases"}
+_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "fabric", "aliases"}
 _GPU = {"model", "reserve_fraction", "reserve_bytes", "min_memory_bytes", "load_probe"}
 _HOST = {"cpu_min_mhz"}
+_FABRIC = {"link_speed_mbps"}
 _LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
 # [timeouts]: each probe's time bound, seconds (--timeout overrides all but qp_s and load_s; --qp-timeout qp_s).
 # A probe past its bound gives ERROR for its own gates and the run goes on.
@@ -51,6 +52,7 @@ class Playbook:
     capacity_key: str = ""
     memlock_min_bytes: int = 0  # -1: must be unlimited; 0: not checked
     require_fabric_address: bool = False
+    link_speed_mbps: int = 0  # fabric.link-speed: the RoCE netdev's expected negotiated speed, Mb/s (0: none)
     cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
     aliases: dict[str, str] = field(default_factory=dict)
     timeouts: dict[str, float] = field(default_factory=dict)  # [timeouts]: fabric_s, qp_s, gpu_s, ... (seconds)
@@ -66,7 +68,7 @@ def parse(text: str, path: str) -> Playbook:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
-    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST),
+    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST), ("fabric", _FABRIC),
                            ("timeouts", _TIMEOUTS)):
         got = d if not table else d.get(table, {})
         if not isinstance(got, dict):
@@ -94,6 +96,7 @@ def parse(text: str, path: str) -> Playbook:
             memlock_min_bytes=int(la.get("memlock_min_bytes", 0)),
             require_fabric_address=bool(la.get("require_fabric_address", False)),
             cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
+            link_speed_mbps=int(d.get("fabric", {}).get("link_speed_mbps", 0)),
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
             timeouts={str(k): float(v) for k, v in d.get("timeouts", {}).items()},
             path=path,

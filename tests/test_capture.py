@@ -144,7 +144,7 @@ def probe_reads(rel: str) -> bool:
     return bool(re.fullmatch(
         r"sys/class/infiniband/[^/]+/(node_guid|node_type|hca_type|fw_ver"
         r"|ports/\d+/(state|phys_state|link_layer|rate|gids/\d+|gid_attrs/(types|ndevs)/\d+))"
-        r"|sys/class/net/[^/]+/(mtu|operstate|address|carrier)", rel))
+        r"|sys/class/net/[^/]+/(mtu|operstate|address|carrier|speed)", rel))
 
 
 def test_bundle_env_is_allow_listed(tmp_path):

@@ -461,10 +461,47 @@ def arp(ctx: Context) -> Verdict:
                    "keep replies on the right port", "nothing to do", facts)
 
 
+def judge_link_speed(subject: str, speed_mbps: int | None, expect_mbps: int, role: str) -> tuple[str, str]:
+    """``(verdict, summary)`` for a RoCE netdev's negotiated speed (Mb/s, ``/sys/class/net/<if>/speed``)
+    against the role's expectation (Mb/s; 0: none): FAIL below half of it, WARN below it, PASS at or
+    above; SKIP when not read or SPEED_UNKNOWN (-1). Pure."""
+    if speed_mbps is None:
+        return SKIP, f"{subject}: negotiated speed not read (link down, or not captured)"
+    if speed_mbps <= 0:
+        return SKIP, f"{subject}: the netdev reports no speed (SPEED_UNKNOWN: a virtual NIC)"
+    got = f"{speed_mbps / 1000:g} Gb/s"
+    if not expect_mbps:
+        return PASS, f"{subject}: negotiated {got} (role {role} sets no expected speed)"
+    want = f"{expect_mbps / 1000:g} Gb/s"
+    if speed_mbps * 2 <= expect_mbps:
+        return FAIL, f"{subject}: negotiated {got}, role {role} expects {want}"
+    if speed_mbps < expect_mbps:
+        return WARN, f"{subject}: negotiated {got}, below the {want} role {role} expects"
+    return PASS, f"{subject}: negotiated {got} (role {role} expects {want})"
+
+
+def link_speed(ctx: Context) -> Verdict:
+    gid = "fabric.link-speed"
+    e = _fabric_entry(ctx, gid)
+    if isinstance(e, Verdict):
+        return e
+    _, port = _port_of(ctx, e)
+    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
+    speed = nd.speed_mbps if nd else None
+    expect = ctx.playbook.link_speed_mbps
+    facts = {"netdev": e.netdev, "speed_mbps": speed, "expected_mbps": expect or None, "device": e.device,
+             "port": e.port, "port_rate": port.rate if port else None}
+    subject = f"{e.netdev} ({e.device} port {e.port}, fabric IP {ctx.fabric_ip.ip})"
+    verdict, summary = judge_link_speed(subject, speed, expect, ctx.playbook.name)
+    rem = {PASS: "nothing to do", SKIP: "read it on the host (`ethtool <netdev>`; capture includes sys/class/net/<if>/speed)"}
+    return Verdict(gid, verdict, summary, rem.get(verdict) or remedy(gid).format(netdev=e.netdev), facts)
+
+
 GATES = [
     ("fabric.rdma-present", rdma_present),
     ("fabric.link", link),
     ("fabric.mtu", mtu),
+    ("fabric.link-speed", link_speed),
     ("fabric.rocev2-ipv4", rocev2_ipv4),
     ("fabric.first-device", first_device),
     ("fabric.devicemap-env", devicemap_env),

@@ -113,11 +113,15 @@ def read_device(ib_dir: str, name: str, read: _Reader) -> RdmaDevice:
 
 
 def read_netdev(net_dir: str, name: str, read: _Reader) -> Netdev:
-    """Read one netdev's ``mtu`` (bytes) and ``operstate`` from ``/sys/class/net/<name>/``."""
+    """Read one netdev's ``mtu`` (bytes), ``operstate`` and ``speed`` (Mb/s; the kernel refuses the
+    read with EINVAL while the link is down and prints -1 for SPEED_UNKNOWN, as virtual NICs do;
+    ``ethtool <if>`` "Speed:") from ``/sys/class/net/<name>/``."""
     nd = Netdev(name=name)
     mtu = read(f"{net_dir}/{name}/mtu")
     nd.mtu = int(mtu) if mtu and mtu.isdigit() else None
     nd.operstate = read(f"{net_dir}/{name}/operstate")
+    speed = read(f"{net_dir}/{name}/speed")
+    nd.speed_mbps = int(speed) if speed and speed.lstrip("-").isdigit() else None
     return nd
 
 
