@@ -123,9 +123,9 @@ class Netdev:
     name: str
     mtu: int | None = None  # bytes
     operstate: str | None = None  # "up", "down", "unknown"
-    speed_mbps: int | None = None  # negotiated speed, Mb/s (/sys/class/net/<if>/speed); None: not read, -1: unknown
     ipv4: list[str] = field(default_factory=list)  # "a.b.c.d/len"
     ipv6: list[str] = field(default_factory=list)  # "addr/len"
+    speed_mbps: int | None = None  # negotiated speed, Mb/s (/sys/class/net/<if>/speed); None: not read, -1: unknown
 
     def holds_ipv4(self, ip: str) -> bool:
         return any(a.split("/")[0] == ip for a in self.ipv4)

@@ -22,7 +22,7 @@ from afddiag.gates import Context, resolve_fabric_ip, run_gates
 from conftest import CASES, REPO
 
 C01 = CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device"
-FABRIC_FED = {"fabric.rdma-present", "fabric.link", "fabric.mtu", "fabric.rocev2-ipv4", "fabric.first-device"}
+FABRIC_FED = {"fabric.rdma-present", "fabric.link", "fabric.mtu", "fabric.link-speed", "fabric.rocev2-ipv4", "fabric.first-device"}
 
 HUNG_AT_INIT = '''
 import threading
