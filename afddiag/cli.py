@@ -127,6 +127,8 @@ def gpu_opts(f):
                      help="SM count the image's kernels were exported for.")(f)
     f = click.option("--load", is_flag=True, help="Run the GPU load probe (FP32, BF16, GEMV, copy; ~3 s a GPU) "
                      "for gpu.slow-state (the expert playbook turns it on).")(f)
+    f = click.option("--no-load", is_flag=True, help="No load probe, even where the playbook asks for it (a node "
+                     "running jobs: the slurm health check passes it on allocated nodes).")(f)
     f = click.option("--baseline", "baseline_path", type=click.Path(exists=True, dir_okay=False),
                      help="Baseline file (default: the user's state directory).")(f)
     f = click.option("--xid-log", type=click.Path(dir_okay=False, exists=True),
@@ -148,7 +150,7 @@ def launch_opts(f):
 
 def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=False, qp_timeout=None,
                 expect_sm=None, role=None, playbook_path=None, launch_env_path=None, expect_capacity=None,
-                load=False, baseline_path=None, xid_log=None) -> Inputs:
+                load=False, baseline_path=None, xid_log=None, no_load=False) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
     from afddiag import playbook as pbmod
     from afddiag.collect import Inputs
@@ -178,6 +180,13 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
                     launch_env = parse_launch_env(text, launch_env_path, pb.aliases)
     except (LaunchEnvError, pbmod.PlaybookError) as e:
         raise click.UsageError(str(e))
+    if no_load:
+        if load:
+            raise click.UsageError("--load and --no-load: give one of them")
+        if pb is not None and pb.load_probe:
+            import dataclasses
+
+            pb = dataclasses.replace(pb, load_probe=False)
     return Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
                   probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
                   launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
@@ -422,7 +431,12 @@ def all_(**kw) -> int:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=None,
               help="Time bound of each probe, seconds (default: the playbook's [timeouts]).")
 @click.option("--drain", is_flag=True, help="When not fit, drain this Slurm node: `scontrol update nodename=<node> "
-              "state=drain reason=\"afddiag: <gates>\"` (for HealthCheckProgram; $AFDDIAG_SCONTROL overrides scontrol).")
+              "state=drain reason=\"afddiag: <gates>\"` (for HealthCheckProgram; $AFDDIAG_SCONTROL overrides scontrol); "
+              "a drain someone else set is never overwritten.")
+@click.option("--resume", is_flag=True, help="When fit, resume this Slurm node if afddiag drained it (its reason "
+              "starts with 'afddiag:'); any other drain stays.")
+@click.option("--prom", "prom_path", type=click.Path(dir_okay=False),
+              help="Also write this run's metrics for node_exporter's textfile collector to FILE (atomically).")
 @click.option("--no-history", is_flag=True, help="Do not append this run to the local history store.")
 @fabric_opts
 @gpu_opts
@@ -431,15 +445,22 @@ def all_(**kw) -> int:
 @click.option("--export", "export", is_flag=True,
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
                    "UCX_NET_DEVICES, MC_GID_INDEX) on stdout.")
-def preflight(strict, export, drain, no_history, **kw) -> int:
+def preflight(strict, export, drain, resume, prom_path, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
 
     Exit codes as `afddiag all`, except that WARN exits 0 unless --strict. With --drain a host that
-    is not fit also drains its Slurm node (Slurm ignores a HealthCheckProgram's exit code).
+    is not fit also drains its Slurm node (Slurm ignores a HealthCheckProgram's exit code), unless
+    someone else drained it; with --resume a fit host's node is resumed when afddiag drained it
+    (afddiag/slurm.py). --prom FILE writes the same run's metrics.
     """
     from afddiag import report
     from afddiag.history import record_run
 
+    if (drain or resume) and kw.get("snapshot"):
+        raise click.UsageError(f"--{'drain' if drain else 'resume'} acts on this Slurm node, and --snapshot judges "
+                               "another host's data: give one of them")
+    if prom_path:
+        need_prometheus()
     rep, obs = _diagnose("preflight", make_inputs(**kw))
     record_run(rep, "preflight", enabled=not no_history)
     code = rep["exit_code"]
@@ -452,6 +473,10 @@ def preflight(strict, export, drain, no_history, **kw) -> int:
         line = (f"afddiag preflight: {role} on {rep['host']}: OK ({c['PASS']} pass, {c['WARN']} warn, "
                 f"{c['SKIP']} skip)" + (f"; warn: {', '.join(warned)}" if warned else ""))
         click.echo(line, err=export)
+        if resume:
+            from afddiag.slurm import resume_node
+
+            resume_node()
     else:
         bad = [g for g in rep["gates"] if g["verdict"] in ("FAIL", "ERROR") or (strict and g["verdict"] == "WARN")]
         click.echo(f"afddiag preflight: {role} on {rep['host']}: NOT FIT (exit {code})", err=True)
@@ -466,6 +491,15 @@ def preflight(strict, export, drain, no_history, **kw) -> int:
         pairs = report.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
         if pairs:
             click.echo(report.format_exports(pairs, "shell"))
+    if prom_path:
+        from afddiag.prometheus import write_report
+
+        try:
+            write_report(rep, "prometheus", prom_path, "preflight")
+        except OSError as e:
+            from afddiag.atomic import output_error
+
+            raise click.UsageError(output_error(f"--prom {prom_path}", e))
     return code
 
 

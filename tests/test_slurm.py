@@ -33,6 +33,45 @@ def fake_scontrol(tmp_path, monkeypatch):
     return log
 
 
+@pytest.fixture
+def fake_sinfo(tmp_path, monkeypatch):
+    """A sinfo that prints sinfo.out ("state|reason"); tests write the node's state there."""
+    out = tmp_path / "sinfo.out"
+    out.write_text("idle|none\n")
+    exe = tmp_path / "sinfo"
+    exe.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {tmp_path / 'sinfo-args.txt'}\n"
+                   f"[ -n \"$FAKE_SINFO_RC\" ] && {{ echo 'slurm_load_node: Unable to contact slurm controller' >&2; "
+                   f"exit \"$FAKE_SINFO_RC\"; }}\ncat {out}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("AFDDIAG_SINFO", str(exe))
+    return out
+
+
+@pytest.fixture
+def slurm_node(fake_scontrol, fake_sinfo, monkeypatch):
+    """This host, as preflight sees it, is a recorded case (the snapshot is swapped in under the CLI:
+    --drain refuses --snapshot). Returns a function: (case prefix, sinfo line) → the scontrol log."""
+    import afddiag.cli as climod
+
+    real = climod._diagnose
+    chosen = {}
+
+    def diagnose(cmd, inputs):
+        inputs.snapshot, inputs.fabric_ip = str(chosen["case"]), load_case(chosen["case"])["fabric_ip"]
+        chosen["runs"] = chosen.get("runs", 0) + 1
+        return real(cmd, inputs)
+
+    monkeypatch.setattr(climod, "_diagnose", diagnose)
+
+    def setup(prefix: str, sinfo_line: str = "idle|none"):
+        chosen["case"] = case(prefix)
+        fake_sinfo.write_text(sinfo_line + "\n")
+        return fake_scontrol
+
+    setup.chosen = chosen
+    return setup
+
+
 def calls(log: Path) -> list[list[str]]:
     if not log.exists():
         return []
@@ -50,41 +89,116 @@ def case(prefix: str) -> Path:
     return next(c for c in FABRIC if c.name.startswith(prefix))
 
 
-def test_not_fit_drains_the_node_with_the_failing_gates(fake_scontrol, capsys):
-    c = case("01-")
-    code = run(["preflight", "--drain", "--snapshot", str(c), "--fabric-ip", load_case(c)["fabric_ip"]])
+def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys):
+    log = slurm_node("01-")
+    code = run(["preflight", "--drain", "--no-history"])
     assert code == 2  # the exit code still says FAIL (a Prolog drains on it)
-    assert calls(fake_scontrol) == [["update", "nodename=gpu-node-7", "state=drain",
-                                     "reason=afddiag: fabric.first-device"]]
+    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.first-device"]]
     err = capsys.readouterr().err
     assert "NOT FIT" in err and "drained gpu-node-7 (reason=afddiag: fabric.first-device)" in err
 
 
-def test_fit_host_is_not_drained(fake_scontrol):
-    c = case("02-")
-    assert run(["preflight", "--drain", "--snapshot", str(c), "--fabric-ip", load_case(c)["fabric_ip"]]) == 0
-    assert calls(fake_scontrol) == []
+def test_fit_host_is_not_drained(slurm_node):
+    log = slurm_node("02-")
+    assert run(["preflight", "--drain", "--no-history"]) == 0
+    assert calls(log) == []
 
 
-def test_without_drain_scontrol_is_never_called(fake_scontrol):
+def test_without_drain_scontrol_is_never_called(slurm_node):
+    log = slurm_node("01-")
+    assert run(["preflight", "--no-history"]) == 2
+    assert calls(log) == []
+
+
+def test_drain_refuses_a_snapshot(fake_scontrol, fake_sinfo, capsys):
     c = case("01-")
-    assert run(["preflight", "--snapshot", str(c), "--fabric-ip", load_case(c)["fabric_ip"]]) == 2
+    for flag in ("--drain", "--resume"):
+        assert run(["preflight", flag, "--snapshot", str(c), "--fabric-ip", load_case(c)["fabric_ip"]]) == 64
+        assert "--snapshot judges another host's data" in capsys.readouterr().err
     assert calls(fake_scontrol) == []
 
 
-def test_scontrol_failure_is_reported_and_the_exit_code_kept(fake_scontrol, monkeypatch, capsys):
+@pytest.mark.parametrize("line", ["drained|bad DIMM, ticket 4411", "draining|reboot pending", "down*|Not responding",
+                                  "idle+drain|maintenance window"])
+def test_an_admins_drain_is_never_overwritten(slurm_node, capsys, line):
+    log = slurm_node("01-", line)
+    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert calls(log) == []
+    assert "left as it is" in capsys.readouterr().err
+
+
+def test_own_drain_kept_or_updated(slurm_node):
+    log = slurm_node("01-", "drained|afddiag: fabric.first-device")
+    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert calls(log) == []  # same reason: nothing to do
+    log = slurm_node("01-", "drained|afddiag: gpu.slow-state")
+    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.first-device"]]
+
+
+def test_unreadable_state_drains_nothing(slurm_node, monkeypatch, capsys):
+    log = slurm_node("01-")
+    monkeypatch.setenv("FAKE_SINFO_RC", "1")
+    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert calls(log) == []
+    assert "Unable to contact slurm controller" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line,resumed", [("drained|afddiag: fabric.first-device", True),
+                                          ("draining|afddiag: gpu.slow-state", True),
+                                          ("drained|bad DIMM", False), ("down|Not responding", False),
+                                          ("idle|none", False), ("allocated|none", False)])
+def test_resume_only_what_afddiag_drained(slurm_node, line, resumed):
+    log = slurm_node("02-", line)
+    assert run(["preflight", "--resume", "--no-history"]) == 0
+    assert calls(log) == ([["update", "nodename=gpu-node-7", "state=resume"]] if resumed else [])
+
+
+def test_unfit_node_is_not_resumed(slurm_node):
+    log = slurm_node("01-", "drained|afddiag: fabric.first-device")
+    assert run(["preflight", "--resume", "--no-history"]) == 2
+    assert calls(log) == []
+
+
+def test_one_run_writes_verdict_and_prom(slurm_node, tmp_path, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    slurm_node("01-")
+    prom = tmp_path / "tf" / "afddiag.prom"
+    prom.parent.mkdir()
+    assert run(["preflight", "--drain", "--prom", str(prom), "--no-history"]) == 2
+    assert slurm_node.chosen["runs"] == 1
+    assert "NOT FIT" in capsys.readouterr().err
+    fams = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    first = [x for x in fams["afddiag_gate_status"].samples if x.labels["gate"] == "fabric.first-device"]
+    assert [(x.labels["command"], x.value) for x in first] == [("preflight", 2.0)]
+
+
+def test_scontrol_failure_is_reported_and_the_exit_code_kept(slurm_node, monkeypatch, capsys):
+    log = slurm_node("01-")
     monkeypatch.setenv("FAKE_SCONTROL_RC", "1")
-    c = case("01-")
-    assert run(["preflight", "--drain", "--snapshot", str(c), "--fabric-ip", load_case(c)["fabric_ip"]]) == 2
-    assert len(calls(fake_scontrol)) == 1
+    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert len(calls(log)) == 1
     err = capsys.readouterr().err
     assert "Invalid node name" in err and "the node was NOT drained" in err
 
 
-def test_missing_scontrol_is_reported(monkeypatch, capsys):
+def test_no_load_turns_the_playbooks_load_probe_off():
+    from afddiag.cli import make_inputs
+    from afddiag.collect import wants_load
+
+    assert wants_load(make_inputs(role="expert"))
+    assert not wants_load(make_inputs(role="expert", no_load=True))
+    assert run(["gpu", "--load", "--no-load"]) == 64
+
+
+def test_missing_scontrol_or_sinfo_is_reported(fake_sinfo, monkeypatch, capsys):
     monkeypatch.setenv("AFDDIAG_SCONTROL", "no-such-scontrol-here")
     assert slurm.drain_node(["fabric.link"]) is False
     assert "no-such-scontrol-here not found: the node was NOT drained" in capsys.readouterr().err
+    monkeypatch.setenv("AFDDIAG_SINFO", "no-such-sinfo-here")
+    assert slurm.drain_node(["fabric.link"]) is False
+    assert "no-such-sinfo-here not found" in capsys.readouterr().err
 
 
 def test_drain_command_shape(monkeypatch):
@@ -110,17 +224,29 @@ def test_slurm_examples_are_valid_shell_and_use_the_documented_calls():
     assert "HealthCheckProgram" in readme and "Prolog" in readme
 
 
-def test_healthcheck_example_drains_through_the_fake(fake_scontrol, tmp_path):
-    """The HealthCheckProgram example, run with a snapshot of an unfit host, drains through scontrol
-    and exits 0 (Slurm ignores the exit code anyway)."""
-    c = case("01-")
-    env = dict(os.environ, AFDDIAG=f"{sys.executable} -m afddiag", AFDDIAG_ARGS=f"--snapshot {c} "
-               f"--fabric-ip {load_case(c)['fabric_ip']}", PYTHONPATH=str(REPO))
+def _fake_afddiag(tmp_path):
+    exe = tmp_path / "afddiag-fake"
+    exe.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'afddiag-args.txt'}\nexit 2\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("state,load", [("allocated", False), ("mixed", False), ("idle", True), ("drained", True)])
+def test_healthcheck_example_one_run_skips_load_on_busy_nodes(fake_scontrol, fake_sinfo, tmp_path, state, load):
+    """The HealthCheckProgram example makes one preflight run that drains, resumes and writes the
+    metrics, without the load probe on a node that runs jobs; it exits 0 (Slurm ignores the code)."""
+    fake_sinfo.write_text(state + "\n")
+    env = dict(os.environ, AFDDIAG=str(_fake_afddiag(tmp_path)), AFDDIAG_ROLE="expert",
+               AFDDIAG_PROM=str(tmp_path / "afddiag.prom"), AFDDIAG_ARGS="--peer 192.168.100.11")
     p = subprocess.run(["bash", str(REPO / "playbooks" / "slurm" / "healthcheck.sh")], capture_output=True,
-                       text=True, env=env, timeout=120)
+                       text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert calls(fake_scontrol) == [["update", "nodename=gpu-node-7", "state=drain",
-                                     "reason=afddiag: fabric.first-device"]]
+    args = (tmp_path / "afddiag-args.txt").read_text().split("\n")[:-1]
+    assert args[:3] == ["preflight", "--drain", "--resume"]
+    assert args[args.index("--prom") + 1] == str(tmp_path / "afddiag.prom")
+    assert args[args.index("--role") + 1] == "expert" and args[-2:] == ["--peer", "192.168.100.11"]
+    assert ("--no-load" not in args) == load
+    assert "-n gpu-node-7" in (tmp_path / "sinfo-args.txt").read_text()
 
 
 def test_prolog_example_exits_non_zero_when_unfit(fake_scontrol):
