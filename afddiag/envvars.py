@@ -130,6 +130,9 @@ def _unquote(val: str, where: str) -> str:
     return val.split(" #", 1)[0].strip()
 
 
+FLAG_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+
+
 def _check_value(key: str, val: str, where: str) -> None:
     def ipv4(v: str) -> None:
         try:
@@ -146,6 +149,15 @@ def _check_value(key: str, val: str, where: str) -> None:
     elif key in ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY", "AFD_IMAGE_SM_COUNT") and val:
         if not val.isdigit() or int(val) <= 0:
             raise LaunchEnvError(f"{where}: {key}={val!r} is not a positive integer")
+    elif key == "AFD_DRAFTER" and val and val.lower() not in FLAG_WORDS:
+        raise LaunchEnvError(f"{where}: AFD_DRAFTER={val!r} is not a flag (1/0, true/false, on/off, yes/no)")
+    elif key == "AFD_GPU_MEMORY_RESERVATION" and val:
+        try:
+            ok = 0.0 < float(val) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise LaunchEnvError(f"{where}: AFD_GPU_MEMORY_RESERVATION={val!r} is not a fraction in (0, 1] (e.g. 0.97)")
     elif key == "AFD_ROLE" and val and not _KEY_RE.match(val.replace("-", "_")):
         raise LaunchEnvError(f"{where}: AFD_ROLE={val!r} is not a role name (coordinator, expert, generic)")
     elif key == MAP_VAR and val:

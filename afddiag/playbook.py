@@ -20,10 +20,14 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SITE_DIRS = ("/etc/afddiag/playbooks",)
-_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "fabric", "aliases"}
+_TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "fabric", "plan", "aliases"}
 _GPU = {"model", "reserve_fraction", "reserve_bytes", "min_memory_bytes", "load_probe"}
 _HOST = {"cpu_min_mhz"}
 _FABRIC = {"link_speed_mbps"}
+# [plan]: the engine's memory constants (launch.memory-plan); bytes unless named otherwise.
+PLAN_KEYS = {"weights_bytes", "drafter_bytes", "runtime_headroom_bytes", "fit_offset_bytes",
+             "activation_bytes_per_capacity", "kv_bytes_per_token", "max_context_tokens", "default_capacity",
+             "drafter_default"}
 _LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
 # [timeouts]: each probe's time bound, seconds (--timeout overrides all but qp_s and load_s; --qp-timeout qp_s).
 # A probe past its bound gives ERROR for its own gates and the run goes on.
@@ -54,6 +58,7 @@ class Playbook:
     require_fabric_address: bool = False
     link_speed_mbps: int = 0  # fabric.link-speed: the RoCE netdev's expected negotiated speed, Mb/s (0: none)
     cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
+    plan: dict[str, float] = field(default_factory=dict)  # [plan]: launch.memory-plan's engine constants
     aliases: dict[str, str] = field(default_factory=dict)
     timeouts: dict[str, float] = field(default_factory=dict)  # [timeouts]: fabric_s, qp_s, gpu_s, ... (seconds)
     path: str = ""
@@ -68,7 +73,7 @@ def parse(text: str, path: str) -> Playbook:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
-    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST), ("fabric", _FABRIC),
+    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST), ("fabric", _FABRIC), ("plan", PLAN_KEYS),
                            ("timeouts", _TIMEOUTS)):
         got = d if not table else d.get(table, {})
         if not isinstance(got, dict):
@@ -97,6 +102,7 @@ def parse(text: str, path: str) -> Playbook:
             require_fabric_address=bool(la.get("require_fabric_address", False)),
             cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
             link_speed_mbps=int(d.get("fabric", {}).get("link_speed_mbps", 0)),
+            plan={str(k): (bool(v) if k == "drafter_default" else float(v)) for k, v in d.get("plan", {}).items()},
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
             timeouts={str(k): float(v) for k, v in d.get("timeouts", {}).items()},
             path=path,
@@ -107,6 +113,10 @@ def parse(text: str, path: str) -> Playbook:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
     if pb.reserve_bytes < 0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_bytes {pb.reserve_bytes} is negative; give bytes (0: none planned)")
+    bad_plan = sorted(k for k, v in pb.plan.items()
+                      if k in ("kv_bytes_per_token", "max_context_tokens", "weights_bytes") and v <= 0)
+    if bad_plan:
+        raise PlaybookError(f"playbook {path}: [plan] {', '.join(bad_plan)} must be positive")
     bad_t = {k: v for k, v in pb.timeouts.items() if not 0.1 <= v <= 600}
     if bad_t:
         raise PlaybookError(f"playbook {path}: [timeouts] {', '.join(f'{k} = {v:g}' for k, v in bad_t.items())}: "

@@ -126,9 +126,86 @@ def uverbs_access(ctx: Context) -> Verdict:
                    "nothing to do", facts)
 
 
+def predict_pool(total_bytes: int, reserve_fraction: float, capacity: int, drafter: bool,
+                 plan: dict) -> dict:
+    """The engine's KV pool before launch, from the GPU's memory (bytes), the reservation (0..1 of it),
+    the capacity flag and the drafter flag, with the playbook's ``[plan]`` constants (bytes):
+
+        pool = reservation x total - runtime_headroom - weights - drafter (when on) - fit_offset
+               - activation_bytes_per_capacity x capacity
+
+    Returns ``{"reserved_bytes", "occupied_bytes" (weights + drafter + offset + activations), "pool_bytes"
+    (negative: out of memory), "pool_tokens" (pool / kv_bytes_per_token, 0 when out of memory),
+    "full_contexts" (pool_tokens // max_context_tokens)}``. Pure; raises KeyError when ``plan`` lacks
+    ``weights_bytes`` or ``kv_bytes_per_token``."""
+    reserved = reserve_fraction * total_bytes
+    occupied = (plan["weights_bytes"] + (plan.get("drafter_bytes", 0) if drafter else 0)
+                + plan.get("fit_offset_bytes", 0) + plan.get("activation_bytes_per_capacity", 0) * capacity)
+    pool = reserved - plan.get("runtime_headroom_bytes", 0) - occupied
+    tokens = int(pool // plan["kv_bytes_per_token"]) if pool > 0 else 0
+    ctx_tokens = int(plan.get("max_context_tokens", 0))
+    return {"reserved_bytes": int(reserved), "occupied_bytes": int(occupied), "pool_bytes": int(pool),
+            "pool_tokens": tokens, "full_contexts": tokens // ctx_tokens if ctx_tokens else None}
+
+
+def memory_plan(ctx: Context) -> Verdict:
+    gid = "launch.memory-plan"
+    pb, le = ctx.playbook, ctx.inputs.launch_env
+    if not pb.plan.get("weights_bytes") or not pb.plan.get("kv_bytes_per_token"):
+        return Verdict(gid, SKIP, f"role {pb.name} has no memory plan ([plan] weights_bytes, kv_bytes_per_token)",
+                       "add the engine's constants as a [plan] table in the role's playbook (coordinator.toml has one)")
+    if le is None:
+        return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
+    g = ctx.obs.gpu
+    if (v := probe_failed(gid, g)) is not None:
+        return v
+    dev = g.devices[0] if g is not None and g.devices else None
+    if dev is None or not dev.memory_total_bytes:
+        why = (g.why if g is not None and g.why else "no GPU memory reading")
+        return Verdict(gid, SKIP, f"GPU memory unknown ({why}): nothing to plan against",
+                       "run on the engine's host, or replay a capture holding gpu.json")
+    key = pb.capacity_key or CAPACITY_KEYS.get(le.get("AFD_ROLE", ""), "")
+    raw = le.get(key) if key else None
+    cap = int(raw) if raw else int(pb.plan.get("default_capacity", ENGINE_DEFAULT_CAPACITY))
+    from afddiag.envvars import FLAG_WORDS
+
+    d_raw = le.get("AFD_DRAFTER")
+    drafter = FLAG_WORDS[d_raw.lower()] if d_raw else bool(pb.plan.get("drafter_default", True))
+    r_raw = le.get("AFD_GPU_MEMORY_RESERVATION")
+    reserve = float(r_raw) if r_raw else pb.reserve_fraction
+    src = {"capacity": f"{key}={cap}" if raw else f"capacity {cap} (default)",
+           "drafter": f"AFD_DRAFTER={d_raw}" if d_raw else f"drafter {'on' if drafter else 'off'} (default)",
+           "reservation": f"AFD_GPU_MEMORY_RESERVATION={r_raw}" if r_raw else f"reservation {reserve:.0%} (role {pb.name})"}
+    if not reserve:
+        return Verdict(gid, SKIP, f"role {pb.name} sets no memory reservation (gpu.reserve_fraction or "
+                       "AFD_GPU_MEMORY_RESERVATION)", "give the engine's reservation", {"sources": src})
+    p = predict_pool(dev.memory_total_bytes, reserve, cap, drafter, pb.plan)
+    facts = {**p, "total_bytes": dev.memory_total_bytes, "capacity": cap, "drafter": drafter,
+             "reserve_fraction": reserve, "sources": src, "plan": pb.plan}
+    subject = (f"{_label_gpu(dev)} {dev.memory_total_bytes / 2**30:.2f} GiB, {src['reservation']}, "
+               f"{src['capacity']}, {src['drafter']}")
+    gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+    if p["pool_bytes"] <= 0:
+        return Verdict(gid, FAIL, f"{subject}: out of memory predicted: weights, drafter and activations need "
+                       f"{gib(p['occupied_bytes'])} of the {gib(p['reserved_bytes'] - pb.plan.get('runtime_headroom_bytes', 0))} "
+                       f"left after the runtime headroom ({gib(-p['pool_bytes'])} short)", remedy(gid), facts)
+    pool = (f"KV pool {gib(p['pool_bytes'])} = {p['pool_tokens'] / 1e6:.2f} M tokens"
+            + (f" = {p['full_contexts']} full {int(pb.plan['max_context_tokens']):,}-token context(s)"
+               if p["full_contexts"] is not None else ""))
+    if p["full_contexts"] == 0:
+        return Verdict(gid, WARN, f"{subject}: {pool}: not one request at the maximum context fits",
+                       remedy(gid), facts)
+    return Verdict(gid, PASS, f"{subject}: {pool}", "nothing to do", facts)
+
+
+def _label_gpu(dev) -> str:
+    return f"GPU {dev.index} {dev.name or '?'}"
+
+
 GATES = [
     ("launch.fabric-address", fabric_address),
     ("launch.capacity", capacity),
+    ("launch.memory-plan", memory_plan),
     ("launch.memlock", memlock),
     ("launch.uverbs-access", uverbs_access),
 ]
