@@ -1,7 +1,7 @@
 """Capture bundles on disk: write a ``.tar.gz`` atomically, extract one safely.
 
-A bundle is a gzip'd tar of a snapshot directory (``sys/``, ``rdma-dev.json``, ``ip-addr.json``,
-``env``, ``gpu.json``, ...), usually under one top folder. Extraction trusts nothing in the archive:
+A bundle is a gzip'd tar of a snapshot directory (the artifacts of
+:data:`afddiag.probes.registry.PROBES`), usually under one top folder. Extraction trusts nothing in the archive:
 only plain files and folders with relative names that stay inside the target are written, each file
 and the whole bundle under a size cap, and anything else refuses the whole bundle with one line
 (:class:`BundleError`) before a byte of that member is written.
@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-MAX_FILE_BYTES = 64 << 20  # one member (a gpu.json with Xid events is ~100 KiB; sysfs files are bytes)
+MAX_FILE_BYTES = 64 << 20  # one member (GPU readings with Xid events are ~100 KiB; sysfs files are bytes)
 MAX_TOTAL_BYTES = 256 << 20  # every member together, as extracted (a gzip bomb stops here)
 MAX_MEMBERS = 200_000
 

@@ -17,7 +17,7 @@ import click
 from afddiag import __version__
 
 if TYPE_CHECKING:
-    from afddiag.collect import Inputs
+    from afddiag.model.run import Inputs
 
 # Everything else is imported where it is used: `afddiag --version` and `--help` load click alone.
 EXIT_USAGE = 64  # afddiag.verdict.EXIT_USAGE
@@ -37,7 +37,7 @@ def _ipv4(ctx, param, value):
 
 
 def diagnose(inputs: Inputs, families: set[str]) -> dict:
-    """Gather facts (live or snapshot), run the gates of ``families``, return the JSON report.
+    """The JSON report of :func:`afddiag.runner.diagnose` for the gates of ``families``.
 
     Raises :class:`~afddiag.collect.SnapshotError` when ``inputs.snapshot`` is not a directory.
     """
@@ -45,56 +45,12 @@ def diagnose(inputs: Inputs, families: set[str]) -> dict:
 
 
 def diagnose_full(inputs: Inputs, families: set[str]):
-    """:func:`diagnose`, returning ``(report, observation)``."""
-    from afddiag import report
-    from afddiag.bundle import is_bundle
-    from afddiag.collect import gather_live, gather_snapshot
-    from afddiag.gates import Context, resolve_fabric_ip, run_gates
+    """:func:`afddiag.runner.diagnose` for ``families`` → ``(report, observation)``."""
+    import dataclasses
 
-    if inputs.snapshot and is_bundle(inputs.snapshot):  # a capture bundle: extracted once for every reader
-        import dataclasses
+    from afddiag import runner
 
-        from afddiag.collect import opened_snapshot, relabel
-
-        with opened_snapshot(inputs.snapshot) as root:
-            rep, obs = diagnose_full(dataclasses.replace(inputs, snapshot=root), families)
-        obs.source = f"snapshot {inputs.snapshot}"
-        return relabel(rep, root, str(inputs.snapshot)), obs
-    want = {f: f in families for f in ("fabric", "gpu", "launch", "host")}
-    if inputs.snapshot:
-        obs = gather_snapshot(inputs, want["fabric"], want["gpu"], want["launch"], want["host"])
-    else:
-        obs = gather_live(inputs, want["fabric"], want["gpu"],
-                          lambda fab: resolve_fabric_ip(fab, inputs.fabric_ip).ip, want["launch"], want["host"])
-    fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
-    from types import SimpleNamespace
-
-    from afddiag.collect import guarded
-    from afddiag.probes.route import RouteFacts, attach_host_facts
-
-    # routes to the peers, ARP sysctls, versions: bounded like every probe, filled into a holder so an
-    # abandoned (timed-out) thread cannot change the facts while the gates read them
-    held = SimpleNamespace(fabric=obs.fabric, route=None, versions=None)
-    _, failed = guarded(lambda: attach_host_facts(held, inputs, fip.ip, want["fabric"]),
-                        inputs.timeout("fabric_s"), "route/version probe (ip route get, sysctls, rdma-core version)")
-    if failed:
-        obs.notes.append(failed)
-        obs.route = RouteFacts(captured=False, notes=[failed]) if want["fabric"] else None
-    else:
-        obs.route, obs.versions = held.route, held.versions
-    verdicts = run_gates(Context(obs, inputs, fip), families)
-    notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
-    rep = report.build(
-        verdicts, obs.host, obs.source,
-        {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
-         "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
-         "env": obs.env, "role": (inputs.playbook.name if inputs.playbook else "generic"),
-         "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
-        obs.fabric, notes,
-        {"fabric": obs.fabric, "qp": obs.qp,
-         "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
-         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions})
-    return rep, obs
+    return runner.diagnose(dataclasses.replace(inputs, families=frozenset(families)))
 
 
 def common(f):
@@ -153,7 +109,7 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
                 load=False, baseline_path=None, xid_log=None, no_load=False) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
     from afddiag import playbook as pbmod
-    from afddiag.collect import Inputs
+    from afddiag.model.run import Inputs
     from afddiag.envvars import LaunchEnvError, parse_launch_env
 
     launch_env = None
@@ -224,14 +180,12 @@ def _gather_fabric(inputs: Inputs):
     """Fabric facts only (no QP walk), live or from ``inputs.snapshot`` (a folder or a bundle)."""
     import dataclasses
 
-    from afddiag.collect import SnapshotError, gather_live, gather_snapshot, opened_snapshot
+    from afddiag import runner
+    from afddiag.collect import SnapshotError
 
-    inputs = dataclasses.replace(inputs, run_qp=False)
-    try:
-        if inputs.snapshot:
-            with opened_snapshot(inputs.snapshot) as root:  # a folder, or a capture bundle extracted safely
-                return gather_snapshot(dataclasses.replace(inputs, snapshot=root), True, False)
-        return gather_live(inputs, True, False, lambda f: None)
+    inputs = dataclasses.replace(inputs, run_qp=False, families=frozenset({"fabric"}))
+    try:  # a folder, or a capture bundle extracted safely
+        return runner.observe(inputs, only={"host", "env", "fabric"})
     except SnapshotError as e:
         raise click.UsageError(str(e))
 
@@ -245,7 +199,7 @@ def _no_map_reason(obs) -> str:
 
 def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
     """The GID table (``table`` or ``csv``) of this host or the snapshot; exit 2 without devices."""
-    from afddiag.gates import resolve_fabric_ip
+    from afddiag.endpoint import resolve_fabric_ip
     from afddiag.gates.fabric import engine_device_for
     from afddiag.gidtable import gid_rows, legend, write_gid_table
 
@@ -389,16 +343,20 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
     from afddiag.facts import to_jsonable
     from afddiag.probes import pair as pairmod
 
+    from afddiag import runner
+    from afddiag.model.run import Inputs
+
     if serve and target:
         raise click.UsageError("give --serve or --pair, not both")
+    fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"})), only={"fabric"}).fabric
     if serve:
-        facts = pairmod.serve(port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s)
+        facts = pairmod.serve(port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s, fabric=fab)
     else:
         try:
             host, port = pairmod.parse_hostport(target, port)
         except ValueError as e:
             raise click.UsageError(f"--pair {e}")
-        facts = pairmod.pair(host, port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s)
+        facts = pairmod.pair(host, port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s, fabric=fab)
     if kw.get("as_json") or kw.get("fmt") == "json":
         click.echo(_json.dumps(to_jsonable(facts), indent=2))
     else:
@@ -488,7 +446,9 @@ def preflight(strict, export, drain, resume, prom_path, no_history, **kw) -> int
 
             drain_node([g["id"] for g in bad])
     if export and code == 0:
-        pairs = report.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
+        from afddiag import endpoint
+
+        pairs = endpoint.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
         if pairs:
             click.echo(report.format_exports(pairs, "shell"))
     if prom_path:
@@ -515,15 +475,15 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
 
     Exits 2 with a message on stderr when no address qualifies (table/csv: when there is no RDMA device).
     """
-    from afddiag import report
-    from afddiag.collect import Inputs
-    from afddiag.gates import resolve_fabric_ip
+    from afddiag import endpoint, report
+    from afddiag.endpoint import resolve_fabric_ip
+    from afddiag.model.run import Inputs
 
     inputs = Inputs(snapshot=snapshot, fabric_ip=fabric_ip, run_qp=False)
     obs = _gather_fabric(inputs)
     if fmt in ("table", "csv"):
         return _gids(inputs, fmt, obs)
-    dm = report.device_map(obs.fabric)
+    dm = endpoint.device_map(obs.fabric)
     if not dm:
         click.echo(f"afddiag devicemap: {_no_map_reason(obs)}", err=True)
         return 2
@@ -533,7 +493,7 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
             click.echo(f"afddiag devicemap: several fabric IPs ({', '.join(sorted(dm))}): give --fabric-ip with "
                        "the one the launcher uses", err=True)
             return 2
-        pairs = [p for p in report.launch_exports(obs.fabric, fip.ip) if p[0].startswith("NCCL_")]
+        pairs = [p for p in endpoint.launch_exports(obs.fabric, fip.ip) if p[0].startswith("NCCL_")]
         if not pairs:
             click.echo(f"afddiag devicemap: fabric IP {fip.ip} has no IPv4 RoCE v2 GID on an ACTIVE port: give "
                        f"--fabric-ip with one of {', '.join(sorted(dm))}", err=True)
@@ -569,7 +529,7 @@ def baseline_record(baseline_path, budget_s) -> int:
     import socket
 
     from afddiag import baseline as bl
-    from afddiag.collect import attach_load
+    from afddiag.probes.load import attach_load
     from afddiag.probes.cpu import read_cpu
     from afddiag.probes.gpu import read_gpu
 

@@ -11,20 +11,13 @@ from typing import Any, TextIO
 
 from afddiag import __version__
 from afddiag.envvars import MAP_VAR, format_device_map
-from afddiag.facts import FabricFacts, to_jsonable, usable_rocev2
+from afddiag.endpoint import device_map, launch_exports  # noqa: F401 - decided in one place
+from afddiag.model import to_jsonable
+from afddiag.model.fabric import FabricFacts
 from afddiag.render import COLORS  # noqa: F401 - importable from here too
 from afddiag.verdict import Verdict, exit_code
 
 SCHEMA_VERSION = 1
-
-
-def device_map(fabric: FabricFacts | None) -> dict[str, str]:
-    """Every IPv4 address with a RoCE v2 GID on an ACTIVE port whose netdev holds it → its device
-    (the first in enumeration order when several carry one address)."""
-    out: dict[str, str] = {}
-    for e in usable_rocev2(fabric) if fabric else []:
-        out.setdefault(e.ip, e.device)
-    return out
 
 
 def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
@@ -74,21 +67,6 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
     c = report["counts"]
     out.write(f"{c['PASS']} pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error"
               f" — exit {report['exit_code']}\n")
-
-
-def launch_exports(fabric: FabricFacts | None, fabric_ip: str | None) -> list[tuple[str, str]]:
-    """What a launcher exports: the device map, and for the fabric IP's IPv4 RoCE v2 GID
-    ``NCCL_IB_HCA==dev:port`` (a leading '=' makes NCCL match exactly, not by prefix: 'roce' would
-    match all four Spark devices), ``NCCL_IB_GID_INDEX``, ``UCX_NET_DEVICES=dev:port``, ``MC_GID_INDEX``."""
-    out: list[tuple[str, str]] = []
-    dm = device_map(fabric)
-    if dm:
-        out.append((MAP_VAR, format_device_map(dm)))
-    entry = next((e for e in usable_rocev2(fabric) if e.ip == fabric_ip), None) if fabric and fabric_ip else None
-    if entry:
-        out += [("NCCL_IB_HCA", f"={entry.device}:{entry.port}"), ("NCCL_IB_GID_INDEX", str(entry.gid_index)),
-                ("UCX_NET_DEVICES", f"{entry.device}:{entry.port}"), ("MC_GID_INDEX", str(entry.gid_index))]
-    return out
 
 
 def format_exports(pairs: list[tuple[str, str]], fmt: str = "shell") -> str:

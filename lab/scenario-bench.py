@@ -72,9 +72,10 @@ def main() -> int:
         res["show_gids_all_devices_est_s"] = walked / WALK_SLOTS * slots * 2  # per-slot cost x all slots
         res["ibv_devinfo_v_s"], res["ibv_devinfo_rc"] = timed(["ibv_devinfo", "-v"])
         res["rdma_link_show_s"], _ = timed(["rdma", "link", "show"])
-        from afddiag.collect import _fabric_live
+        from afddiag import runner
+        from afddiag.model.run import Inputs
 
-        fab = _fabric_live(10.0)
+        fab = runner.gather(Inputs(run_qp=False, families=frozenset({"fabric"})), only={"fabric"}).fabric
         t = time.monotonic()
         qp = probe_qp(fab, lab.FABRIC_IP, [lab.PEER_IP], 5.0)
         res["qp_probe_total_s"] = time.monotonic() - t

@@ -13,10 +13,11 @@ from conftest import CASES
 
 
 def _case_fabric():
-    from afddiag.collect import gather_snapshot
-    from afddiag.collect import Inputs
+    from afddiag.model.run import Inputs
+    from afddiag.runner import gather
 
-    return gather_snapshot(Inputs(snapshot=str(CASES / "fabric" / "02-spark-map-set-healthy")), True, False).fabric
+    return gather(Inputs(snapshot=str(CASES / "fabric" / "02-spark-map-set-healthy"),
+                         families=frozenset({"fabric"}))).fabric
 
 
 def test_parse_hostport():

@@ -381,11 +381,16 @@ def test_live_fabric_probe_hang_errors_fabric_and_qp_gates_only(monkeypatch, cap
 
     release = threading.Event()
 
-    def stuck(timeout_s, progress=None):
+    def stuck(run, progress=None):
         progress.doing = "reading /sys/class/infiniband/mlx5_0/ports/1/gids/3"
         release.wait(20)
 
-    monkeypatch.setattr("afddiag.collect._fabric_live", stuck)
+    import dataclasses
+
+    from afddiag.probes import registry
+
+    monkeypatch.setattr(registry, "PROBES", tuple(dataclasses.replace(p, read=stuck) if p.name == "fabric" else p
+                                                  for p in registry.PROBES))
     t = time.monotonic()
     try:
         rc = run(["all", "--json", "--timeout", "0.5", "--fabric-ip", "10.9.0.2"])

@@ -7,36 +7,12 @@ One explicit, ordered registry (:data:`REGISTRY`); each gate is a pure function 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from afddiag.collect import Inputs, Observation
-from afddiag.facts import Entry, FabricFacts, usable_rocev2
+from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
+from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import ERROR, Verdict
-
-
-@dataclass
-class FabricIp:
-    """The fabric IP the gates judge, and how it was chosen."""
-
-    ip: str | None
-    source: str  # "--fabric-ip", "only IPv4 RoCE v2 GID on an ACTIVE port", "ambiguous", "none"
-    candidates: list[Entry] = field(default_factory=list)
-
-    @property
-    def ambiguous(self) -> bool:
-        return self.ip is None and len({e.ip for e in self.candidates}) > 1
-
-
-def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp:
-    """``--fabric-ip`` when given; else the only IPv4 RoCE v2 GID on an ACTIVE port; else None."""
-    cands = usable_rocev2(fabric) if fabric else []
-    if given:
-        return FabricIp(given, "--fabric-ip", cands)
-    ips = sorted({e.ip for e in cands})
-    if len(ips) == 1:
-        return FabricIp(ips[0], "only IPv4 RoCE v2 GID on an ACTIVE port", cands)
-    return FabricIp(None, "ambiguous" if ips else "none", cands)
 
 
 @dataclass

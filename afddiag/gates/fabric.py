@@ -54,10 +54,10 @@ def _port_of(ctx: Context, e: Entry):
 
 
 def _best_carrier(ctx: Context) -> Entry | None:
-    """The fabric IP's entry: RoCE v2 on an ACTIVE port first, then any carrier."""
-    cs = carriers(ctx.obs.fabric, ctx.fabric_ip.ip)
-    cs.sort(key=lambda e: (e.gid_type != ROCE_V2, e.port_state != "ACTIVE"))
-    return cs[0] if cs else None
+    """The fabric IP's entry (:func:`afddiag.endpoint.fabric_entry`)."""
+    from afddiag.endpoint import fabric_entry
+
+    return fabric_entry(ctx.obs.fabric, ctx.fabric_ip.ip)
 
 
 def _fabric_entry(ctx: Context, gid: str) -> Entry | Verdict:

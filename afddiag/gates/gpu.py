@@ -293,7 +293,7 @@ def image_arch(ctx: Context) -> Verdict:
         why = img.why if img and img.why else ("no AFD_IMAGE in the launch env" if le or ctx.inputs.launch_env_path
                                                else "no image given (--launch-env with AFD_IMAGE)")
         return Verdict(gid, SKIP, f"image not inspected: {why}", "give the launch env's AFD_IMAGE on a host with "
-                       "docker or podman, or a snapshot's image.json")
+                       "docker or podman, or a capture of that host (`afddiag capture`)")
     g = ctx.obs.gpu
     arch_text = img.labels.get(ARCH_LABEL) or img.env.get("TORCH_CUDA_ARCH_LIST", "")
     archs = parse_arch_list(arch_text)

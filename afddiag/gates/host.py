@@ -16,7 +16,7 @@ def cpu_clock(ctx: Context) -> Verdict:
     if (v := probe_failed(gid, cpu or {})) is not None:
         return v
     if not cpu:
-        return Verdict(gid, SKIP, "CPU not probed (or not captured: no cpu.json)", "run on the host")
+        return Verdict(gid, SKIP, "CPU not probed (or not in the snapshot)", "run on the host")
     if cpu.get("why"):
         return Verdict(gid, SKIP, cpu["why"], "run on the host")
     base = ((ctx.obs.baseline or {}).get("cpu") or {})

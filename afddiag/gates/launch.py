@@ -76,7 +76,7 @@ def memlock(ctx: Context) -> Verdict:
     if lim is None or not lim.captured:
         notes = "; ".join(lim.notes) if lim and lim.notes else ""
         return Verdict(gid, SKIP, notes if notes.startswith("limits not captured") else
-                       "limits not captured" + (f" ({notes})" if notes else ""), "run on the host, or capture limits.json")
+                       "limits not captured" + (f" ({notes})" if notes else ""), "run on the host, or replay a capture of it (`afddiag capture`)")
     soft = lim.memlock_soft_bytes
     facts = {"memlock_soft_bytes": soft, "memlock_hard_bytes": lim.memlock_hard_bytes, "user": lim.user,
              "in_container": lim.in_container}
@@ -103,7 +103,7 @@ def uverbs_access(ctx: Context) -> Verdict:
     if (v := probe_failed(gid, lim)) is not None:
         return v
     if lim is None or not lim.captured:
-        return Verdict(gid, SKIP, "device nodes not captured", "run on the host, or capture limits.json")
+        return Verdict(gid, SKIP, "device nodes not captured", "run on the host, or replay a capture of it (`afddiag capture`)")
     fab = ctx.obs.fabric
     has_rdma = bool(fab and fab.devices)
     nodes = lim.device_nodes

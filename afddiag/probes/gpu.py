@@ -1,6 +1,6 @@
 """Live GPU probe: what NVML and the CUDA driver say about each NVIDIA GPU on this host.
 
-:func:`read_gpu` returns a plain dict in the shape of a case's ``gpu.json`` (see
+:func:`read_gpu` returns a plain dict in the shape of a case's GPU readings (see
 ``cases/README.md``), without ``expect``. Every fact names its source in :func:`read_gpu`'s docstring.
 Nothing here raises: whatever could not be read is ``None`` (or ``"NOT_SUPPORTED"`` where NVML said
 so) and the reason is a line in ``notes``.
@@ -660,7 +660,7 @@ def read_gpu(
 ) -> dict:
     """Read every NVIDIA GPU on this host through NVML and the CUDA driver, within ``timeout_s``.
 
-    Returns a dict (the ``gpu.json`` shape of a case, without ``expect``):
+    Returns a dict (a case's GPU readings' shape, without ``expect``):
 
     - ``driver_version`` (str): ``nvmlSystemGetDriverVersion``, e.g. ``"580.159.04"``.
     - ``cuda_driver_version`` (int): ``cuDriverGetVersion``, 1000*major + 10*minor (13000 = 13.0).

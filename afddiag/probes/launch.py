@@ -36,8 +36,11 @@ def image_from_inspect(data: object, ref: str | None, source: str) -> ImageFacts
                       labels={str(k): str(v) for k, v in labels.items()}, env=_env_list(cfg.get("Env")))
 
 
-def inspect_image(ref: str, timeout_s: float = 10.0) -> ImageFacts:
-    """Inspect ``ref`` with docker, else podman (local image store only: never pulls)."""
+def run_inspect(ref: str | None, timeout_s: float = 10.0) -> tuple[object | None, str | None, str | None]:
+    """``docker|podman image inspect <ref>`` (local image store only: never pulls) → ``(inspect JSON
+    or None, engine or None, why None)``; docker first, else podman. Never raises."""
+    if not ref:
+        return None, None, "no AFD_IMAGE in the launch env"
     for engine in ("docker", "podman"):
         exe = shutil.which(engine)
         if not exe:
@@ -45,17 +48,25 @@ def inspect_image(ref: str, timeout_s: float = 10.0) -> ImageFacts:
         try:
             p = subprocess.run([exe, "image", "inspect", ref], capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return ImageFacts(ref=ref, source=engine, why=f"{engine} image inspect timed out after {timeout_s:g} s")
+            return None, engine, f"{engine} image inspect timed out after {timeout_s:g} s"
         except OSError as e:
-            return ImageFacts(ref=ref, source=engine, why=f"{engine}: {e}")
+            return None, engine, f"{engine}: {e}"
         if p.returncode != 0:
             msg = (p.stderr.strip().splitlines() or ["failed"])[-1]
-            return ImageFacts(ref=ref, source=engine, why=f"{engine} image inspect {ref}: {msg}")
+            return None, engine, f"{engine} image inspect {ref}: {msg}"
         try:
-            return image_from_inspect(json.loads(p.stdout), ref, engine)
+            return json.loads(p.stdout), engine, None
         except ValueError as e:
-            return ImageFacts(ref=ref, source=engine, why=f"{engine} printed no JSON: {e}")
-    return ImageFacts(ref=ref, why="neither docker nor podman is installed: give AFD_IMAGE_SM_COUNT in the launch env")
+            return None, engine, f"{engine} printed no JSON: {e}"
+    return None, None, "neither docker nor podman is installed: give AFD_IMAGE_SM_COUNT in the launch env"
+
+
+def inspect_image(ref: str, timeout_s: float = 10.0) -> ImageFacts:
+    """Inspect ``ref`` (:func:`run_inspect`) → :class:`ImageFacts` (``why`` says what failed)."""
+    raw, engine, why = run_inspect(ref, timeout_s)
+    if raw is None:
+        return ImageFacts(ref=ref, source=engine, why=why)
+    return image_from_inspect(raw, ref, engine or "inspect")
 
 
 def _limit(v: int) -> int:
@@ -85,11 +96,14 @@ def read_limits(dev_glob: str = "/dev/infiniband/*") -> HostLimits:
 
 
 def limits_from_json(data: object) -> HostLimits:
-    """A snapshot's ``limits.json`` → :class:`HostLimits` (missing fields stay None)."""
+    """The limits readings (:func:`read_limits` as JSON, live or replayed) → :class:`HostLimits`
+    (missing fields stay None)."""
     if not isinstance(data, dict):
-        return HostLimits(captured=False, notes=["limits.json is not a JSON object"])
+        return HostLimits(captured=False, notes=["limits readings are not a JSON object"])
     nodes = [DeviceNode(str(n.get("path")), bool(n.get("exists", True)), bool(n.get("readable")),
                         bool(n.get("writable"))) for n in data.get("device_nodes", []) if isinstance(n, dict)]
     num = lambda k: data.get(k) if isinstance(data.get(k), int) else None  # noqa: E731
     return HostLimits(memlock_soft_bytes=num("memlock_soft_bytes"), memlock_hard_bytes=num("memlock_hard_bytes"),
-                      device_nodes=nodes, in_container=bool(data.get("in_container")), user=data.get("user"))
+                      device_nodes=nodes, in_container=bool(data.get("in_container")), user=data.get("user"),
+                      notes=[n for n in data.get("notes") or [] if isinstance(n, str)]
+                      if isinstance(data.get("notes"), list) else [])

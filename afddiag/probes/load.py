@@ -1137,6 +1137,17 @@ def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
     out["elapsed_s"] = round(time.monotonic() - t0, 3)
     return out
 
+def attach_load(readings: dict[str, Any], budget_s: float) -> None:
+    """Run the load probe on every CUDA device and attach each result to the NVML device with the
+    same UUID as its ``under_load`` (a failed probe leaves ``{"why": ...}``)."""
+    by_uuid = {d.get("uuid"): d for d in readings["devices"]}
+    for ordinal in range(len(readings["devices"])):
+        ul = run_load_probe(ordinal, budget_s)
+        uuid = (ul.get("device") or {}).get("uuid")
+        target = by_uuid.get(uuid) or (readings["devices"][ordinal] if ordinal < len(readings["devices"]) else None)
+        if target is not None:
+            target["under_load"] = ul
+
 
 def main() -> None:
     """``python -m afddiag.probes.load [device_index] [budget_s]``: print :func:`run_load_probe` as JSON."""

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from afddiag.facts import FabricFacts, usable_rocev2
+from afddiag.facts import FabricFacts
 from afddiag.probes.qp import (AH_HOP_LIMIT, RTR_MAX_DEST_RD_ATOMIC, RTR_MIN_RNR_TIMER, RTS_MAX_RD_ATOMIC,
                                RTS_RETRY_CNT, RTS_RNR_RETRY, RTS_TIMEOUT, _err_code, _import_pyverbs,
                                mtu_enum_to_bytes)
@@ -87,32 +87,14 @@ class PairError(Exception):
 
 
 def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int, int, str, str]:
-    """``(device, port, gid_index, gid, ip)`` of the IPv4 RoCE v2 GID for ``fabric_ip`` (or the only
-    one on an ACTIVE port). Raises :class:`PairError` when there is none or it is ambiguous."""
-    cands = usable_rocev2(fabric)
-    if fabric_ip:
-        cands = [e for e in cands if e.ip == fabric_ip]
-        if not cands:
-            raise PairError(f"fabric IP {fabric_ip}: no IPv4 RoCE v2 GID on an ACTIVE port carries it")
-    elif len({e.ip for e in cands}) != 1:
-        raise PairError("give --fabric-ip: " + (f"{len({e.ip for e in cands})} candidates" if cands else
-                                                "no IPv4 RoCE v2 GID on an ACTIVE port"))
-    e = cands[0]
-    gid = next(g.gid for d in fabric.devices if d.name == e.device for p in d.ports if p.num == e.port
-               for g in p.gids if g.index == e.gid_index)
-    return e.device, e.port, e.gid_index, gid, e.ip
+    """``(device, port, gid_index, gid, ip)``: :func:`afddiag.endpoint.pick_endpoint`. Raises
+    :class:`PairError` when there is none or it is ambiguous."""
+    from afddiag import endpoint
 
-
-def _live_fabric() -> FabricFacts:
-    from afddiag.probes import netlink
-    from afddiag.probes.sysfs import probe_fabric
-
-    order, src, _ = netlink.device_order(3.0)
     try:
-        addrs, asrc = netlink.netdev_addresses(), "psutil.net_if_addrs"
-    except Exception:  # noqa: BLE001
-        addrs, asrc = None, "none"
-    return probe_fabric("/", order, src, addrs, asrc)
+        return endpoint.pick_endpoint(fabric, fabric_ip)
+    except ValueError as e:
+        raise PairError(str(e)) from None
 
 
 class _Chan:
@@ -255,7 +237,7 @@ def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: Pa
     pv = _import_pyverbs()
     if pv is None:
         raise PairError("pyverbs is not installed: apt install python3-pyverbs")
-    dev, port, gidx, gid, ip = pick_endpoint(fabric or _live_fabric(), fabric_ip)
+    dev, port, gidx, gid, ip = pick_endpoint(fabric if fabric is not None else FabricFacts(), fabric_ip)
     facts.device, facts.port, facts.gid_index, facts.gid, facts.fabric_ip = dev, port, gidx, gid, ip
     try:
         r = _Rdma(pv, dev, port, gidx, buf)

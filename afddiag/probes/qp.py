@@ -25,22 +25,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from afddiag.facts import (
-    ERRNO_WORDS,
-    ROCE_V2,
-    FabricFacts,
-    Port,
-    QpFacts,
-    QpResult,
-    QpStep,
-    RdmaDevice,
-    errno_words,
-    gid_for_ipv4,
-    is_empty_gid,
-)
+from afddiag.model.fabric import ERRNO_WORDS, FabricFacts, QpFacts, QpResult, QpStep, errno_words, gid_for_ipv4
 
 NO_PYVERBS_WHY = (
     "pyverbs is not installed: apt install python3-pyverbs (it must match the host's rdma-core) "
@@ -51,8 +38,7 @@ NO_PYVERBS_WHY = (
 #: look up ``abs(err)`` (libibverbs returns positive errnos, some pyverbs paths negative ones).
 ERRNO_MEANINGS = ERRNO_WORDS  # one table, in afddiag.facts
 
-SGID_FABRIC_IP = "fabric IP"
-SGID_FALLBACK = "first RoCE v2 GID (fallback)"
+from afddiag.endpoint import SGID_FABRIC_IP, SGID_FALLBACK, SgidChoice, choose_port, choose_sgid  # noqa: E402,F401 - one place decides
 
 # RTR/RTS attributes (ibv_modify_qp(3)); the values most RC users (perftest, NCCL, engines) pass.
 RTR_RQ_PSN = 0
@@ -76,57 +62,6 @@ def mtu_enum_to_bytes(mtu: int | None) -> int | None:
     if isinstance(mtu, int) and 1 <= mtu <= 5:
         return 256 << (mtu - 1)
     return None
-
-
-@dataclass
-class SgidChoice:
-    """Which port and source GID the walk uses on one device, and why."""
-
-    port: int
-    sgid_index: int | None
-    sgid: str | None  # kernel 8-group form
-    choice: str  # SGID_FABRIC_IP, SGID_FALLBACK, or why there is none
-
-
-def _port_carries(port: Port, ip: str) -> bool:
-    return any(g.ipv4 == ip for g in port.gids)
-
-
-def choose_port(dev: RdmaDevice, fabric_ip: str | None) -> int:
-    """The port the walk uses on ``dev``: the one whose GID table holds ``fabric_ip``'s IPv4-mapped
-    GID, else the first ACTIVE port, else port 1 (what engines open by default)."""
-    if fabric_ip:
-        for p in dev.ports:
-            if _port_carries(p, fabric_ip):
-                return p.num
-    for p in dev.ports:
-        if p.active:
-            return p.num
-    return 1
-
-
-def choose_sgid(dev: RdmaDevice, fabric_ip: str | None) -> SgidChoice:
-    """Pick port and source GID index for ``dev`` from the fabric facts (no I/O).
-
-    1. The port from :func:`choose_port`.
-    2. On it, the RoCE v2 GID whose IPv4 is ``fabric_ip`` → choice ``"fabric IP"``.
-    3. Else the lowest-index populated RoCE v2 GID on that port — what an engine with no better
-       information falls back to (often an fe80 link-local GID) → ``"first RoCE v2 GID (fallback)"``.
-    4. Else no source GID: ``sgid_index`` None, ``choice`` says why.
-    """
-    port_num = choose_port(dev, fabric_ip)
-    port = next((p for p in dev.ports if p.num == port_num), None)
-    if port is None:
-        return SgidChoice(port_num, None, None, f"no GID table read for {dev.name} port {port_num}")
-    gids = sorted((g for g in port.gids if not is_empty_gid(g.gid)), key=lambda g: g.index)
-    if fabric_ip:
-        for g in gids:
-            if g.ipv4 == fabric_ip and g.type == ROCE_V2:
-                return SgidChoice(port_num, g.index, g.gid, SGID_FABRIC_IP)
-    for g in gids:
-        if g.type == ROCE_V2:
-            return SgidChoice(port_num, g.index, g.gid, SGID_FALLBACK)
-    return SgidChoice(port_num, None, None, f"no RoCE v2 GID on {dev.name} port {port_num}")
 
 
 def destination_gid(target: str, own_sgid: str | None) -> str | None:

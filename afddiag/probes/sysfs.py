@@ -136,7 +136,7 @@ def probe_fabric(
     """Read every RDMA device under ``<root>/sys/class/infiniband`` and netdev under ``.../net``.
 
     ``device_order`` is ``[(name, kernel_device_index), ...]`` in enumeration order (from netlink
-    or a snapshot's ``rdma-dev.json``); devices missing from it follow by name, with index None.
+    or a snapshot); devices missing from it follow by name, with index None.
     ``addresses`` maps netdev name → :class:`Netdev` with its addresses (MTU and operstate there fill
     in what sysfs lacks). ``reader`` reads one
     file (injectable: tests emulate EINVAL with it). Returns :class:`FabricFacts`; never raises.

@@ -1,0 +1,164 @@
+"""Where this host talks on the fabric: the fabric IP and the endpoint (device, port, GID index).
+
+One module decides, for every caller (the gates, the QP walk, the pair test, the launch exports,
+``devicemap``); each decision is a pure function of the fabric facts (no I/O):
+
+- :func:`resolve_fabric_ip`: ``--fabric-ip`` (or the launch env's ``AFD_FABRIC_IP``) when given,
+  else the only IPv4 RoCE v2 GID on an ACTIVE port, else none ("ambiguous" lists the candidates);
+- :func:`fabric_entry`: the inventory row that carries the fabric IP (RoCE v2 on an ACTIVE port
+  first, then any carrier) — what ``fabric.link``, ``fabric.mtu``, ``fabric.route`` judge;
+- :func:`usable_entry` / :func:`pick_endpoint`: the IPv4 RoCE v2 GID on an ACTIVE port for the
+  fabric IP — what the launcher exports (``NCCL_IB_HCA``, ``NCCL_IB_GID_INDEX``) and the pair test opens;
+- :func:`choose_port` / :func:`choose_sgid`: per device, the port and source GID the QP walk uses
+  (what an engine that opens this device would use);
+- :func:`device_map`: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` (fabric IP → device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from afddiag.model.fabric import ROCE_V2, Entry, FabricFacts, RdmaDevice, carriers, is_empty_gid, usable_rocev2
+
+SGID_FABRIC_IP = "fabric IP"
+SGID_FALLBACK = "first RoCE v2 GID (fallback)"
+
+
+@dataclass
+class FabricIp:
+    """The fabric IP the gates judge, and how it was chosen."""
+
+    ip: str | None
+    source: str  # "--fabric-ip", "only IPv4 RoCE v2 GID on an ACTIVE port", "ambiguous", "none"
+    candidates: list[Entry] = field(default_factory=list)
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.ip is None and len({e.ip for e in self.candidates}) > 1
+
+
+def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp:
+    """``given`` (``--fabric-ip``, or ``AFD_FABRIC_IP`` from the launch env) when set; else the only
+    IPv4 address with a RoCE v2 GID on an ACTIVE port whose netdev holds it; else None (source
+    "ambiguous" with several candidates, "none" without)."""
+    cands = usable_rocev2(fabric) if fabric else []
+    if given:
+        return FabricIp(given, "--fabric-ip", cands)
+    ips = sorted({e.ip for e in cands})
+    if len(ips) == 1:
+        return FabricIp(ips[0], "only IPv4 RoCE v2 GID on an ACTIVE port", cands)
+    return FabricIp(None, "ambiguous" if ips else "none", cands)
+
+
+def fabric_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
+    """The entry carrying ``ip`` (its IPv4-mapped GID, on a netdev holding it): RoCE v2 on an
+    ACTIVE port first, then any carrier, in enumeration order; None when nothing carries it."""
+    if fabric is None or not ip:
+        return None
+    cs = carriers(fabric, ip)
+    cs.sort(key=lambda e: (e.gid_type != ROCE_V2, e.port_state != "ACTIVE"))
+    return cs[0] if cs else None
+
+
+def usable_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
+    """The first IPv4 RoCE v2 GID on an ACTIVE port that carries ``ip`` (enumeration order), or None."""
+    if fabric is None or not ip:
+        return None
+    return next((e for e in usable_rocev2(fabric) if e.ip == ip), None)
+
+
+def device_map(fabric: FabricFacts | None) -> dict[str, str]:
+    """Every IPv4 address with a RoCE v2 GID on an ACTIVE port whose netdev holds it → its device
+    (the first in enumeration order when several carry one address)."""
+    out: dict[str, str] = {}
+    for e in usable_rocev2(fabric) if fabric else []:
+        out.setdefault(e.ip, e.device)
+    return out
+
+
+def gid_of(fabric: FabricFacts, e: Entry) -> str | None:
+    """The GID text (kernel 8-group form) of entry ``e``."""
+    return next((g.gid for d in fabric.devices if d.name == e.device for p in d.ports if p.num == e.port
+                 for g in p.gids if g.index == e.gid_index), None)
+
+
+def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int, int, str, str]:
+    """``(device, port, gid_index, gid, ip)`` of the IPv4 RoCE v2 GID for ``fabric_ip`` (or for the
+    only such address when ``fabric_ip`` is None). Raises ValueError (one line: what to give) when
+    there is none or the choice is ambiguous."""
+    fip = resolve_fabric_ip(fabric, fabric_ip)
+    if fabric_ip:
+        e = usable_entry(fabric, fabric_ip)
+        if e is None:
+            raise ValueError(f"fabric IP {fabric_ip}: no IPv4 RoCE v2 GID on an ACTIVE port carries it")
+    elif fip.ip is None:
+        n = len({c.ip for c in fip.candidates})
+        raise ValueError("give --fabric-ip: " + (f"{n} candidates" if n else "no IPv4 RoCE v2 GID on an ACTIVE port"))
+    else:
+        e = usable_entry(fabric, fip.ip)
+    assert e is not None
+    return e.device, e.port, e.gid_index, gid_of(fabric, e) or "", e.ip
+
+
+def launch_exports(fabric: FabricFacts | None, fabric_ip: str | None) -> list[tuple[str, str]]:
+    """What a launcher exports: the device map, and for the fabric IP's IPv4 RoCE v2 GID
+    ``NCCL_IB_HCA==dev:port`` (a leading '=' makes NCCL match exactly, not by prefix: 'roce' would
+    match all four Spark devices), ``NCCL_IB_GID_INDEX``, ``UCX_NET_DEVICES=dev:port``, ``MC_GID_INDEX``."""
+    from afddiag.envvars import MAP_VAR, format_device_map
+
+    out: list[tuple[str, str]] = []
+    dm = device_map(fabric)
+    if dm:
+        out.append((MAP_VAR, format_device_map(dm)))
+    entry = usable_entry(fabric, fabric_ip)
+    if entry:
+        out += [("NCCL_IB_HCA", f"={entry.device}:{entry.port}"), ("NCCL_IB_GID_INDEX", str(entry.gid_index)),
+                ("UCX_NET_DEVICES", f"{entry.device}:{entry.port}"), ("MC_GID_INDEX", str(entry.gid_index))]
+    return out
+
+
+@dataclass
+class SgidChoice:
+    """Which port and source GID the walk uses on one device, and why."""
+
+    port: int
+    sgid_index: int | None
+    sgid: str | None  # kernel 8-group form
+    choice: str  # SGID_FABRIC_IP, SGID_FALLBACK, or why there is none
+
+
+def choose_port(dev: RdmaDevice, fabric_ip: str | None) -> int:
+    """The port the walk uses on ``dev``: the one whose GID table holds ``fabric_ip``'s IPv4-mapped
+    GID, else the first ACTIVE port, else port 1 (what engines open by default)."""
+    if fabric_ip:
+        for p in dev.ports:
+            if any(g.ipv4 == fabric_ip for g in p.gids):
+                return p.num
+    for p in dev.ports:
+        if p.active:
+            return p.num
+    return 1
+
+
+def choose_sgid(dev: RdmaDevice, fabric_ip: str | None) -> SgidChoice:
+    """Pick port and source GID index for ``dev`` from the fabric facts (no I/O).
+
+    1. The port from :func:`choose_port`.
+    2. On it, the RoCE v2 GID whose IPv4 is ``fabric_ip`` → choice ``"fabric IP"``.
+    3. Else the lowest-index populated RoCE v2 GID on that port — what an engine with no better
+       information falls back to (often an fe80 link-local GID) → ``"first RoCE v2 GID (fallback)"``.
+    4. Else no source GID: ``sgid_index`` None, ``choice`` says why.
+    """
+    port_num = choose_port(dev, fabric_ip)
+    port = next((p for p in dev.ports if p.num == port_num), None)
+    if port is None:
+        return SgidChoice(port_num, None, None, f"no GID table read for {dev.name} port {port_num}")
+    gids = sorted((g for g in port.gids if not is_empty_gid(g.gid)), key=lambda g: g.index)
+    if fabric_ip:
+        for g in gids:
+            if g.ipv4 == fabric_ip and g.type == ROCE_V2:
+                return SgidChoice(port_num, g.index, g.gid, SGID_FABRIC_IP)
+    for g in gids:
+        if g.type == ROCE_V2:
+            return SgidChoice(port_num, g.index, g.gid, SGID_FALLBACK)
+    return SgidChoice(port_num, None, None, f"no RoCE v2 GID on {dev.name} port {port_num}")

@@ -1,0 +1,26 @@
+"""The model: plain data a run carries, no I/O.
+
+- :mod:`afddiag.model.fabric`: RDMA devices, ports, GIDs, netdevs, the QP walk, routes (fabric facts);
+- :mod:`afddiag.model.gpu`: GPUs through NVML and the CUDA driver, the load probe's figures;
+- :mod:`afddiag.model.host`: the launch image, process limits, device nodes (host facts);
+- :mod:`afddiag.model.run`: :class:`~afddiag.model.run.Inputs` (what the user asked) and
+  :class:`~afddiag.model.run.Observation` (the facts of one run).
+
+Units are in field names (``_mhz``, ``_mw``, ``_bytes``). A value a probe could not read is ``None``
+and the reason is in the owning object's ``notes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, lists and dicts to plain JSON types."""
+    if hasattr(obj, "__dataclass_fields__"):  # field by field: asdict() deep-copies first
+        return {k: to_jsonable(getattr(obj, k)) for k in obj.__dataclass_fields__}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    return obj

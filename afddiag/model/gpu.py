@@ -1,0 +1,227 @@
+"""GPU facts: the CUDA driver's and NVML's view of each GPU, joined by UUID, and the load figures.
+
+Data only (no I/O); :func:`gpu_facts_from_readings` normalises the GPU probe's readings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+NOT_SUPPORTED = "NOT_SUPPORTED"
+
+# NVML clocks event reasons (nvml.h ``nvmlClocksEventReason*``), bit -> name.
+CLOCKS_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def clocks_event_reason_names(mask: Any) -> Any:
+    """Names of the bits set in an NVML clocks-event-reasons ``mask`` (lowest bit first).
+
+    Unknown bits are named ``unknown_0x...``. A non-int ``mask`` (``None``, ``"NOT_SUPPORTED"``) is
+    returned unchanged.
+    """
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        return mask
+    names = []
+    bit = 1
+    while bit <= mask:
+        if mask & bit:
+            names.append(CLOCKS_EVENT_REASONS.get(bit, f"unknown_{bit:#x}"))
+        bit <<= 1
+    return names
+
+
+def _num(v: Any) -> Any:
+    """A recorded reading to a number or None ("NOT_SUPPORTED", null, NaN, infinity, garbage → None)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) or (isinstance(v, float) and math.isfinite(v)):
+        return v
+    return None
+
+
+def _int(v: Any) -> int | None:
+    """A recorded integer reading (a bitmask, a P-state) or None (floats, booleans, garbage)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclass
+class UnderLoad:
+    """Readings taken while the GPU was busy (a load probe or a recorded serving load)."""
+
+    clock_sm_mhz: float | None = None
+    power_mw: float | None = None
+    utilization_pct: float | None = None
+    clocks_event_reasons: int | None = None
+    pstate: int | None = None
+    fp32_tflops: float | None = None
+    bf16_tflops: float | None = None
+    gemv_gbps: float | None = None
+    copy_gbps: float | None = None  # read+write bytes
+
+
+@dataclass
+class GpuDevice:
+    """One GPU: the CUDA driver's view and NVML's, joined by UUID."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    sm_count: int | None = None  # CUDA attribute 16 (CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    compute_capability: tuple[int, int] | None = None  # CUDA attributes 75/76
+    integrated: bool | None = None  # CUDA attribute 18
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_source: str | None = None  # "nvml" or "meminfo (unified memory)"
+    unified: bool = False
+    clock_sm_mhz: float | None = None
+    clock_sm_max_mhz: float | None = None
+    power_mw: float | None = None
+    power_limit_mw: float | None = None
+    pstate: int | None = None
+    clocks_event_reasons: int | None = None  # nvmlDeviceGetCurrentClocksEventReasons bitmask
+    clocks_event_reason_counters_us: dict[str, int] | None = None
+    temperature_c: float | None = None
+    under_load: UnderLoad | None = None
+    load_why: str | None = None  # why the load probe gave no figures
+    ecc: dict[str, Any] | str | None = None  # {"mode_current", "volatile": {...}, "aggregate": {...}} or NOT_SUPPORTED
+    retired_pages: dict[str, Any] | str | None = None
+    remapped_rows: dict[str, Any] | str | None = None
+    processes: list[dict[str, Any]] | str | None = None  # other processes holding GPU memory
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GpuFacts:
+    """What the GPU probe read (live, or replayed from a snapshot)."""
+
+    captured: bool = True  # False: a snapshot without the GPU readings
+    available: bool = False  # NVML or CUDA answered and at least one GPU was seen
+    why: str | None = None  # why no GPU was seen
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+    devices: list[GpuDevice] = field(default_factory=list)
+    host_meminfo_kb: dict[str, int] | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    expect_image_sm_count: int | None = None
+    baseline: dict[str, float] | None = None
+    xid_events: list[dict[str, Any]] | None = None  # NVRM Xid lines from the kernel log; None: not read
+    xid_source: str | None = None
+    notes: list[str] = field(default_factory=list)
+    readings: dict[str, Any] | None = None  # the raw readings (afddiag.probes.gpu.read_gpu's shape)
+    failed: str | None = None  # the GPU probe timed out or crashed: what it was doing (gpu.* say ERROR)
+    load_failed: str | None = None  # the load probe timed out or crashed (gpu.slow-state says ERROR)
+
+
+def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
+    """Normalise the GPU probe's readings (:func:`afddiag.probes.gpu.read_gpu`'s shape, live or from a snapshot) into facts.
+
+    ``"NOT_SUPPORTED"`` and nulls become None; NVML memory NOT_SUPPORTED on an integrated GPU falls
+    back to ``host_meminfo_kb`` (``/proc/meminfo`` MemTotal/MemAvailable, KiB) with ``unified=True``.
+    Never raises on odd values: what cannot be used is left None and noted.
+    """
+    if not isinstance(r, dict):
+        return GpuFacts(available=False, why="gpu readings are not a JSON object", readings=None)
+    meminfo = r.get("host_meminfo_kb") if isinstance(r.get("host_meminfo_kb"), dict) else None
+    expect = r.get("expect") if isinstance(r.get("expect"), dict) else {}
+    devices: list[GpuDevice] = []
+    for i, d in enumerate(r.get("devices") if isinstance(r.get("devices"), list) else []):
+        if not isinstance(d, dict):
+            continue
+        cuda = d.get("cuda") if isinstance(d.get("cuda"), dict) else {}
+        nvml = d.get("nvml") if isinstance(d.get("nvml"), dict) else {}
+        cc = cuda.get("compute_capability")
+        dev = GpuDevice(
+            index=d.get("index", i) if isinstance(d.get("index", i), int) else i,
+            name=d.get("name") if isinstance(d.get("name"), str) else None,
+            uuid=d.get("uuid") if isinstance(d.get("uuid"), str) else None,
+            pci_bus_id=d.get("pci_bus_id") if isinstance(d.get("pci_bus_id"), str) else None,
+            sm_count=_num(cuda.get("sm_count")),
+            compute_capability=(int(cc[0]), int(cc[1]))
+            if isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
+            else None,
+            integrated=cuda.get("integrated") if isinstance(cuda.get("integrated"), bool) else None,
+            clock_sm_mhz=_num(nvml.get("clock_sm_mhz")),
+            clock_sm_max_mhz=_num(nvml.get("clock_sm_max_mhz")),
+            power_mw=_num(nvml.get("power_mw")),
+            power_limit_mw=_num(nvml.get("power_limit_mw")),
+            pstate=_int(nvml.get("pstate")),
+            clocks_event_reasons=_int(nvml.get("clocks_event_reasons")),
+            clocks_event_reason_counters_us=nvml.get("clocks_event_reason_counters_us")
+            if isinstance(nvml.get("clocks_event_reason_counters_us"), dict)
+            else None,
+            temperature_c=_num(nvml.get("temperature_c")),
+            ecc=nvml.get("ecc") if isinstance(nvml.get("ecc"), (dict, str)) else None,
+            retired_pages=nvml.get("retired_pages") if isinstance(nvml.get("retired_pages"), (dict, str)) else None,
+            remapped_rows=nvml.get("remapped_rows") if isinstance(nvml.get("remapped_rows"), (dict, str)) else None,
+            processes=nvml.get("processes") if isinstance(nvml.get("processes"), (list, str)) else None,
+        )
+        mem = nvml.get("memory_info")
+        if isinstance(mem, dict) and _num(mem.get("total_bytes")):
+            dev.memory_total_bytes = _num(mem.get("total_bytes"))
+            dev.memory_used_bytes = _num(mem.get("used_bytes"))
+            dev.memory_free_bytes = _num(mem.get("free_bytes"))
+            dev.memory_source = "nvml"
+        elif mem == NOT_SUPPORTED and (dev.integrated or dev.integrated is None) and meminfo:
+            total = _num(meminfo.get("MemTotal"))
+            avail = _num(meminfo.get("MemAvailable"))
+            if total:
+                dev.unified = True
+                dev.memory_total_bytes = int(total) * 1024
+                dev.memory_free_bytes = int(avail) * 1024 if avail is not None else None
+                dev.memory_source = "meminfo (unified memory)"
+                dev.notes.append("NVML memory info NOT_SUPPORTED: unified memory, read /proc/meminfo")
+        else:
+            dev.notes.append(f"memory not read (NVML memory_info: {mem!r})")
+        ul = d.get("under_load")
+        if isinstance(ul, dict) and isinstance(ul.get("why"), str):
+            dev.load_why = ul["why"]
+        elif isinstance(ul, dict):
+            ach = ul.get("achieved") if isinstance(ul.get("achieved"), dict) else {}
+            dev.under_load = UnderLoad(
+                clock_sm_mhz=_num(ul.get("clock_sm_mhz")),
+                power_mw=_num(ul.get("power_mw")),
+                utilization_pct=_num(ul.get("utilization_pct")),
+                clocks_event_reasons=_int(ul.get("clocks_event_reasons")),
+                pstate=_int(ul.get("pstate")),
+                fp32_tflops=_num(ach.get("fp32_tflops")),
+                bf16_tflops=_num(ach.get("bf16_tflops")),
+                gemv_gbps=_num(ach.get("gemv_gbps")),
+                copy_gbps=_num(ach.get("copy_gbps")),
+            )
+        for note in d.get("notes") if isinstance(d.get("notes"), list) else []:
+            if isinstance(note, str):
+                dev.notes.append(note)
+        devices.append(dev)
+    why = r.get("why") if isinstance(r.get("why"), str) else None
+    return GpuFacts(
+        available=bool(devices),
+        why=why if not devices else None,
+        driver_version=r.get("driver_version") if isinstance(r.get("driver_version"), str) else None,
+        cuda_driver_version=_num(r.get("cuda_driver_version")),
+        devices=devices,
+        host_meminfo_kb=meminfo,
+        versions=r.get("versions") if isinstance(r.get("versions"), dict) else {},
+        expect_image_sm_count=_num(expect.get("image_sm_count")),
+        baseline={str(k): v for k, v in expect["baseline"].items() if _num(v) is not None and not isinstance(v, bool)}
+        if isinstance(expect.get("baseline"), dict) else None,
+        notes=[n for n in r.get("notes") if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
+        xid_events=r.get("xid_events") if isinstance(r.get("xid_events"), list) else None,
+        xid_source=r.get("xid_source") if isinstance(r.get("xid_source"), str) else None,
+        readings=r,
+        failed=r.get("failed") if isinstance(r.get("failed"), str) else None,
+        load_failed=r.get("load_failed") if isinstance(r.get("load_failed"), str) else None,
+    )

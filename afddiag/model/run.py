@@ -1,0 +1,75 @@
+"""What a run was asked (:class:`Inputs`) and what it saw (:class:`Observation`). Data only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from afddiag.model.fabric import FabricFacts, QpFacts, RouteFacts
+from afddiag.model.gpu import GpuFacts
+from afddiag.model.host import HostLimits, ImageFacts
+
+ALL_FAMILIES = frozenset({"fabric", "gpu", "host", "launch"})
+
+
+@dataclass
+class Inputs:
+    """What the user asked for (flags), before any probing."""
+
+    fabric_ip: str | None = None
+    peers: list[str] = field(default_factory=list)
+    expect_sm: int | None = None
+    snapshot: str | None = None
+    probe_timeout_s: float | None = None  # --timeout: overrides the playbook's fabric_s, gpu_s, cpu_s, image_s, limits_s
+    qp_timeout_s: float | None = None  # --qp-timeout: overrides the playbook's qp_s
+    run_qp: bool = True
+    launch_env: dict[str, str] | None = None  # parsed --launch-env file (afddiag's key names)
+    launch_env_path: str | None = None
+    expect_capacity: int | None = None
+    playbook: Any = None  # afddiag.playbook.Playbook
+    load: bool = False  # run the GPU load probe (also when the playbook asks)
+    load_budget_s: float = 3.0
+    baseline_path: str | None = None
+    xid_log: str | None = None  # a saved kernel log to read Xid events from instead of /dev/kmsg
+    families: frozenset[str] = ALL_FAMILIES  # the gate families the command runs (and the probes feeding them)
+
+    def __post_init__(self) -> None:
+        """The launch env feeds the fabric IP and peers when the flags do not give them."""
+        le = self.launch_env or {}
+        if not self.fabric_ip and le.get("AFD_FABRIC_IP"):
+            self.fabric_ip = le["AFD_FABRIC_IP"]
+        if not self.peers and le.get("AFD_PEER_FABRIC_IPS"):
+            self.peers = [p for p in le["AFD_PEER_FABRIC_IPS"].replace(",", " ").split() if p]
+
+    def timeout(self, kind: str) -> float:
+        """Seconds the probe ``kind`` ("fabric_s", "qp_s", "gpu_s", "load_s", "cpu_s", "image_s",
+        "limits_s") may take: --qp-timeout for qp_s, --timeout for the others but load_s, else the
+        playbook's ``[timeouts]``, else the defaults (:data:`afddiag.playbook.DEFAULT_TIMEOUTS`)."""
+        from afddiag.playbook import timeout_for
+
+        if kind == "qp_s" and self.qp_timeout_s is not None:
+            return float(self.qp_timeout_s)
+        if kind not in ("qp_s", "load_s") and self.probe_timeout_s is not None:
+            return float(self.probe_timeout_s)
+        return timeout_for(self.playbook, kind)
+
+
+@dataclass
+class Observation:
+    """Facts for one run. ``None`` means that part was not asked for by the command."""
+
+    host: str
+    source: str  # "live" or "snapshot <dir>"
+    fabric: FabricFacts | None = None
+    qp: QpFacts | None = None
+    gpu: GpuFacts | None = None
+    env: dict[str, str] | None = None  # None: not captured
+    env_source: str = "process environment"
+    image: ImageFacts | None = None
+    limits: HostLimits | None = None
+    cpu: dict[str, Any] | None = None  # host CPU facts (probes/cpu.py); None: not probed
+    baseline: dict[str, Any] | None = None  # the host's recorded baseline
+    baseline_why: str = ""
+    route: RouteFacts | None = None  # None: not probed
+    versions: dict[str, Any] | None = None  # kernel, bios, rdma_core; None: not read
+    notes: list[str] = field(default_factory=list)

@@ -1,0 +1,836 @@
+"""The probe registry: every probe afddiag runs, and the one place that knows the snapshot layout.
+
+One explicit, ordered list (:data:`PROBES`). Each entry says
+
+- what it reads live (``read``: bounded by the runner, a timeout or crash becomes ``failed``),
+- the artifacts it writes into a capture bundle (``artifacts``: a JSON file, a text file, or a
+  sysfs/procfs tree copied by ``copy``),
+- how its readings become facts (``facts``: the same function for a live run and a replay).
+
+Readings are a dict keyed by artifact name holding what the file holds (parsed JSON, text; for a
+tree the folder it is read under: ``/`` live, the snapshot folder in a replay), plus any extra keys
+the probe wants to pass from ``read`` to ``facts`` (a source label, notes). The runner
+(:mod:`afddiag.runner`) makes one loop of them:
+
+- a live run: ``facts(run, read(run))`` for each wanted probe, each under its time bound;
+- a capture: ``read(run)`` then the artifacts into the bundle (``copy`` for trees);
+- a replay: the artifacts loaded from the snapshot folder (absent: None), then ``facts``.
+
+No other module names a snapshot file: what a capture writes and a replay reads is here.
+
+How to add a probe
+------------------
+1. Write the reading function in ``afddiag/probes/<name>.py``: bounded in time where it can block,
+   recording why it could not read instead of raising; take its host sources as arguments
+   (a root path, a reader) so a test can point it at a fake tree.
+2. Put its facts in the model (``afddiag/model/fabric.py``, ``gpu.py`` or ``host.py``, units in
+   field names, ``failed``/``notes`` fields) and a field on :class:`afddiag.model.run.Observation`.
+3. Add one :class:`Probe` to :data:`PROBES` here: ``name``, ``what`` (words for a timeout
+   message), ``families`` (the gate families it feeds; empty = every run), ``timeout`` (an
+   :meth:`Inputs.timeout` key or a function of the run), ``artifacts`` (file names in a bundle),
+   ``read(run, progress) -> readings`` (call the live source through ``run.host`` so tests can fake
+   it; set ``progress.doing`` before a call that may block), ``facts(run, readings, progress) ->
+   {observation field: value}`` (readings of a replay may be None: say "not captured"), and
+   ``failed(why) -> {field: facts with failed=why}``.
+4. Tests: readings → facts (table-driven), a snapshot folder holding the artifact, a capture round
+   trip (``tests/test_capture.py``), and the gates the facts feed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from afddiag.model import to_jsonable
+from afddiag.model.fabric import FabricFacts, QpFacts, RouteFacts, is_empty_gid
+from afddiag.model.gpu import GpuFacts
+from afddiag.model.host import HostLimits, ImageFacts
+
+# ---------------------------------------------------------------------------------------------
+# Where live readings come from (a test replaces any of them)
+
+
+class _Live:
+    """Marker: read this host (the default of every :class:`Sources` field)."""
+
+    def __repr__(self) -> str:
+        return "LIVE"
+
+
+LIVE: Any = _Live()
+
+
+@dataclass
+class Sources:
+    """Where a live run or a capture reads from. ``LIVE`` reads this host; ``None`` reads nothing
+    (that part is not captured); a function replaces the source (tests, fakes).
+
+    ``root``: the filesystem root sysfs and procfs are read under (``<root>/sys/class/...``).
+    ``device_order() -> (list[(name, index)] | None, source, notes)``; ``addresses() -> {netdev: Netdev}``
+    (raises on failure); ``gpu() -> GPU readings dict``; ``limits() -> limits dict``; ``cpu() -> dict``;
+    ``route() -> ip -j route JSON`` (raises on failure); ``rdma_core() -> {"version", "source"}``;
+    ``environ``: the process environment (filtered by :func:`env_allowed`); ``hostname()``;
+    ``reader(path) -> str`` reads one sysfs file (raises OSError as the kernel answers).
+    """
+
+    root: str = "/"
+    device_order: Any = LIVE
+    addresses: Any = LIVE
+    gpu: Any = LIVE
+    limits: Any = LIVE
+    cpu: Any = LIVE
+    route: Any = LIVE
+    rdma_core: Any = LIVE
+    environ: Mapping[str, str] | None = None
+    hostname: Callable[[], str] = socket.gethostname
+    reader: Callable[[str], str] | None = None
+
+
+@dataclass
+class Run:
+    """One pass over the registry: what was asked, where to read, what was seen so far.
+
+    ``host`` is set for a live run or a capture, ``root`` (the snapshot folder) for a replay.
+    ``obs`` fills as probes finish (a later probe may use an earlier one's facts: the route probe
+    reads the fabric's netdevs); ``readings`` keeps every probe's readings by probe name.
+    """
+
+    inputs: Any  # afddiag.model.run.Inputs
+    obs: Any  # afddiag.model.run.Observation
+    host: Sources | None = None
+    root: Path | None = None
+    capturing: bool = False
+    readings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    confined: Callable[[str], str] | None = None  # the snapshot's sysfs reader, made on first use
+
+    @property
+    def live(self) -> bool:
+        return self.root is None
+
+    def fabric_ip(self) -> str | None:
+        """The fabric IP as resolved now (:func:`afddiag.endpoint.resolve_fabric_ip`)."""
+        from afddiag.endpoint import resolve_fabric_ip
+
+        return resolve_fabric_ip(self.obs.fabric, self.inputs.fabric_ip).ip
+
+    def launch_value(self, key: str) -> str | None:
+        return (self.inputs.launch_env or {}).get(key)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One entry of a capture bundle / snapshot folder: ``kind`` "json", "text" or "tree"."""
+
+    name: str
+    kind: str = "json"
+    max_bytes: int | None = None  # a text file's cap (default: afddiag.reader.MAX_TEXT_BYTES)
+
+
+def _always(run: Run) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One registry entry (see the module docstring)."""
+
+    name: str
+    what: str
+    timeout: str | Callable[[Run], float]
+    artifacts: tuple[Artifact, ...]
+    read: Callable[[Run, Any], dict[str, Any]]
+    facts: Callable[[Run, dict[str, Any], Any], dict[str, Any]]
+    failed: Callable[[str], dict[str, Any]]
+    families: frozenset[str] = frozenset()
+    wanted: Callable[[Run], bool] = _always
+    copy: Callable[[Run, dict[str, Any], dict[str, bytes], list[str]], None] | None = None
+    live_only: bool = False  # nothing to capture (the QP walk): ``replay`` says so in a replay
+    replay: Callable[[Run], dict[str, Any]] | None = None
+
+    def runs_for(self, families: frozenset[str] | set[str]) -> bool:
+        return not self.families or bool(self.families & set(families))
+
+    def bound_s(self, run: Run) -> float:
+        return self.timeout(run) if callable(self.timeout) else run.inputs.timeout(self.timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and dumping artifacts (the only code that touches snapshot files by name)
+
+
+def load(probe: Probe, root: Path, timeout_s: float = 30.0) -> dict[str, Any]:
+    """A probe's readings from a snapshot folder: each artifact's content, None when absent. Every
+    file goes through the bounded reader (:mod:`afddiag.reader`: confined to ``root``, regular
+    files only, size and JSON depth caps, read within ``timeout_s``). ``notes`` lists what was
+    present but refused; ``refused`` the JSON parts among them (the probe's gates say ERROR)."""
+    from afddiag.reader import InputError, load_json, read_text
+
+    notes: list[str] = []
+    refused: list[str] = []
+    out: dict[str, Any] = {}
+    for a in probe.artifacts:
+        path = root / a.name
+        try:
+            if a.kind == "json":
+                out[a.name] = load_json(path, root=root, timeout_s=timeout_s)
+            elif a.kind == "text":
+                out[a.name] = read_text(path, root, **({"max_bytes": a.max_bytes} if a.max_bytes else {}),
+                                        timeout_s=timeout_s, errors="replace")
+            else:
+                out[a.name] = str(root) if path.is_dir() else None
+        except FileNotFoundError:
+            out[a.name] = None
+        except InputError as e:
+            out[a.name] = None
+            why = f"{a.name} refused: {str(e).replace(str(path), a.name, 1)}"
+            notes.append(why if a.kind == "json" else f"{why}; treated as not captured")
+            if a.kind == "json":
+                refused.append(why)
+    out["notes"] = notes
+    out["refused"] = refused
+    return out
+
+
+def dump(probe: Probe, readings: dict[str, Any], files: dict[str, bytes]) -> None:
+    """A probe's JSON and text artifacts into ``files`` (relative path → bytes); None is left out."""
+    for a in probe.artifacts:
+        v = readings.get(a.name)
+        if v is None or a.kind == "tree":
+            continue
+        if a.kind == "json":
+            files[a.name] = (json.dumps(v, indent=2, default=str) + "\n").encode()
+        else:
+            files[a.name] = (v if v.endswith("\n") else v + "\n").encode("utf-8", "replace")
+
+
+def _sysread(run: Run, path: str) -> str:
+    if run.host is not None and run.host.reader is not None:
+        return run.host.reader(path)
+    from afddiag.probes.sysfs import read_text
+
+    if run.root is None:
+        return read_text(path)
+    if run.confined is None:  # a snapshot: regular files inside it only (afddiag.reader.confined_reader)
+        from afddiag.reader import confined_reader
+
+        run.confined = confined_reader(run.root, read_text)
+    return run.confined(path)
+
+
+def _try(run: Run, path: str) -> str | None:
+    try:
+        return _sysread(run, path)
+    except (OSError, UnicodeError, ValueError):
+        return None
+
+
+def _root(run: Run) -> str:
+    return str(run.root) if run.root is not None else (run.host.root if run.host else "/")
+
+
+# ---------------------------------------------------------------------------------------------
+# host name
+
+
+def _host_read(run: Run, progress: Any) -> dict[str, Any]:
+    progress.doing = "gethostname"
+    return {"host": (run.host.hostname() or "").strip() or "unknown"}
+
+
+def _host_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    case = r.get("case.json")
+    if isinstance(case, dict) and isinstance(case.get("host"), str):
+        return {"host": case["host"][:253]}
+    if r.get("host"):
+        return {"host": r["host"].strip()[:253] or run.obs.host}
+    if any(n.startswith("host refused") for n in r.get("notes") or []):
+        run.obs.notes.append("the snapshot folder's name is used as the host name")
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# environment
+
+ENV_ALLOW = ("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME",
+             "UCX_NET_DEVICES", "MC_GID_INDEX", "CUDA_VISIBLE_DEVICES")
+ENV_ALLOW_PREFIX = "AFD_"
+
+
+def env_allowed(name: str) -> bool:
+    """True for the variables a bundle may carry: :data:`ENV_ALLOW` and ``AFD_*``."""
+    return name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIX)
+
+
+def env_text(environ: Mapping[str, str], notes: list[str]) -> str:
+    """The allow-listed variables as ``KEY='value'`` lines (``parse_env_file`` reads them back exactly);
+    a value with a newline is left out with a note."""
+    lines = []
+    for k in sorted(environ):
+        if not env_allowed(k):
+            continue
+        v = environ[k]
+        if "\n" in v or "\r" in v:
+            notes.append(f"env {k}: value has a newline; not captured")
+            continue
+        lines.append(f"{k}='{v}'")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _env_read(run: Run, progress: Any) -> dict[str, Any]:
+    notes: list[str] = []
+    environ = run.host.environ if run.host.environ is not None else dict(os.environ)
+    return {"env": env_text(environ, notes), "notes": notes}
+
+
+def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.envvars import MAP_VAR, WATCHED, parse_env_file
+
+    if run.live:
+        env, source = {k: v for k, v in parse_env_file(r.get("env") or "").items() if k in WATCHED}, \
+            "process environment"
+    elif r.get("env") is not None:
+        env, source = parse_env_file(r["env"]), "snapshot env"
+    else:
+        env, source = {}, "snapshot (no env file: nothing set)"
+    le = run.inputs.launch_env
+    if le is not None:  # the launch env file's device selection is what the launcher exports
+        env.pop(MAP_VAR, None)
+        env.update({k: v for k, v in le.items() if k in WATCHED})
+        source = f"launch env {run.inputs.launch_env_path}"
+    return {"env": env, "env_source": source}
+
+
+# ---------------------------------------------------------------------------------------------
+# limits (RLIMIT_MEMLOCK, /dev/infiniband access)
+
+
+def _limits_read(run: Run, progress: Any) -> dict[str, Any]:
+    src = run.host.limits
+    if src is None:
+        return {"limits.json": None}
+    if src is LIVE:
+        from afddiag.probes.launch import read_limits
+
+        progress.doing = "getrlimit(RLIMIT_MEMLOCK), access(/dev/infiniband/*)"
+        return {"limits.json": to_jsonable(read_limits())}
+    return {"limits.json": src()}
+
+
+def _limits_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.probes.launch import limits_from_json
+
+    raw = r.get("limits.json")
+    if raw is None:
+        return {"limits": HostLimits(captured=False, notes=["limits not captured (no limits.json in the snapshot)"])}
+    return {"limits": limits_from_json(raw)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the launch image (docker|podman image inspect)
+
+
+def _image_wanted(run: Run) -> bool:
+    return not run.live or bool(run.launch_value("AFD_IMAGE"))
+
+
+def _image_read(run: Run, progress: Any) -> dict[str, Any]:
+    from afddiag.probes.launch import run_inspect
+
+    ref = run.launch_value("AFD_IMAGE")
+    progress.doing = f"image inspect {ref}"
+    raw, engine, why = run_inspect(ref, run.inputs.timeout("image_s"))
+    return {"image.json": raw, "engine": engine, "why": why}
+
+
+def _image_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.probes.launch import image_from_inspect
+
+    ref = run.launch_value("AFD_IMAGE")
+    raw = r.get("image.json")
+    if raw is not None:
+        return {"image": image_from_inspect(raw, ref, r.get("engine") or "image.json")}
+    if ref:
+        return {"image": ImageFacts(ref=ref, source=r.get("engine"), why=r.get("why") or "image not captured (no image.json)")}
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# fabric: sysfs trees, device index order, netdev addresses
+
+HCA_ATTRS = ("node_guid", "node_type", "hca_type", "fw_ver")
+PORT_ATTRS = ("state", "phys_state", "link_layer", "rate")
+NET_ATTRS = ("mtu", "operstate", "address", "carrier", "speed")
+SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")  # proc/sys/net/ipv4/conf/{all,<netdev>}/ (fabric.arp)
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.:@\-]+$")  # sysfs entry names copied into the bundle
+
+
+def _names(path: str, digits: bool = False) -> list[str]:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    if digits:
+        return sorted((n for n in names if n.isdigit()), key=int)
+    return [n for n in names if _NAME_RE.match(n)]
+
+
+def ip_addr_json(run: Run, addresses: dict, netdevs: list[str]) -> list[dict[str, Any]]:
+    """``ip -j addr show``-shaped list from afddiag's address reading (``{netdev: Netdev}``) and sysfs
+    (``ifindex``, ``mtu`` in bytes, ``operstate``, ``address``): what ``parse_ip_addr_json`` reads."""
+    net = os.path.join(_root(run), "sys", "class", "net")
+    rows = []
+    for name in sorted(set(netdevs) | set(addresses)):
+        row: dict[str, Any] = {}
+        idx = _try(run, f"{net}/{name}/ifindex")
+        if idx and idx.isdigit():
+            row["ifindex"] = int(idx)
+        row["ifname"] = name
+        mtu = _try(run, f"{net}/{name}/mtu")
+        given = addresses.get(name)
+        if mtu and mtu.isdigit():
+            row["mtu"] = int(mtu)
+        elif given is not None and given.mtu is not None:
+            row["mtu"] = given.mtu
+        state = _try(run, f"{net}/{name}/operstate") or (given.operstate if given is not None else None)
+        if state:
+            row["operstate"] = state.upper()
+        mac = _try(run, f"{net}/{name}/address")
+        if mac:
+            row["address"] = mac
+        info = []
+        for fam, addrs in (("inet", given.ipv4 if given else []), ("inet6", given.ipv6 if given else [])):
+            for a in addrs:
+                local, _, plen = a.partition("/")
+                info.append({"family": fam, "local": local,
+                             "prefixlen": int(plen) if plen.isdigit() else (32 if fam == "inet" else 128)})
+        row["addr_info"] = info
+        rows.append(row)
+    return rows
+
+
+def _fabric_read(run: Run, progress: Any) -> dict[str, Any]:
+    """Device index order (NETLINK_RDMA, else ``rdma -j dev show``), addresses (getifaddrs), and
+    the sysfs root the trees are read under."""
+    src = run.host
+    t = run.inputs.timeout("fabric_s")
+    notes: list[str] = []
+    progress.doing = "dumping RDMA devices over NETLINK_RDMA"
+    if src.device_order is LIVE:
+        from afddiag.probes import netlink
+
+        order, order_source, onotes = netlink.device_order(min(t, 3.0))
+    else:
+        order, order_source, onotes = src.device_order()
+    rows = None
+    if order is not None:
+        ib = os.path.join(src.root, "sys", "class", "infiniband")
+        rows = []
+        for name, idx in order:
+            row: dict[str, Any] = {"ifindex": idx, "ifname": name}
+            if run.capturing:  # what `rdma -j dev show` also prints, for people reading the bundle
+                for key, attr in (("node_type", "node_type"), ("fw", "fw_ver"), ("node_guid", "node_guid")):
+                    v = _try(run, f"{ib}/{name}/{attr}")
+                    if v:
+                        row[key] = v.split(":", 1)[-1].strip().lower() if key == "node_type" else v
+            rows.append(row)
+    else:
+        notes.append("rdma-dev.json not written: device index order unknown on this host")
+    progress.doing = "listing netdev addresses (getifaddrs)"
+    addrs = None
+    try:
+        if src.addresses is LIVE:
+            from afddiag.probes import netlink
+
+            got, addr_source = netlink.netdev_addresses(), "psutil.net_if_addrs"
+        else:
+            got, addr_source = src.addresses(), "netlink (fake)"
+        addrs = ip_addr_json(run, got, _names(os.path.join(src.root, "sys", "class", "net")))
+    except Exception as e:  # noqa: BLE001 - recorded, not raised
+        addr_source = "none"
+        notes.append(f"netdev addresses not read: {e}")
+    return {"sys": src.root, "rdma-dev.json": rows, "ip-addr.json": addrs, "order_source": order_source,
+            "order_notes": list(onotes or []), "addr_source": addr_source, "notes": notes}
+
+
+def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
+    from afddiag.probes.sysfs import probe_fabric
+
+    if r.get("sys") is None:
+        return {"fabric": FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])}
+    notes: list[str] = list(r.get("notes") or []) if not run.live else []
+    order = order_source = None
+    if r.get("rdma-dev.json") is not None:
+        try:
+            order = parse_rdma_dev_json(r["rdma-dev.json"])
+            order_source = r.get("order_source") or "rdma-dev.json"
+        except ValueError as e:
+            notes.append(f"rdma-dev.json: {e}")
+    addrs = addr_source = None
+    if r.get("ip-addr.json") is not None:
+        try:
+            addrs = parse_ip_addr_json(r["ip-addr.json"])
+            addr_source = r.get("addr_source") or "ip-addr.json"
+        except ValueError as e:
+            notes.append(f"ip-addr.json: {e}")
+    if run.live:
+        addr_source = addr_source or r.get("addr_source")
+        notes += [n for n in r.get("notes") or [] if "addresses" in n]
+    elif addrs is None:
+        notes.append("addresses not captured (no ip-addr.json): a GID's netdev is assumed to hold its IP")
+    facts = probe_fabric(r["sys"], order, order_source or (r.get("order_source") if order else None), addrs,
+                         addr_source, reader=progress.tracking(lambda p: _sysread(run, p)))
+    if run.live and (order is None or not facts.devices):
+        notes[:0] = list(r.get("order_notes") or [])
+    facts.notes[:0] = notes
+    return {"fabric": facts}
+
+
+def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: list[str]) -> None:
+    """The sysfs files the fabric probe reads → ``files`` (``sys/...``, each the stripped text and a
+    newline): attributes of empty GID slots are not copied, ``gid_attrs/EINVAL-SLOTS`` lists the
+    slots whose attributes are absent or failed to read (as in the shared cases)."""
+    root = _root(run)
+    ib = os.path.join(root, "sys", "class", "infiniband")
+    net = os.path.join(root, "sys", "class", "net")
+
+    def put(rel: str, text: str) -> None:
+        files[rel] = (text + "\n").encode("utf-8", "replace")
+
+    for hca in _names(ib):
+        base = f"{ib}/{hca}"
+        for a in HCA_ATTRS:
+            v = _try(run, f"{base}/{a}")
+            if v is not None:
+                put(f"sys/class/infiniband/{hca}/{a}", v)
+        for port in _names(f"{base}/ports", digits=True):
+            pdir, prel = f"{base}/ports/{port}", f"sys/class/infiniband/{hca}/ports/{port}"
+            for a in PORT_ATTRS:
+                v = _try(run, f"{pdir}/{a}")
+                if v is not None:
+                    put(f"{prel}/{a}", v)
+            einval: list[int] = []
+            for slot in _names(f"{pdir}/gids", digits=True):
+                gid = _try(run, f"{pdir}/gids/{slot}")
+                if gid is None:
+                    notes.append(f"{prel}/gids/{slot}: unreadable")
+                    continue
+                put(f"{prel}/gids/{slot}", gid)
+                missing = is_empty_gid(gid)  # empty slots: the kernel answers EINVAL, never read
+                if not missing:
+                    for kind in ("types", "ndevs"):
+                        v = _try(run, f"{pdir}/gid_attrs/{kind}/{slot}")
+                        if v is None:
+                            missing = True
+                        else:
+                            put(f"{prel}/gid_attrs/{kind}/{slot}", v)
+                if missing:
+                    einval.append(int(slot))
+            if einval:
+                put(f"{prel}/gid_attrs/EINVAL-SLOTS", "\n".join(str(i) for i in einval))
+    for nd in _names(net):
+        for a in NET_ATTRS:
+            v = _try(run, f"{net}/{nd}/{a}")
+            if v is not None:
+                put(f"sys/class/net/{nd}/{a}", v)
+
+
+def _fabric_failed(why: str) -> dict[str, Any]:
+    return {"fabric": FabricFacts(captured=False, failed=why, notes=[why])}
+
+
+# ---------------------------------------------------------------------------------------------
+# the QP walk (live only)
+
+
+def _qp_bound(run: Run) -> float:
+    fab = run.obs.fabric
+    n = len(fab.devices) if fab else 1
+    return run.inputs.timeout("qp_s") * max(1, n) * max(1, len(run.inputs.peers)) + 2
+
+
+def _qp_read(run: Run, progress: Any) -> dict[str, Any]:
+    fab = run.obs.fabric
+    if not run.inputs.run_qp:
+        return {"qp": QpFacts(ran=False, why="QP test not requested (--no-qp)")}
+    if fab is None or fab.failed:
+        return {"qp": QpFacts(ran=False, why="fabric probe failed: no devices to walk",
+                              failed=f"not run: {fab.failed}" if fab else "not run")}
+    if not fab.devices:
+        return {"qp": QpFacts(ran=False, why="no RDMA device to open")}
+    try:
+        from afddiag.probes.qp import probe_qp
+    except ImportError as e:
+        return {"qp": QpFacts(ran=False, why=f"QP probe unavailable: {e}")}
+    progress.doing = "walking QPs RESET→INIT→RTR→RTS"
+    return {"qp": probe_qp(fab, run.fabric_ip(), list(run.inputs.peers), run.inputs.timeout("qp_s"))}
+
+
+# ---------------------------------------------------------------------------------------------
+# routes to the peers and ARP sysctls
+
+
+def _fabric_netdevs(run: Run) -> list[str]:
+    fab = run.obs.fabric
+    return sorted({g.netdev for d in (fab.devices if fab else []) for p in d.ports for g in p.gids
+                   if g.netdev and g.ipv4})
+
+
+def _route_read(run: Run, progress: Any) -> dict[str, Any]:
+    """``ip -j route get <peer> from <fabric-ip>`` per peer (as ``{peer: output}``; a failure as
+    ``{"error": why}``), the whole table when capturing (peers are not known then), the ARP sysctls' root."""
+    from afddiag.probes.route import route_get, route_table
+
+    ip = run.fabric_ip()
+    peers = list(run.inputs.peers)
+    t = min(3.0, float(run.inputs.probe_timeout_s or 3.0))
+    got = {}
+    for p in peers:
+        progress.doing = f"ip route get {p}"
+        got[p] = route_get(p, ip, t)
+    table = None
+    src = run.host.route
+    if run.capturing and src is not None:
+        progress.doing = "ip route show table all"
+        table = route_table(t) if src is LIVE else src()
+    return {"ip-route-get.json": got if peers else None, "ip-route.json": table, "proc/sys/net/ipv4/conf": run.host.root,
+            "route_source": "ip route get"}
+
+
+def _route_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.probes.route import read_sysctls, route_from_get_json, routes_from_table
+
+    facts = RouteFacts(fabric_ip=run.fabric_ip())
+    peers = list(run.inputs.peers)
+    got, table = r.get("ip-route-get.json"), r.get("ip-route.json")
+    if got is not None:
+        src = r.get("route_source") or "ip-route-get.json"
+        by_peer: dict[str, Any] = {}
+        if isinstance(got, dict):
+            by_peer = got
+        elif isinstance(got, list):
+            for item in got:
+                obj = item[0] if isinstance(item, list) and item else item
+                if isinstance(obj, dict) and obj.get("dst"):
+                    by_peer[obj["dst"]] = obj
+        for p in peers:
+            if p in by_peer:
+                facts.routes.append(route_from_get_json(p, by_peer[p], src))
+            elif table is not None:
+                facts.routes += routes_from_table([p], table, "ip-route.json (longest prefix)")
+            else:
+                facts.routes.append(route_from_get_json(p, {"error": "not captured in ip-route-get.json"}, src))
+        facts.routes_captured = bool(peers)
+    elif table is not None:
+        facts.routes = routes_from_table(peers, table, "ip-route.json (longest prefix)")
+        facts.notes.append("routes looked up in ip-route.json (main table; policy rules not seen)")
+        facts.routes_captured = bool(peers)
+    elif peers and not run.live:
+        facts.notes.append("routes not captured (no ip-route-get.json or ip-route.json in the snapshot)")
+    conf_root = r.get("proc/sys/net/ipv4/conf")
+    if conf_root is not None and os.path.isdir(os.path.join(conf_root, "proc/sys/net/ipv4/conf")):
+        progress.doing = "reading the ARP sysctls"
+        facts.conf, facts.effective = read_sysctls(conf_root, _fabric_netdevs(run))
+        facts.sysctl_captured = True
+    else:
+        facts.notes.append("ARP sysctls not captured (no proc/sys/net/ipv4/conf)")
+    facts.notes += [n for n in r.get("notes") or []]
+    return {"route": facts}
+
+
+def _route_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: list[str]) -> None:
+    """``proc/sys/net/ipv4/conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` for every netdev."""
+    root = _root(run)
+    conf = os.path.join(root, "proc", "sys", "net", "ipv4", "conf")
+    netdevs = _names(os.path.join(root, "sys", "class", "net"))
+    for nd in ["all"] + [n for n in netdevs if n != "all"]:
+        for a in SYSCTLS:
+            v = _try(run, f"{conf}/{nd}/{a}")
+            if v is not None:
+                files[f"proc/sys/net/ipv4/conf/{nd}/{a}"] = (v + "\n").encode("utf-8", "replace")
+
+
+def _route_failed(why: str) -> dict[str, Any]:
+    return {"route": RouteFacts(captured=False, notes=[why])}
+
+
+# ---------------------------------------------------------------------------------------------
+# versions (kernel, BIOS, rdma-core, HCA firmware)
+
+
+def _dmi(run: Run, name: str) -> str | None:
+    return _try(run, os.path.join(_root(run), "sys", "class", "dmi", "id", name)) or None
+
+
+def _versions_read(run: Run, progress: Any) -> dict[str, Any]:
+    import platform
+
+    from afddiag import __version__
+
+    src = run.host
+    progress.doing = "reading the kernel, BIOS and rdma-core versions"
+    if src.rdma_core is LIVE:
+        from afddiag.probes.route import rdma_core_version
+
+        rdma = rdma_core_version()
+    else:
+        rdma = src.rdma_core() or {}
+    ib = os.path.join(src.root, "sys", "class", "infiniband")
+    fw = {h: v for h in _names(ib) if (v := _try(run, f"{ib}/{h}/fw_ver")) is not None}
+    gpu = (run.readings.get("gpu") or {}).get("gpu.json") or {}
+    osrel = _try(run, os.path.join(src.root, "proc", "sys", "kernel", "osrelease"))
+    return {"versions.json": {
+        "kernel": osrel or (platform.release() if src.root == "/" else None),
+        "bios": _dmi(run, "bios_version"),
+        "rdma_core": rdma.get("version"),
+        "rdma_core_source": rdma.get("source"),
+        "driver": gpu.get("driver_version"),
+        "cuda_driver": gpu.get("cuda_driver_version"),
+        "bios_vendor": _dmi(run, "bios_vendor"),
+        "bios_date": _dmi(run, "bios_date"),
+        "board": {k: _dmi(run, k) for k in ("sys_vendor", "product_name", "board_name")},
+        "hca_firmware": fw,
+        "afddiag": __version__,
+        "python": platform.python_version(),
+    }, "proc/sys/kernel/osrelease": osrel}
+
+
+def _versions_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    out: dict[str, str | None] = {"kernel": None, "bios": None, "rdma_core": None}
+    raw = r.get("versions.json")
+    if isinstance(raw, dict):
+        out.update({k: str(v)[:200] for k, v in raw.items() if k in out and v is not None})
+    for key, name in (("kernel", "proc/sys/kernel/osrelease"), ("bios", "sys/class/dmi/id/bios_version")):
+        v = r.get(name)
+        if not out[key] and isinstance(v, str) and v.strip():
+            out[key] = v.strip()
+    return {"versions": out}
+
+
+def _versions_failed(why: str) -> dict[str, Any]:
+    return {"versions": None}
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs (NVML, the CUDA driver) and the load probe
+
+
+def wants_load(inputs: Any) -> bool:
+    """--load, or a playbook that turns the slow-state load probe on."""
+    return bool(inputs.load or (inputs.playbook and inputs.playbook.load_probe))
+
+
+def _gpu_bound(run: Run) -> float:
+    t = run.inputs.timeout("gpu_s") + 2.0  # read_gpu bounds its own NVML/CUDA worker; this catches a hang outside it
+    return t + (run.inputs.timeout("load_s") * 8 + 5 if wants_load(run.inputs) else 0)
+
+
+def _gpu_read(run: Run, progress: Any) -> dict[str, Any]:
+    from afddiag import collect
+
+    src = run.host.gpu
+    if src is None:
+        return {"gpu.json": None}
+    progress.doing = "reading GPUs (NVML, CUDA driver)"
+    if src is LIVE:
+        from afddiag.probes.gpu import read_gpu
+
+        readings = read_gpu(timeout_s=run.inputs.timeout("gpu_s"), xid_log=run.inputs.xid_log)
+    else:
+        readings = src()
+    if isinstance(readings, dict) and wants_load(run.inputs) and readings.get("devices"):
+        from afddiag.probes.load import attach_load
+
+        progress.doing = "running the GPU load probe"
+        t = run.inputs.timeout("load_s") * len(readings["devices"])
+        _, failed = collect.guarded(lambda: attach_load(readings, run.inputs.load_budget_s), t, "GPU load probe")
+        if failed:
+            readings["load_failed"] = failed
+            for d in readings["devices"]:
+                if not isinstance(d.get("under_load"), dict):
+                    d["under_load"] = {"why": failed}
+    return {"gpu.json": readings if isinstance(readings, dict) else None}
+
+
+def _gpu_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.gpu import gpu_facts_from_readings
+
+    raw = r.get("gpu.json")
+    if raw is None:
+        return {"gpu": GpuFacts(captured=False, why="GPU not captured (no gpu.json in the snapshot)")}
+    try:
+        return {"gpu": gpu_facts_from_readings(raw)}
+    except Exception as e:  # noqa: BLE001 - odd readings must not stop the run
+        why = f"GPU readings not usable ({type(e).__name__}: {e})"
+        return {"gpu": GpuFacts(available=False, why=why, failed=why)}
+
+
+def _gpu_failed(why: str) -> dict[str, Any]:
+    return {"gpu": GpuFacts(available=False, why=why, failed=why)}
+
+
+# ---------------------------------------------------------------------------------------------
+# host CPU (cpufreq, a fixed-work loop)
+
+
+def _cpu_read(run: Run, progress: Any) -> dict[str, Any]:
+    src = run.host.cpu
+    if src is None:
+        return {"cpu.json": None}
+    progress.doing = "reading cpufreq and running the fixed-work loop"
+    if src is LIVE:
+        from afddiag.probes.cpu import read_cpu
+
+        return {"cpu.json": read_cpu()}
+    return {"cpu.json": src()}
+
+
+def _cpu_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    raw = r.get("cpu.json")
+    return {"cpu": raw if isinstance(raw, dict) else None}
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("host", "hostname", "limits_s", (Artifact("host", "text", 4096), Artifact("case.json")),
+          _host_read, _host_facts, lambda why: {}),
+    Probe("env", "environment", "limits_s", (Artifact("env", "text"),), _env_read, _env_facts, lambda why: {}),
+    Probe("limits", "limits probe (getrlimit, /dev/infiniband)", "limits_s", (Artifact("limits.json"),),
+          _limits_read, _limits_facts,
+          lambda why: {"limits": HostLimits(captured=False, failed=why, notes=[why])}, frozenset({"launch"})),
+    Probe("image", "image probe (docker|podman image inspect)", lambda run: run.inputs.timeout("image_s") + 1.0,
+          (Artifact("image.json"),), _image_read, _image_facts,
+          lambda why: {"image": ImageFacts(why=why, failed=why)}, frozenset({"launch", "gpu"}), _image_wanted),
+    Probe("fabric", "fabric probe (sysfs)", "fabric_s",
+          (Artifact("sys", "tree"), Artifact("rdma-dev.json"), Artifact("ip-addr.json")),
+          _fabric_read, _fabric_facts, _fabric_failed, frozenset({"fabric"}), copy=_fabric_copy),
+    Probe("qp", "QP probe", _qp_bound, (), _qp_read, lambda run, r, progress: {"qp": r["qp"]},
+          lambda why: {"qp": QpFacts(ran=False, why=why, failed=why)}, frozenset({"fabric"}), live_only=True,
+          replay=lambda run: {"qp": QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")}),
+    Probe("route", "route probe (ip route get, ARP sysctls)", "fabric_s",
+          (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("proc/sys/net/ipv4/conf", "tree")),
+          _route_read, _route_facts, _route_failed, frozenset({"fabric"}), copy=_route_copy),
+    Probe("gpu", "GPU probe (NVML, CUDA driver)", _gpu_bound, (Artifact("gpu.json"),), _gpu_read, _gpu_facts,
+          _gpu_failed, frozenset({"gpu"})),
+    Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _cpu_read, _cpu_facts,
+          lambda why: {"cpu": {"why": why, "failed": why}}, frozenset({"host"})),
+    Probe("versions", "version probe (kernel, BIOS, rdma-core)", "fabric_s",
+          (Artifact("versions.json"), Artifact("proc/sys/kernel/osrelease", "text", 4096),
+           Artifact("sys/class/dmi/id/bios_version", "text", 4096)),
+          _versions_read, _versions_facts, _versions_failed),
+)
+
+def layout_hint() -> str:
+    """The main files of a snapshot folder, for an error message: ``sys/, rdma-dev.json, ...``."""
+    names = [a.name + ("/" if a.kind == "tree" else "") for p in PROBES for a in p.artifacts
+             if p.name in ("env", "fabric", "gpu")]
+    return ", ".join(names)
+
+
+#: What `afddiag capture` writes besides the probes' artifacts (``capture.json``: what was captured, notes).
+CAPTURE_MANIFEST = "capture.json"

@@ -1,0 +1,199 @@
+"""The runner: one loop over the probe registry for a live run, a capture and a replay, then the gates.
+
+``diagnose(inputs) -> (report, observation)`` is what every command runs (fabric, gpu, all,
+preflight, devicemap): the probes of ``inputs.families`` (:data:`afddiag.probes.registry.PROBES`,
+each under its time bound; a probe that times out or crashes records why and the run goes on),
+the fabric IP resolved once (:mod:`afddiag.endpoint`), the gates, the JSON report.
+:func:`capture` runs the same probes' live reads and returns the bundle's files. The CLI only
+parses options and renders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from afddiag import collect
+from afddiag.collect import Progress, SnapshotError
+from afddiag.model.run import Inputs, Observation
+
+
+def _probes(families: frozenset[str] | set[str], live_only_ok: bool = True):
+    from afddiag.probes.registry import PROBES
+
+    return [p for p in PROBES if p.runs_for(families) and (live_only_ok or not p.live_only)]
+
+
+def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Observation:
+    """The facts of one run: this host (``host``: :class:`~afddiag.probes.registry.Sources`, default
+    this machine) or, when ``inputs.snapshot`` names a folder, the snapshot (a capture bundle is
+    opened by :func:`observe` first). Only the probes feeding ``inputs.families`` run (of them, only
+    the probes named in ``only`` when given). Raises
+    :class:`~afddiag.collect.SnapshotError` when the snapshot folder does not exist."""
+    from afddiag.probes import registry
+
+    if inputs.snapshot:
+        root = Path(inputs.snapshot)
+        if not root.is_dir():
+            raise SnapshotError(f"snapshot {root}: not a directory (give a folder holding {registry.layout_hint()})")
+        obs = Observation(host=root.name, source=f"snapshot {root}")
+        run = registry.Run(inputs, obs, root=root)
+    else:
+        import socket
+
+        obs = Observation(host=socket.gethostname(), source="live")
+        run = registry.Run(inputs, obs, host=host or registry.Sources())
+    part_s = inputs.timeout("fabric_s")  # one snapshot part's read: --timeout bounds it too
+    for p in _probes(inputs.families):
+        if (only is not None and p.name not in only) or not p.wanted(run):
+            continue
+        if p.live_only and not run.live:
+            _set(obs, p.replay(run) if p.replay else {})
+            continue
+        progress = Progress()
+        readings: dict[str, Any] = {}
+
+        def step(p=p, progress=progress, readings=readings) -> dict[str, Any]:
+            readings.update(p.read(run, progress) if run.live else registry.load(p, run.root, part_s))
+            if readings.get("refused"):  # a snapshot part that is there but refused: its gates say ERROR
+                return p.failed("; ".join(readings["refused"]))
+            return p.facts(run, readings, progress)
+
+        what = p.what if run.live else f"{p.what} (snapshot)"
+        fields, failed = collect.guarded(step, p.bound_s(run), what, progress)
+        if failed:
+            fields = p.failed(failed)
+            if p.name == "route":
+                obs.notes.append(failed)
+        elif not run.live and p.name not in ("fabric", "route"):
+            obs.notes.extend(readings.get("notes") or [])
+        run.readings[p.name] = readings
+        _set(obs, fields)
+    if inputs.families & {"gpu", "host"}:
+        _load_baseline(obs, inputs)
+    return obs
+
+
+def _set(obs: Observation, fields: dict[str, Any]) -> None:
+    for k, v in fields.items():
+        setattr(obs, k, v)
+
+
+def _load_baseline(obs: Observation, inputs: Inputs) -> None:
+    """The host's recorded baseline: live runs read the state directory's (or --baseline); a
+    snapshot replay reads only an explicit --baseline, since this machine's baseline is not the
+    captured host's (replays give the same verdicts anywhere)."""
+    from afddiag import baseline
+
+    if inputs.snapshot and not inputs.baseline_path:
+        obs.baseline, obs.baseline_why = None, "a replay uses no local baseline (give --baseline to compare)"
+        return
+    obs.baseline, obs.baseline_why = baseline.load(inputs.baseline_path, strict=bool(inputs.baseline_path))
+
+
+@contextlib.contextmanager
+def opened(inputs: Inputs):
+    """``inputs`` with a capture bundle (``.tar.gz``) snapshot extracted safely to a temporary folder
+    (removed on exit); a folder or a live run as is. Raises :class:`~afddiag.collect.SnapshotError`
+    for a bundle that is missing or refused."""
+    from afddiag.bundle import is_bundle
+
+    if inputs.snapshot and is_bundle(inputs.snapshot):
+        with collect.opened_snapshot(inputs.snapshot) as root:
+            yield dataclasses.replace(inputs, snapshot=root)
+    else:
+        yield inputs
+
+
+def observe(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Observation:
+    """:func:`gather`, a capture bundle opened first (its source named as the bundle)."""
+    with opened(inputs) as inp:
+        obs = gather(inp, host, only)
+    if inp.snapshot != inputs.snapshot:
+        obs.source = f"snapshot {inputs.snapshot}"
+    return obs
+
+
+def diagnose(inputs: Inputs, host: Any = None) -> tuple[dict, Observation]:
+    """Gather (:func:`gather`), resolve the fabric IP, run the gates of ``inputs.families`` →
+    ``(JSON report, observation)``. A capture bundle (``.tar.gz``) is extracted safely once and its
+    folder named as the bundle in the report. Raises :class:`~afddiag.collect.SnapshotError` for a
+    snapshot that does not exist or a bundle that is refused."""
+    with opened(inputs) as inp:
+        obs = gather(inp, host)
+        rep = judge(inp, obs)
+    if inp.snapshot != inputs.snapshot:
+        obs.source = rep["source"] = f"snapshot {inputs.snapshot}"
+        rep = collect.relabel(rep, inp.snapshot, str(inputs.snapshot))
+    return rep, obs
+
+
+def judge(inputs: Inputs, obs: Observation) -> dict:
+    """The gates of ``inputs.families`` over ``obs`` → the JSON report."""
+    from afddiag import report
+    from afddiag.endpoint import resolve_fabric_ip
+    from afddiag.gates import Context, run_gates
+
+    fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
+    verdicts = run_gates(Context(obs, inputs, fip), set(inputs.families))
+    notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
+    return report.build(
+        verdicts, obs.host, obs.source,
+        {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
+         "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
+         "env": obs.env, "role": (inputs.playbook.name if inputs.playbook else "generic"),
+         "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
+        obs.fabric, notes,
+        {"fabric": obs.fabric, "qp": obs.qp,
+         "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
+         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions})
+
+
+def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[dict[str, bytes], str, list[str]]:
+    """Read everything the probes read (every probe a capture can hold: the QP walk aside) from
+    ``host`` (default this machine) → (``{relative path: bytes}``, host name, notes).
+
+    Each probe runs under ``timeout_s``; one that fails or times out leaves its files out (a tree
+    is merged only when it was read whole) and a note. Never raises for a host problem."""
+    import datetime as _dt
+    import json
+
+    from afddiag import __version__
+    from afddiag.probes import registry
+
+    obs = Observation(host="unknown", source="capture")
+    run = registry.Run(inputs, obs, host=host or registry.Sources(), capturing=True)
+    files: dict[str, bytes] = {}
+    notes: list[str] = []
+    for p in registry.PROBES:
+        if p.live_only or not p.wanted(run):
+            continue
+        progress = Progress()
+        part: dict[str, bytes] = {}
+        part_notes: list[str] = []
+        readings: dict[str, Any] = {}
+
+        def step(p=p, progress=progress, part=part, part_notes=part_notes, readings=readings) -> dict[str, Any]:
+            readings.update(p.read(run, progress))
+            registry.dump(p, readings, part)
+            if p.copy is not None:
+                p.copy(run, readings, part, part_notes)
+            return p.facts(run, readings, progress) if p.name == "host" else {}
+
+        fields, failed = collect.guarded(step, timeout_s, p.what, progress)
+        if failed:
+            notes.append(failed)
+            continue
+        run.readings[p.name] = readings
+        files.update(part)
+        notes.extend(part_notes + list(readings.get("notes") or []))
+        _set(obs, fields)
+    files.setdefault("host", b"unknown\n")
+    files[registry.CAPTURE_MANIFEST] = (json.dumps(
+        {"afddiag_version": __version__, "host": obs.host,
+         "captured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+         "order_source": (run.readings.get("fabric") or {}).get("order_source", "failed"),
+         "files": sorted(files) + [registry.CAPTURE_MANIFEST], "notes": notes}, indent=2, default=str) + "\n").encode()
+    return files, obs.host, notes

@@ -1,0 +1,186 @@
+"""One runner, one probe registry: a live run, a capture and a replay read through the same code.
+
+- every snapshot artifact name lives in one module (the registry);
+- a live run from fake host sources and the replay of their capture give the same facts and verdicts;
+- `gpu`/`fabric` and `all` give the same verdicts for the gates they share, on every shared case;
+- `gpu --snapshot` reads the image the snapshot holds; `gpu --launch-env` with AFD_IMAGE inspects it;
+- the gates and the probes do not import the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from afddiag.cli import cli
+from afddiag.model import to_jsonable
+from afddiag.model.run import Inputs
+from afddiag.probes import registry
+from afddiag import runner
+from conftest import CASES, REPO, case_dirs, load_case
+from test_capture import case_args, case_sources
+
+FABRIC = case_dirs("fabric")
+GPU = case_dirs("gpu")
+IDS = [f"{p.parent.name}/{p.name}" for p in FABRIC + GPU]
+
+
+def run_json(args):
+    res = CliRunner().invoke(cli, args + ["--json", "--no-history"], standalone_mode=False, catch_exceptions=False)
+    return json.loads(res.stdout), res.return_value
+
+
+def test_each_artifact_name_is_in_one_module_only():
+    names = {a.name for p in registry.PROBES for a in p.artifacts if a.kind == "json"} | {registry.CAPTURE_MANIFEST}
+    assert {"ip-addr.json", "rdma-dev.json", "image.json", "gpu.json", "limits.json", "versions.json"} <= names
+    sources = {p: p.read_text(encoding="utf-8") for p in (REPO / "afddiag").rglob("*") if p.is_file()
+               and p.suffix in (".py", ".json", ".toml", ".md")}
+    for name in sorted(names):
+        where = sorted(str(p.relative_to(REPO)) for p, text in sources.items() if name in text)
+        assert where == ["afddiag/probes/registry.py"], (name, where)
+
+
+def test_registry_entries_are_complete():
+    seen = set()
+    for p in registry.PROBES:
+        assert p.name not in seen and p.what and callable(p.read) and callable(p.facts) and callable(p.failed)
+        seen.add(p.name)
+        for a in p.artifacts:
+            assert a.kind in ("json", "text", "tree"), (p.name, a)
+            assert a.kind != "tree" or p.copy is not None or p.name == "fabric", (p.name, a)  # a tree is copied
+        assert p.live_only == (not p.artifacts), p.name
+        assert not p.live_only or p.replay is not None, p.name
+    assert "how to add a probe" in registry.__doc__.lower()
+
+
+def _facts(obs) -> dict:
+    """The facts of an observation without the labels that name where they came from."""
+    out = to_jsonable({"fabric": obs.fabric, "gpu": obs.gpu, "limits": obs.limits, "image": obs.image,
+                       "route": obs.route, "versions": obs.versions, "cpu": obs.cpu, "env": obs.env, "host": obs.host})
+    if out["fabric"]:
+        out["fabric"].pop("order_source")
+        out["fabric"].pop("addresses_source")
+        out["fabric"]["notes"] = [n for n in out["fabric"]["notes"] if "device index order" not in n]
+    if out["gpu"]:
+        out["gpu"].pop("readings")
+    for r in (out["route"] or {}).get("routes", []):
+        r.pop("source")
+    return out
+
+
+@pytest.mark.parametrize("case", FABRIC + GPU, ids=IDS)
+def test_live_run_and_replay_of_its_capture_see_the_same(case, tmp_path):
+    """The live loop over fake host sources (a case) and the replay of the capture of those sources:
+    the same facts (source labels aside) and the same verdicts (QP walk aside)."""
+    meta = load_case(case)
+    peers = meta.get("peer_fabric_ips") or []
+    src = case_sources(case, route=None)
+    inputs = Inputs(fabric_ip=meta.get("fabric_ip"), peers=list(peers), run_qp=False)
+    # ip route get is not faked: no peers for the live side, so both judge "no peer given"
+    inputs.peers = []
+    live_rep, live_obs = runner.diagnose(inputs, host=src)
+    files, _, _ = runner.capture(inputs, src)
+    snap = tmp_path / "snap"
+    for rel, data in files.items():
+        (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+        (snap / rel).write_bytes(data)
+    import dataclasses
+
+    replay_rep, replay_obs = runner.diagnose(dataclasses.replace(inputs, snapshot=str(snap)))
+    a, b = _facts(live_obs), _facts(replay_obs)
+    b["env"] = {k: v for k, v in b["env"].items() if k in a["env"] or not k.startswith("AFD_")}
+    assert {k: v for k, v in b["env"].items() if k in ("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", "NCCL_IB_HCA",
+                                                          "NCCL_IB_GID_INDEX")} == a["env"]
+    a.pop("env"), b.pop("env")
+    skip = ("fabric.qp-rtr",)
+    if not (case / "sys").is_dir():  # a GPU case has no sysfs at all, which no live host lacks: nothing to compare
+        a.pop("fabric"), b.pop("fabric")
+        skip = ("fabric.",)
+    assert a == b
+    verdicts = lambda rep: {g["id"]: g["verdict"] for g in rep["gates"] if not g["id"].startswith(skip)}  # noqa: E731
+    assert verdicts(live_rep) == verdicts(replay_rep)
+
+
+SHARED = {"gpu": "gpu", "fabric": "fabric"}
+
+
+@pytest.mark.parametrize("case", FABRIC + GPU, ids=IDS)
+def test_family_commands_and_all_agree_on_shared_gates(case):
+    """Every shared case through its family command and `all`: the same verdict for every gate both run."""
+    args = ["--snapshot", str(case)] + case_args(case)
+    both = {}
+    for cmd in ("fabric", "gpu", "all"):
+        extra = [] if cmd != "gpu" else [a for a in args if a not in case_args(case)]
+        rep, _ = run_json([cmd] + (args if cmd != "gpu" else extra))
+        both[cmd] = {g["id"]: (g["verdict"], g["summary"]) for g in rep["gates"]}
+    for fam in ("fabric", "gpu"):
+        shared = set(both[fam]) & set(both["all"])
+        assert shared and all(g.startswith(fam + ".") for g in shared), fam
+        assert {g: both[fam][g] for g in shared} == {g: both["all"][g] for g in shared}, (fam, case.name)
+
+
+GB10_IMAGE = {"RepoTags": ["registry.example/afd/expert:2026.11"],
+              "Config": {"Labels": {"afd.export.sm_count": "48"},
+                         "Env": ["CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0", "TORCH_CUDA_ARCH_LIST=12.0a"]}}
+
+
+def test_gpu_snapshot_with_image_judges_image_arch(tmp_path):
+    snap = tmp_path / "snap"
+    shutil.copytree(CASES / "gpu" / "01-gb10-healthy-unified-memory", snap)
+    (snap / "image.json").write_text(json.dumps([GB10_IMAGE]))
+    for cmd in ("gpu", "all"):
+        rep, code = run_json([cmd, "--snapshot", str(snap)])
+        g = next(g for g in rep["gates"] if g["id"] == "gpu.image-arch")
+        assert g["verdict"] == "FAIL" and "sm_121" in g["summary"] and "sm_120a" in g["summary"], (cmd, g)
+        assert code == 2
+
+
+def test_gpu_launch_env_with_image_inspects_it(tmp_path, monkeypatch):
+    """`gpu --launch-env F` with AFD_IMAGE in F: the image probe runs (here docker answers from a fake)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    docker = bindir / "docker"
+    docker.write_text("#!/bin/sh\n[ \"$3\" = registry.example/afd/expert:sm120 ] || exit 1\ncat <<'EOF'\n"
+                      + json.dumps([GB10_IMAGE]) + "\nEOF\n")
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    env = tmp_path / "l.env"
+    env.write_text("AFD_IMAGE=registry.example/afd/expert:sm120\n")
+    snap = tmp_path / "snap"
+    shutil.copytree(CASES / "gpu" / "01-gb10-healthy-unified-memory", snap)
+    # a snapshot without image.json, with the launch env's AFD_IMAGE: "not captured", not "no AFD_IMAGE"
+    rep, _ = run_json(["gpu", "--snapshot", str(snap), "--launch-env", str(env)])
+    g = next(g for g in rep["gates"] if g["id"] == "gpu.image-arch")
+    assert g["verdict"] == "SKIP" and "not captured" in g["summary"] and "no AFD_IMAGE" not in g["summary"], g
+    # live: the image probe inspects it
+    obs = runner.gather(Inputs(launch_env={"AFD_IMAGE": "registry.example/afd/expert:sm120"}, launch_env_path=str(env),
+                               families=frozenset({"gpu"})))
+    assert obs.image is not None and obs.image.source == "docker" and obs.image.ref.endswith(":sm120")
+    assert obs.image.env["TORCH_CUDA_ARCH_LIST"] == "12.0a"
+
+
+def test_gates_and_probes_do_not_import_the_runner():
+    code = ("import sys, afddiag.gates, afddiag.gates.fabric, afddiag.gates.gpu, afddiag.probes.route, "
+            "afddiag.probes.registry, afddiag.endpoint; "
+            "print(sorted(m for m in sys.modules if m in ('afddiag.runner', 'afddiag.cli', 'click')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.strip() == "[]"
+    for path in list((REPO / "afddiag" / "gates").glob("*.py")) + list((REPO / "afddiag" / "probes").glob("*.py")):
+        assert not re.search(r"from afddiag(\.runner| import runner)|import afddiag\.runner", path.read_text()), path
+
+
+def test_endpoint_is_decided_in_one_place():
+    """The fabric IP / endpoint choices live in afddiag/endpoint.py; the other modules call it."""
+    for path in (REPO / "afddiag").rglob("*.py"):
+        if path.name == "endpoint.py":
+            continue
+        text = path.read_text()
+        for fn in ("def resolve_fabric_ip", "def choose_sgid", "def choose_port", "def launch_exports",
+                   "def device_map"):
+            assert fn not in text, (path, fn)
