@@ -18,7 +18,7 @@ import stat
 import threading
 from typing import Any
 
-MAX_JSON_BYTES = 64 << 20  # a gpu.json with Xid events is ~100 KiB; a 10k-device ip-addr.json ~10 MiB
+MAX_JSON_BYTES = 64 << 20  # GPU readings with Xid events are ~100 KiB; 10k netdev addresses ~10 MiB
 MAX_TEXT_BYTES = 1 << 20  # env files, inventories, a host name, one sysctl
 MAX_DEPTH = 64  # the deepest JSON afddiag writes (a report's facts) nests ~10 levels
 TIMEOUT_S = 30.0  # one file; a capped regular file reads in well under a second
