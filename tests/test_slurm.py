@@ -185,7 +185,7 @@ def test_scontrol_failure_is_reported_and_the_exit_code_kept(slurm_node, monkeyp
 
 def test_no_load_turns_the_playbooks_load_probe_off():
     from afddiag.cli import make_inputs
-    from afddiag.collect import wants_load
+    from afddiag.model.run import wants_load
 
     assert wants_load(make_inputs(role="expert"))
     assert not wants_load(make_inputs(role="expert", no_load=True))

@@ -73,3 +73,8 @@ class Observation:
     route: RouteFacts | None = None  # None: not probed
     versions: dict[str, Any] | None = None  # kernel, bios, rdma_core; None: not read
     notes: list[str] = field(default_factory=list)
+
+
+def wants_load(inputs: Inputs) -> bool:
+    """--load, or a playbook that turns the slow-state load probe on (--no-load turned it off)."""
+    return bool(inputs.load or (inputs.playbook and inputs.playbook.load_probe))

@@ -51,6 +51,7 @@ from afddiag.model import to_jsonable
 from afddiag.model.fabric import FabricFacts, QpFacts, RouteFacts, is_empty_gid
 from afddiag.model.gpu import GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts
+from afddiag.model.run import wants_load
 
 # ---------------------------------------------------------------------------------------------
 # Where live readings come from (a test replaces any of them)
@@ -719,11 +720,6 @@ def _versions_failed(why: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # GPUs (NVML, the CUDA driver) and the load probe
-
-
-def wants_load(inputs: Any) -> bool:
-    """--load, or a playbook that turns the slow-state load probe on."""
-    return bool(inputs.load or (inputs.playbook and inputs.playbook.load_probe))
 
 
 def _gpu_bound(run: Run) -> float:
