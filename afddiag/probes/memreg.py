@@ -1,0 +1,453 @@
+"""Memory-registration probe: which memory the NIC can register on this host.
+
+Reads, each part recording why it could not instead of raising:
+
+- the NVIDIA driver: ``/proc/driver/nvidia/version`` (its first line; "Open Kernel Module" means the
+  open GPU kernel module, which dma-buf export needs), whether ``nvidia_peermem`` is loaded
+  (``/sys/module/nvidia_peermem``);
+- the Spark registration-bug signature (NVIDIA NV-Kernels PR 591): ``CmaTotal``/``CmaFree`` from
+  ``/proc/meminfo`` (kB) and whether ``/proc/cmdline`` holds ``kho=off``; the kernel release;
+- RLIMIT_MEMLOCK (an ENOMEM from the registration count means nothing when the limit is what stopped it);
+- CUDA (``libcuda.so.1``): per device ``CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`` (116),
+  ``CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`` (124), ``CU_DEVICE_ATTRIBUTE_INTEGRATED`` (18); on the
+  first device, a 2 MiB ``cuMemAlloc`` buffer exported as a dma-buf fd with
+  ``cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)``;
+- verbs (pyverbs), per RDMA device: a 1 MiB host ``MR`` (``ibv_reg_mr``), the dma-buf fd registered as a
+  ``DmaBufMR`` (``ibv_reg_dmabuf_mr``) when the export worked, and a bounded count of N x 1 MiB host
+  registrations held at once (how far it got, and the errno that stopped it).
+
+Every MR, PD and device context is closed in reverse order, the dma-buf fd closed, the CUDA buffer
+freed and the primary context released. EOPNOTSUPP (95) is recorded as "this device cannot", never as
+a breakage. The readings are plain JSON (``memreg.json`` in a capture); :func:`memreg_facts` makes facts.
+
+``python -m afddiag.probes.memreg`` prints the readings as JSON.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
+CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
+CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
+EXPORT_BYTES = 2 << 20  # one 2 MiB buffer: cuMemAlloc's granularity, page aligned as the export needs
+HOST_MR_BYTES = 1 << 20
+COUNT_DEFAULT = 64  # N x 1 MiB held at once (64 MiB)
+
+
+def _read_first_line(path: Path) -> tuple[str | None, str | None]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip(), None
+    except OSError as e:
+        return None, f"{path}: {e.strerror or e}"
+
+
+def read_driver(root: str = "/") -> dict[str, Any]:
+    """The NVIDIA kernel driver as ``/proc/driver/nvidia/version`` and ``/sys/module`` show it:
+    ``{"version": first line | None, "open_kernel_module": bool | None, "peermem_loaded": bool,
+    "notes": [...]}`` (``cat /proc/driver/nvidia/version; lsmod | grep nvidia_peermem``)."""
+    r = Path(root)
+    out: dict[str, Any] = {"notes": []}
+    line, why = _read_first_line(r / "proc/driver/nvidia/version")
+    out["version"] = line
+    out["open_kernel_module"] = None if line is None else ("Open Kernel Module" in line)
+    if why:
+        out["notes"].append(f"{why} (no NVIDIA kernel driver loaded?)")
+    out["peermem_loaded"] = (r / "sys/module/nvidia_peermem").is_dir()
+    return out
+
+
+def read_cma(root: str = "/") -> dict[str, Any]:
+    """The Spark registration-bug signature: ``{"cma_total_kb", "cma_free_kb", "kho_off": bool | None,
+    "kernel_release", "notes"}`` from ``/proc/meminfo``, ``/proc/cmdline`` and
+    ``/proc/sys/kernel/osrelease`` (``grep Cma /proc/meminfo; cat /proc/cmdline``)."""
+    r = Path(root)
+    out: dict[str, Any] = {"cma_total_kb": None, "cma_free_kb": None, "kho_off": None, "kernel_release": None,
+                           "notes": []}
+    try:
+        for line in (r / "proc/meminfo").read_text(encoding="ascii", errors="replace").splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("CmaTotal", "CmaFree") and rest.split() and rest.split()[0].isdigit():
+                out["cma_total_kb" if key == "CmaTotal" else "cma_free_kb"] = int(rest.split()[0])
+    except OSError as e:
+        out["notes"].append(f"{r / 'proc/meminfo'}: {e.strerror or e}")
+    line, why = _read_first_line(r / "proc/cmdline")
+    if line is not None:
+        out["kho_off"] = "kho=off" in line.split()
+    elif why:
+        out["notes"].append(why)
+    out["kernel_release"], _ = _read_first_line(r / "proc/sys/kernel/osrelease")
+    return out
+
+
+def read_memlock() -> int | None:
+    """RLIMIT_MEMLOCK soft limit in bytes; -1 for unlimited; None when it cannot be read."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    except (OSError, ValueError):
+        return None
+    return -1 if soft == resource.RLIM_INFINITY else int(soft)
+
+
+# --- CUDA ----------------------------------------------------------------------------------------
+
+
+class _State:
+    in_call: str | None = None
+
+
+def _cuda() -> Any:
+    """The load probe's typed libcuda binding (one binding for the package), or raises OSError."""
+    from afddiag.probes import load
+
+    cu = load._Cuda(load._load_libcuda(), _State())
+    fn = getattr(cu.lib, "cuMemGetHandleForAddressRange", None)
+    if fn is not None:
+        try:
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_ulonglong)
+            fn.restype = ctypes.c_int
+        except (AttributeError, TypeError):
+            pass
+    return cu
+
+
+def read_cuda(export: bool = True, cuda_factory: Any = None) -> tuple[dict[str, Any], Any]:
+    """CUDA attributes per device and, with ``export``, a dma-buf export of a 2 MiB ``cuMemAlloc``
+    buffer on device 0. Returns ``(readings, held)``: ``held`` is ``None`` or an object with ``fd``
+    (the exported dma-buf fd, still open), ``size`` and ``release()`` (closes the fd, frees the
+    buffer, releases the context); the caller registers the fd, then calls ``release()``.
+
+    ``readings``: ``{"devices": [{"ordinal", "name", "integrated", "gpu_direct_rdma_supported",
+    "dma_buf_supported"}], "dmabuf_export": {"ordinal", "bytes", "ok", "error"} | None, "why"?}``.
+    Never raises."""
+    out: dict[str, Any] = {"devices": [], "dmabuf_export": None}
+    try:
+        cu = (cuda_factory or _cuda)()
+        cu("cuInit", 0)
+        n = ctypes.c_int()
+        cu("cuDeviceGetCount", ctypes.byref(n))
+    except Exception as e:  # noqa: BLE001 - no driver, no GPU: a fact
+        out["why"] = f"CUDA not usable: {e}"
+        return out, None
+    for i in range(n.value):
+        d: dict[str, Any] = {"ordinal": i}
+        try:
+            dev = ctypes.c_int()
+            cu("cuDeviceGet", ctypes.byref(dev), i)
+            name = ctypes.create_string_buffer(256)
+            cu("cuDeviceGetName", name, 256, dev.value)
+            d["name"] = name.value.decode("utf-8", "replace")
+            for key, attr in (("integrated", CU_DEVICE_ATTRIBUTE_INTEGRATED),
+                              ("gpu_direct_rdma_supported", CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED),
+                              ("dma_buf_supported", CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)):
+                try:
+                    d[key] = bool(cu.attr(attr, dev.value))
+                except Exception as e:  # noqa: BLE001 - an older driver lacks the attribute
+                    d[key] = None
+                    d.setdefault("notes", []).append(f"attribute {attr}: {e}")
+        except Exception as e:  # noqa: BLE001
+            d["why"] = str(e)
+        out["devices"].append(d)
+    if not export or not out["devices"]:
+        return out, None
+    return out, _export(cu, out)
+
+
+class _Held:
+    """A live dma-buf export: the fd, and what ``release`` undoes (in reverse order)."""
+
+    def __init__(self, cu: Any, dev: int, ctx: Any, ptr: int, fd: int, size: int) -> None:
+        self.cu, self.dev, self.ctx, self.ptr, self.fd, self.size = cu, dev, ctx, ptr, fd, size
+        self.released: list[str] = []
+
+    def release(self) -> list[str]:
+        """Close the fd, free the buffer, release the primary context; returns what failed (words)."""
+        failed = []
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError as e:
+                failed.append(f"close dma-buf fd: {e}")
+            self.fd = -1
+        steps = ([("cuMemFree_v2", (self.ptr,))] if self.ptr else []) + (
+            [("cuCtxSetCurrent", (None,))] if self.ctx is not None else [])
+        for name, args in steps:
+            try:
+                self.cu(name, *args)
+            except Exception as e:  # noqa: BLE001
+                failed.append(f"{name}: {e}")
+        if self.ctx is not None:
+            try:
+                self.cu(self.cu.first("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"), self.dev)
+            except Exception as e:  # noqa: BLE001
+                failed.append(f"cuDevicePrimaryCtxRelease: {e}")
+        self.ptr, self.ctx = 0, None
+        return failed
+
+
+def _export(cu: Any, out: dict[str, Any]) -> _Held | None:
+    ex: dict[str, Any] = {"ordinal": 0, "bytes": EXPORT_BYTES, "ok": False, "error": None}
+    out["dmabuf_export"] = ex
+    held = _Held(cu, 0, None, 0, -1, EXPORT_BYTES)
+    try:
+        ctx = ctypes.c_void_p()
+        cu("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), 0)
+        held.ctx = ctx
+        cu("cuCtxSetCurrent", ctx)
+        p = ctypes.c_uint64()
+        cu("cuMemAlloc_v2", ctypes.byref(p), EXPORT_BYTES)
+        held.ptr = p.value
+        if not cu.has("cuMemGetHandleForAddressRange"):
+            ex["error"] = "libcuda has no cuMemGetHandleForAddressRange (driver older than CUDA 11.7)"
+            held.release()
+            return None
+        fd = ctypes.c_int(-1)
+        cu("cuMemGetHandleForAddressRange", ctypes.byref(fd), p.value, EXPORT_BYTES,
+           CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
+        held.fd = fd.value
+        ex["ok"] = fd.value >= 0
+        if not ex["ok"]:
+            ex["error"] = f"cuMemGetHandleForAddressRange gave fd {fd.value}"
+    except Exception as e:  # noqa: BLE001 - CUDA_ERROR_NOT_SUPPORTED and the like are the fact
+        ex["error"] = str(e)
+    if not ex["ok"]:
+        failed = held.release()
+        if failed:
+            ex["release_failed"] = failed
+        return None
+    return held
+
+
+# --- verbs ---------------------------------------------------------------------------------------
+
+
+def _err(exc: BaseException) -> tuple[int | None, str]:
+    from afddiag.probes.qp import _err_code
+
+    return _err_code(exc), f"{type(exc).__name__}: {exc}"
+
+
+def _import_pyverbs() -> dict[str, Any] | None:
+    try:
+        import pyverbs.device as device
+        import pyverbs.enums as enums
+        import pyverbs.mr as mr
+        import pyverbs.pd as pd
+    except Exception:  # noqa: BLE001 - ImportError, or a pyverbs built for another Python/rdma-core
+        return None
+    return {"device": device, "enums": enums, "mr": mr, "pd": pd}
+
+
+def _access(e: Any) -> int:
+    return e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+
+
+def register_on_device(pv: dict[str, Any], name: str, count: int, deadline: float,
+                       dmabuf: _Held | None) -> dict[str, Any]:
+    """On RDMA device ``name``: a 1 MiB host MR, ``count`` x 1 MiB host MRs held at once (stops at
+    the first error or ``deadline``, a ``time.monotonic()`` value), and the dma-buf fd of ``dmabuf``
+    as a DmaBufMR. Everything created is closed in reverse order. Never raises."""
+    e = pv["enums"]
+    res: dict[str, Any] = {"name": name, "host_mr": None, "host_mr_count": None, "dmabuf_mr": None,
+                           "destroyed": False}
+    created: list[Any] = []
+    try:
+        try:
+            ctx = pv["device"].Context(name=name)
+            created.append(ctx)
+            pd = pv["pd"].PD(ctx)
+            created.append(pd)
+        except Exception as exc:  # noqa: BLE001
+            n, text = _err(exc)
+            res["open_error"] = {"errno": n, "error": f"open {name} / alloc PD: {text}"}
+            return res
+        acc = _access(e)
+        try:
+            mr = pv["mr"].MR(pd, HOST_MR_BYTES, acc)
+            mr.close()
+            res["host_mr"] = {"ok": True, "bytes": HOST_MR_BYTES}
+        except Exception as exc:  # noqa: BLE001
+            n, text = _err(exc)
+            res["host_mr"] = {"ok": False, "bytes": HOST_MR_BYTES, "errno": n, "error": text}
+        held: list[Any] = []
+        cnt: dict[str, Any] = {"wanted": count, "registered": 0, "bytes_each": HOST_MR_BYTES, "errno": None,
+                               "error": None, "stopped_by_deadline": False}
+        t0 = time.monotonic()
+        try:
+            for _ in range(count):
+                if time.monotonic() > deadline:
+                    cnt["stopped_by_deadline"] = True
+                    break
+                try:
+                    held.append(pv["mr"].MR(pd, HOST_MR_BYTES, acc))
+                except Exception as exc:  # noqa: BLE001
+                    cnt["errno"], cnt["error"] = _err(exc)
+                    break
+            cnt["registered"] = len(held)
+        finally:
+            for m in reversed(held):
+                try:
+                    m.close()
+                except Exception:  # noqa: BLE001 - the PD close below reports leaks
+                    pass
+            cnt["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
+        res["host_mr_count"] = cnt if count else None
+        if dmabuf is not None:
+            d: dict[str, Any] = {"gpu_ordinal": dmabuf.dev, "bytes": dmabuf.size}
+            try:
+                m = pv["mr"].DmaBufMR(pd, dmabuf.size, acc, dmabuf=dmabuf.fd, offset=0)
+                m.close()
+                d["ok"] = True
+            except TypeError as exc:  # an older pyverbs takes only its own DmaBuf objects
+                d.update(ok=None, errno=None, error=f"this pyverbs cannot register an external dma-buf fd ({exc})")
+            except Exception as exc:  # noqa: BLE001
+                n, text = _err(exc)
+                d.update(ok=False, errno=n, error=text)
+            res["dmabuf_mr"] = d
+    finally:
+        fails = []
+        for obj in reversed(created):
+            try:
+                obj.close()
+            except Exception as exc:  # noqa: BLE001
+                fails.append(f"{type(obj).__name__}: {exc}")
+        res["destroyed"] = not fails
+        if fails:
+            res["destroy_failed"] = fails
+    return res
+
+
+def read_memreg(root: str = "/", timeout_s: float = 10.0, count: int = COUNT_DEFAULT, cuda: bool = True,
+                verbs: bool = True, cuda_factory: Any = None, pyverbs: Any = None,
+                device_names: list[str] | None = None) -> dict[str, Any]:
+    """Everything the module docstring lists, as JSON-shaped readings:
+    ``{"driver", "cma", "memlock_soft_bytes", "cuda", "verbs": {"devices": [...], "why"?}, "notes"}``.
+    ``root`` is where /proc and /sys are read (a test points it at a fake tree); ``cuda_factory``
+    and ``pyverbs`` replace libcuda and pyverbs (tests); ``device_names`` the RDMA devices (default:
+    ``<root>/sys/class/infiniband``). The registration count stops at ``timeout_s`` / 2. Never raises."""
+    deadline = time.monotonic() + max(0.5, timeout_s / 2)
+    out: dict[str, Any] = {"driver": read_driver(root), "cma": read_cma(root), "memlock_soft_bytes": read_memlock(),
+                           "cuda": None, "verbs": {"devices": []}, "count_wanted": count, "notes": []}
+    held = None
+    try:
+        if cuda:
+            out["cuda"], held = read_cuda(export=verbs, cuda_factory=cuda_factory)
+        if not verbs:
+            out["verbs"]["why"] = "not asked"
+            return out
+        pv = pyverbs if pyverbs is not None else _import_pyverbs()
+        if pv is None:
+            out["verbs"]["why"] = "pyverbs is not installed: apt install python3-pyverbs"
+            return out
+        names = device_names
+        if names is None:
+            try:
+                names = sorted(os.listdir(Path(root) / "sys/class/infiniband"))
+            except OSError:
+                names = []
+        if not names:
+            out["verbs"]["why"] = "no RDMA device on this host"
+        for name in names:
+            out["verbs"]["devices"].append(register_on_device(pv, name, count, deadline, held))
+    except Exception as e:  # noqa: BLE001 - a bug here must not stop the run
+        out["notes"].append(f"memory-registration probe stopped: {type(e).__name__}: {e}")
+    finally:
+        if held is not None:
+            failed = held.release()
+            if failed and out["cuda"] and out["cuda"].get("dmabuf_export"):
+                out["cuda"]["dmabuf_export"]["release_failed"] = failed
+    return out
+
+
+# --- facts ---------------------------------------------------------------------------------------
+
+EOPNOTSUPP = _errno.EOPNOTSUPP
+
+
+@dataclass
+class MemRegFacts:
+    """What the memory-registration probe saw, normalised (units in names; None where unknown)."""
+
+    captured: bool = True
+    driver_version: str | None = None
+    open_kernel_module: bool | None = None
+    peermem_loaded: bool | None = None
+    cma_total_kb: int | None = None
+    cma_free_kb: int | None = None
+    kho_off: bool | None = None
+    kernel_release: str | None = None
+    memlock_soft_bytes: int | None = None  # -1 unlimited
+    cuda_why: str | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # ordinal, name, integrated, gpu_direct_rdma_supported, dma_buf_supported
+    dmabuf_export: dict[str, Any] | None = None  # ordinal, bytes, ok, error
+    verbs_why: str | None = None
+    devices: list[dict[str, Any]] = field(default_factory=list)  # per RDMA device: host_mr, host_mr_count, dmabuf_mr
+    count_wanted: int = 0
+    notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the probe timed out or crashed (fabric.mem-registration says ERROR)
+
+
+def memreg_facts(r: Any) -> MemRegFacts:
+    """:class:`MemRegFacts` from :func:`read_memreg` readings (live, or a capture's ``memreg.json``;
+    None: not captured). Odd values become None; never raises."""
+    if not isinstance(r, dict):
+        return MemRegFacts(captured=False, notes=["memory registration not captured (no memreg.json)"])
+
+    def d(x: Any) -> dict:
+        return x if isinstance(x, dict) else {}
+
+    def i(x: Any) -> int | None:
+        return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+    def b(x: Any) -> bool | None:
+        return x if isinstance(x, bool) else None
+
+    drv, cma, cu, vb = d(r.get("driver")), d(r.get("cma")), d(r.get("cuda")), d(r.get("verbs"))
+    return MemRegFacts(
+        driver_version=drv.get("version") if isinstance(drv.get("version"), str) else None,
+        open_kernel_module=b(drv.get("open_kernel_module")),
+        peermem_loaded=b(drv.get("peermem_loaded")),
+        cma_total_kb=i(cma.get("cma_total_kb")), cma_free_kb=i(cma.get("cma_free_kb")),
+        kho_off=b(cma.get("kho_off")),
+        kernel_release=cma.get("kernel_release") if isinstance(cma.get("kernel_release"), str) else None,
+        memlock_soft_bytes=i(r.get("memlock_soft_bytes")),
+        cuda_why=(cu.get("why") if isinstance(cu.get("why"), str) else None) if r.get("cuda") is not None
+        else "CUDA not probed",
+        gpus=[g for g in cu.get("devices", []) if isinstance(g, dict)] if isinstance(cu.get("devices"), list) else [],
+        dmabuf_export=cu.get("dmabuf_export") if isinstance(cu.get("dmabuf_export"), dict) else None,
+        verbs_why=vb.get("why") if isinstance(vb.get("why"), str) else None,
+        devices=[x for x in vb.get("devices", []) if isinstance(x, dict) and isinstance(x.get("name"), str)]
+        if isinstance(vb.get("devices"), list) else [],
+        count_wanted=i(r.get("count_wanted")) or 0,
+        notes=[n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m afddiag.probes.memreg [--no-verbs] [--count N] [--timeout S]``: the readings as JSON."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m afddiag.probes.memreg")
+    ap.add_argument("--no-verbs", action="store_true", help="CUDA attributes and the export only")
+    ap.add_argument("--no-cuda", action="store_true")
+    ap.add_argument("--count", type=int, default=COUNT_DEFAULT, help="N x 1 MiB host registrations held at once")
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds")
+    a = ap.parse_args(argv)
+    r = read_memreg(timeout_s=a.timeout, count=max(0, a.count), cuda=not a.no_cuda, verbs=not a.no_verbs)
+    json.dump(r, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
