@@ -163,7 +163,7 @@ def memory_plan(ctx: Context) -> Verdict:
     if dev is None or not dev.memory_total_bytes:
         why = (g.why if g is not None and g.why else "no GPU memory reading")
         return Verdict(gid, SKIP, f"GPU memory unknown ({why}): nothing to plan against",
-                       "run on the engine's host, or replay a capture holding gpu.json")
+                       "run on the engine's host, or replay a capture of it (`afddiag capture`)")
     key = pb.capacity_key or CAPACITY_KEYS.get(le.get("AFD_ROLE", ""), "")
     raw = le.get(key) if key else None
     cap = int(raw) if raw else int(pb.plan.get("default_capacity", ENGINE_DEFAULT_CAPACITY))
