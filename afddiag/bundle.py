@@ -78,27 +78,90 @@ def _member_path(name: str) -> list[str]:
     return parts
 
 
+MAX_HEADER_BYTES = 1 << 20  # one tar header record: a GNU long name or pax header (real ones: < 1 KiB)
+MAX_DEPTH = 32  # path components of a member (a capture's deepest: top/sys/class/infiniband/d/ports/1/gid_attrs/types/0)
+EXTRACT_TIMEOUT_S = 30.0  # the whole extraction (a capture extracts in well under a second)
+
+
+class _Capped:
+    """The decompressed tar stream, counted: every byte tarfile reads or skips (headers, GNU long
+    names, pax records, member data) counts against ``max_total``; one read past ``max_read`` (a
+    header record that large) or past the deadline refuses the bundle before tarfile holds it.
+    gzip/zlib errors become :class:`BundleError`."""
+
+    def __init__(self, raw, max_total: int, max_read: int, deadline: float, timeout_s: float) -> None:
+        self.raw, self.max_total, self.max_read = raw, max_total, max_read
+        self.deadline, self.timeout_s = deadline, timeout_s
+        self.name = getattr(raw, "name", None)
+        self.mode = "rb"
+
+    def _check(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise BundleError(f"not extracted within {self.timeout_s:g} s (too many or too large members)")
+        if self.raw.tell() > self.max_total:
+            raise BundleError(f"bundle is over the {self.max_total}-byte cap (headers and data, uncompressed)")
+
+    def _guard(self, fn, *a):
+        import zlib
+
+        try:
+            out = fn(*a)
+        except (zlib.error, EOFError, OSError) as e:
+            raise BundleError(f"corrupt compressed data ({type(e).__name__}: {e})") from None
+        self._check()
+        return out
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > self.max_read:
+            raise BundleError(f"a tar record of {'unbounded' if n is None or n < 0 else n} bytes (a GNU long name or "
+                              f"pax header over the {self.max_read}-byte cap)")
+        return self._guard(self.raw.read, n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence == 0 and offset > self.max_total:
+            raise BundleError(f"bundle is over the {self.max_total}-byte cap (headers and data, uncompressed)")
+        return self._guard(self.raw.seek, offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        self.raw.close()
+
+
 def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_bytes: int | None = None,
-                 max_total_bytes: int | None = None, max_members: int | None = None) -> Path:
+                 max_total_bytes: int | None = None, max_members: int | None = None,
+                 timeout_s: float | None = None) -> Path:
     """Extract the ``.tar.gz`` ``bundle`` into the existing, empty folder ``dest`` and return the
     snapshot root inside it (``dest``, or its single top folder).
 
     Only regular files and folders are accepted. Refused, with :class:`BundleError` naming the member:
-    absolute names, ``..``, symbolic and hard links, device files, FIFOs, a member over
-    ``max_file_bytes`` (default :data:`MAX_FILE_BYTES`), a bundle over ``max_total_bytes`` (counted as bytes are written, so a lying
-    header or a gzip bomb stops there) or ``max_members``, a duplicate file. Files are created with
-    ``O_EXCL|O_NOFOLLOW`` under folders this function made, so nothing is written outside ``dest``.
-    What was extracted before a refusal stays in ``dest`` (the caller removes ``dest``).
-    Raises BundleError too when the file is not a readable gzip'd tar.
+    absolute names, ``..``, symbolic and hard links, device files, FIFOs, a path deeper than
+    :data:`MAX_DEPTH` components, a member over ``max_file_bytes`` (default :data:`MAX_FILE_BYTES`), a
+    bundle whose uncompressed stream (headers, GNU long names and pax records included) passes
+    ``max_total_bytes`` (counted as tarfile reads, so a lying header or a gzip bomb stops there), a
+    header record over :data:`MAX_HEADER_BYTES`, more than ``max_members``, an extraction past
+    ``timeout_s`` (default :data:`EXTRACT_TIMEOUT_S`), a duplicate file, corrupt gzip/deflate data.
+    Files are created with ``O_EXCL|O_NOFOLLOW`` under folders this function made, so nothing is
+    written outside ``dest``. What was extracted before a refusal stays in ``dest`` (the caller
+    removes it: :func:`remove_tree`). Raises BundleError too when the file is not a readable gzip'd tar.
+    (Python 3.11.2's tarfile has no ``filter="data"``; these checks are a superset of it.)
     """
+    import gzip
+
     max_file_bytes = max_file_bytes or MAX_FILE_BYTES
     max_total_bytes = max_total_bytes or MAX_TOTAL_BYTES
     max_members = max_members or MAX_MEMBERS
+    timeout_s = timeout_s or EXTRACT_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     root = Path(dest)
-    total = 0
     count = 0
     try:
-        tar = tarfile.open(bundle, mode="r:gz")
+        raw = gzip.GzipFile(bundle, mode="rb")
+        stream = _Capped(raw, max_total_bytes, MAX_HEADER_BYTES, deadline, timeout_s)
+        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
+    except BundleError as e:
+        raise BundleError(f"not a readable .tar.gz ({e})") from None
     except (OSError, tarfile.TarError, EOFError) as e:
         raise BundleError(f"not a readable .tar.gz ({e})") from None
     try:
@@ -108,6 +171,8 @@ def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_by
                 if count > max_members:
                     raise BundleError(f"more than {max_members} members")
                 parts = _member_path(m.name)
+                if len(parts) > MAX_DEPTH:
+                    raise BundleError(f"member {m.name[:80]!r}... is {len(parts)} folders deep (cap {MAX_DEPTH})")
                 if m.issym() or m.islnk():
                     raise BundleError(f"member {m.name!r} is a {'symbolic' if m.issym() else 'hard'} link "
                                       f"(to {m.linkname!r}); a bundle holds plain files only")
@@ -133,18 +198,61 @@ def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_by
                     written = 0
                     while chunk := src.read(1 << 16):
                         written += len(chunk)
-                        total += len(chunk)
                         if written > max_file_bytes:
                             raise BundleError(f"member {m.name!r} is over the {max_file_bytes}-byte cap")
-                        if total > max_total_bytes:
-                            raise BundleError(f"bundle is over the {max_total_bytes}-byte cap")
                         out.write(chunk)
+            while stream.read(1 << 16):  # to the gzip trailer: its CRC catches a corrupt stream zlib let by
+                pass
+    except BundleError:
+        raise
     except (tarfile.TarError, EOFError, OSError, UnicodeError) as e:
         raise BundleError(f"unreadable ({e})") from None
     entries = [e for e in root.iterdir()]
     if len(entries) == 1 and entries[0].is_dir() and entries[0].name != "sys":
         return entries[0]
     return root
+
+
+def remove_tree(top: str | os.PathLike) -> None:
+    """Remove the folder ``top`` and everything under it, iteratively (no recursion, whatever the
+    depth) and through folder descriptors (no path grows past PATH_MAX; links are removed, never
+    followed). Best effort: never raises; what could not be removed stays."""
+    import contextlib
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        stack: list[tuple[int, str, set[str]]] = [(os.open(top, flags), "", set())]
+    except OSError:
+        return
+    while stack:
+        fd, _, tried = stack[-1]
+        child = None
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name not in tried:  # a folder that would not go is not tried twice
+                            child = entry.name
+                            break
+                        continue
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.name, dir_fd=fd)
+        except OSError:
+            pass
+        if child is not None:
+            tried.add(child)
+            try:
+                stack.append((os.open(child, flags, dir_fd=fd), child, set()))
+            except OSError:  # cannot descend (too many open files?): leave it
+                pass
+            continue
+        name = stack.pop()[1]
+        os.close(fd)
+        if stack:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=stack[-1][0])
+    with contextlib.suppress(OSError):
+        os.rmdir(top)
 
 
 def _mkdirs(root: Path, parts: list[str]) -> Path:

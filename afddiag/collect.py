@@ -83,30 +83,56 @@ class SnapshotError(ValueError):
 
 
 @contextlib.contextmanager
-def opened_snapshot(path: str):
+def opened_snapshot(path: str, timeout_s: float | None = None):
     """Yield the snapshot folder for ``path``: the folder itself, or for a capture bundle
-    (``.tar.gz``) the folder it was extracted to safely (:func:`afddiag.bundle.safe_extract`) under
-    a temporary directory that is removed on exit. Raises :class:`SnapshotError` when the bundle is
-    missing, unreadable or refused (one line naming the bundle and the member)."""
-    import shutil
+    (``.tar.gz``) the folder it was extracted to safely (:func:`afddiag.bundle.safe_extract`, within
+    ``timeout_s`` seconds) under a temporary directory that is removed on exit, on an error and on
+    SIGTERM (which then ends the run with exit 143; SIGINT ends it as KeyboardInterrupt), iteratively
+    (:func:`afddiag.bundle.remove_tree`). Raises :class:`SnapshotError` when the bundle is missing,
+    unreadable or refused (one line naming the bundle and the member)."""
     import tempfile
 
-    from afddiag.bundle import BundleError, is_bundle, safe_extract
+    from afddiag.bundle import BundleError, is_bundle, remove_tree, safe_extract
 
     if not is_bundle(path):
         yield str(path)
         return
     if not os.path.isfile(path):
         raise SnapshotError(f"snapshot {path}: no such file (give a bundle written by `afddiag capture`)")
-    tmp = tempfile.mkdtemp(prefix="afddiag-bundle-")
-    try:
+    with _terminate_as_exit():
+        tmp = tempfile.mkdtemp(prefix="afddiag-bundle-")
         try:
-            root = safe_extract(path, tmp)
-        except BundleError as e:
-            raise SnapshotError(f"snapshot {path}: refused: {e}") from None
-        yield str(root)
+            try:
+                root = safe_extract(path, tmp, timeout_s=timeout_s)
+            except BundleError as e:
+                raise SnapshotError(f"snapshot {path}: refused: {e}") from None
+            yield str(root)
+        finally:
+            remove_tree(tmp)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """While inside, SIGTERM raises SystemExit(143) in the main thread, so ``finally`` blocks (the
+    bundle's temporary tree) run; the previous handler comes back on exit. Elsewhere: nothing."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, stop)
+    except (ValueError, OSError):  # pragma: no cover - not settable here
+        yield
+        return
+    try:
+        yield
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        signal.signal(signal.SIGTERM, old)
 
 
 def relabel(obj: Any, root: str, bundle: str) -> Any:

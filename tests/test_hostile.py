@@ -239,3 +239,145 @@ def test_6_reader_bounds(tmp_path):
         load_json(fifo)
     with pytest.raises(FileNotFoundError):
         load_json(tmp_path / "absent.json")
+
+
+# 3. capture bundles: depth, header bytes, corrupt deflate, signals, member count in time ------------
+
+def _tar_gz(path, members, fmt=None):
+    """Write a .tar.gz of ``members`` [(TarInfo, bytes or None)]."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz", format=fmt or tarfile.PAX_FORMAT) as tar:
+        for ti, data in members:
+            tar.addfile(ti, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _reg(name, data=b"x"):
+    import tarfile
+
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    return ti, data
+
+
+def _bundle_run(capsys, bundle, tmpdir, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    code = run(["all", "--snapshot", str(bundle), "--json", "--no-history"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    assert not list(tmpdir.iterdir()), list(tmpdir.iterdir())  # the temporary tree is gone
+    return code, err
+
+
+def test_3_a_thousand_deep_path_is_refused_and_its_tree_removed(tmp_path, capsys, monkeypatch):
+    tmpdir = tmp_path / "t"
+    tmpdir.mkdir()
+    deep = "/".join(["d"] * 1000) + "/f"
+    b = _tar_gz(tmp_path / "deep.tar.gz", [_reg("top/sys/x"), _reg("top/" + deep)])
+    code, err = _bundle_run(capsys, b, tmpdir, monkeypatch)
+    assert code == 64 and "folders deep" in err and len(err.strip().splitlines()) <= 2
+
+
+def test_3_remove_tree_is_iterative(tmp_path):
+    from afddiag.bundle import remove_tree
+
+    top = tmp_path / "t"
+    fd_path = str(top)
+    os.mkdir(top)
+    d = os.open(fd_path, os.O_RDONLY)
+    for _ in range(1500):  # deeper than the recursion limit, past PATH_MAX through descriptors
+        os.mkdir("dddddddd", dir_fd=d)
+        nd = os.open("dddddddd", os.O_RDONLY, dir_fd=d)
+        os.close(d)
+        d = nd
+    os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=d))
+    os.close(d)
+    remove_tree(top)
+    assert not top.exists()
+
+
+def test_3_a_huge_gnu_long_name_is_refused_before_it_is_held(tmp_path, capsys, monkeypatch):
+    import tarfile
+
+    tmpdir = tmp_path / "t"
+    tmpdir.mkdir()
+    b = _tar_gz(tmp_path / "long.tar.gz", [_reg("top/sys/x"), _reg("top/" + "n" * (3 << 20))], tarfile.GNU_FORMAT)
+    code, err = _bundle_run(capsys, b, tmpdir, monkeypatch)
+    assert code == 64 and "GNU long name or pax header" in err
+
+
+def test_3_header_bytes_count_in_the_total_cap(tmp_path):
+    import tarfile
+
+    from afddiag.bundle import BundleError, safe_extract
+
+    members = []
+    for i in range(200):  # pax headers, no data
+        ti, data = _reg(f"top/sys/{i}", b"")
+        ti.pax_headers = {"comment": "c" * 4000}
+        members.append((ti, data))
+    b = _tar_gz(tmp_path / "pax.tar.gz", members, tarfile.PAX_FORMAT)
+    dest = tmp_path / "d"
+    dest.mkdir()
+    with pytest.raises(BundleError, match="headers and data"):
+        safe_extract(b, dest, max_total_bytes=100_000)
+
+
+@pytest.mark.parametrize("where", ["head", "middle"])
+def test_3_corrupt_deflate_is_a_one_line_refusal(tmp_path, capsys, monkeypatch, where):
+    tmpdir = tmp_path / "t"
+    tmpdir.mkdir()
+    members = [_reg(f"top/sys/f{i}", (f"line {i} of a sysfs file\n" * 200).encode()) for i in range(50)]
+    b = _tar_gz(tmp_path / "c.tar.gz", members)
+    raw = bytearray(b.read_bytes())
+    at = 12 if where == "head" else len(raw) // 2  # zlib.error / a CRC mismatch at the trailer
+    for i in range(at, at + 64):
+        raw[i] ^= 0x5A
+    b.write_bytes(bytes(raw))
+    code, err = _bundle_run(capsys, b, tmpdir, monkeypatch)
+    assert code == 64 and "refused" in err and "zlib" not in err.split("refused", 1)[0]
+
+
+def test_3_many_members_are_refused_within_the_time_bound(tmp_path):
+    import time
+
+    from afddiag.bundle import BundleError, safe_extract
+
+    b = _tar_gz(tmp_path / "many.tar.gz", [_reg(f"top/sys/{i}") for i in range(20000)])
+    dest = tmp_path / "d"
+    dest.mkdir()
+    t0 = time.monotonic()
+    with pytest.raises(BundleError, match="not extracted within 0.3 s"):
+        safe_extract(b, dest, timeout_s=0.3)
+    assert time.monotonic() - t0 < 2
+
+
+def test_3_sigterm_during_a_replay_removes_the_temporary_tree(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    tmpdir = tmp_path / "t"
+    tmpdir.mkdir()
+    b = _tar_gz(tmp_path / "many.tar.gz", [_reg(f"top/sys/{i}") for i in range(60000)])
+    p = subprocess.Popen([sys.executable, "-m", "afddiag", "all", "--snapshot", str(b), "--json", "--no-history",
+                          "--timeout", "120"], env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(REPO)},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not list(tmpdir.glob("afddiag-bundle-*")) and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    assert list(tmpdir.glob("afddiag-bundle-*")), "the replay never started extracting"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    assert list(tmpdir.iterdir()) == []
