@@ -224,6 +224,10 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
     fmt = output_format(as_json, fmt)
     if fmt == "prometheus":
         need_prometheus()
+    if "gpu" in FAMILIES[cmd] and not kw.get("snapshot"):
+        from afddiag.probes.gpu import preinit_cuda
+
+        preinit_cuda()  # the CUDA driver initialises while the rest of the pipeline is imported
     rep, _ = _diagnose(cmd, make_inputs(**kw))
     record_run(rep, cmd, enabled=not no_history)
     if output or fmt == "prometheus":

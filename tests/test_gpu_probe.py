@@ -669,6 +669,8 @@ def test_recorded_h200_fixtures_have_the_probes_shape(fake_gpus, meminfo):
     added = set(now["host_meminfo_kb"]) - set(busy["host_meminfo_kb"])
     assert added == {"MemFree"} and added <= set(gpu.MEMINFO_KEYS)  # the fake meminfo has MemFree, no Cached
     now["host_meminfo_kb"] = {k: v for k, v in now["host_meminfo_kb"].items() if k not in added}
+    # per-part wall times, added after the recording (issue 16): NVML, CUDA and the kernel log
+    assert set(now.pop("timings_ms")) == {"nvml_ms", "cuda_ms", "xid_ms"}
     assert _shape(now) == _shape(busy)
     n = busy["devices"][0]["nvml"]
     assert n["ecc"]["mode_current"] is True and n["retired_pages"] == "NOT_SUPPORTED"
@@ -687,3 +689,51 @@ def test_recorded_h200_fixtures_have_the_probes_shape(fake_gpus, meminfo):
     assert set(ul) >= {"clock_sm_mhz", "power_mw", "utilization_pct", "clocks_event_reasons", "pstate", "achieved"}
     assert loaded["expect"]["image_sm_count"] == 132
     assert loaded["expect"]["baseline"]["bf16_tflops"] == ul["achieved"]["bf16_tflops"]
+
+
+def test_nvml_and_cuda_are_read_at_once(fake_gpus, meminfo):
+    """cuInit dominates on a discrete GPU (issue 16): NVML must not wait for it. Here NVML's power
+    read waits until cuInit has been called; read one after the other, the probe would time out."""
+    cu_started = threading.Event()
+    _, cuda = fake_gpus([fake_nvml_device(UUID_A)],
+                        [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}],
+                        block=cu_started, block_in="nvmlDeviceGetPowerUsage")
+    real_init = cuda.cuInit
+
+    def slow_init(flags):
+        cu_started.set()
+        time.sleep(0.3)  # a slow driver initialisation
+        return real_init(flags)
+
+    cuda.cuInit = slow_init
+    t0 = time.monotonic()
+    r = gpu.read_gpu(timeout_s=2.0, meminfo_path=meminfo)
+    assert "failed" not in r, r.get("failed")
+    assert r["devices"][0]["cuda"]["sm_count"] == 132 and r["devices"][0]["nvml"]["power_mw"] is not None
+    assert time.monotonic() - t0 < 1.5
+    assert r["timings_ms"]["cuda_ms"] >= 300 and set(r["timings_ms"]) == {"nvml_ms", "cuda_ms", "xid_ms"}
+
+
+def test_preinit_starts_cuinit_once_in_the_background(fake_gpus, meminfo, monkeypatch):
+    _, cuda = fake_gpus([fake_nvml_device(UUID_A)],
+                        [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    monkeypatch.setattr(gpu, "_PREINIT", [])
+    inits = []
+    real_init = cuda.cuInit
+    gate = threading.Event()
+
+    def slow_init(flags):
+        inits.append(flags)
+        gate.wait(5)
+        return real_init(flags)
+
+    cuda.cuInit = slow_init
+    t0 = time.monotonic()
+    gpu.preinit_cuda()
+    gpu.preinit_cuda()
+    assert time.monotonic() - t0 < 0.5  # returns at once, cuInit still running
+    gate.set()
+    gpu._PREINIT[0].join(5)
+    assert inits == [0] and len(gpu._PREINIT) == 1
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
+    assert r["devices"][0]["cuda"]["sm_count"] == 132

@@ -55,6 +55,28 @@ def _load_libcuda() -> Any:
     return ctypes.CDLL(LIBCUDA)
 
 
+_PREINIT: list[threading.Thread] = []
+
+
+def preinit_cuda() -> None:
+    """Start ``cuInit(0)`` in a daemon thread and return at once, so the CUDA driver's initialisation
+    (the slowest step of a GPU read on a discrete GPU: every device is set up) overlaps the imports
+    and work that come before :func:`read_gpu`; its own ``cuInit`` then returns at once. Idempotent;
+    never raises (a missing libcuda is :func:`read_gpu`'s to report). Creates no context."""
+    if _PREINIT:
+        return
+
+    def init() -> None:
+        try:
+            _load_libcuda().cuInit(0)
+        except Exception:  # noqa: BLE001 - read_gpu calls it again and records why
+            pass
+
+    t = threading.Thread(target=init, name="afddiag-cuinit", daemon=True)
+    _PREINIT.append(t)
+    t.start()
+
+
 def _text(v: Any) -> Any:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
@@ -596,13 +618,18 @@ def read_xid_events(
 # --- join -----------------------------------------------------------------------------------
 
 
-def _worker(run: _Run) -> None:
-    for part, read in ((run.nvml, _read_nvml), (run.cuda, _read_cuda)):
-        try:
-            read(run)
-        except Exception as e:  # noqa: BLE001 - a bug here must not kill the probe
-            run.note(f"GPU probe: {read.__name__} raised {type(e).__name__}: {e}")
-        part["done"] = True
+def _worker(run: _Run, read: Any, part: dict[str, Any], timings: dict[str, float]) -> None:
+    """One side of the probe (``_read_nvml`` or ``_read_cuda``) in its own thread: the two driver
+    libraries initialise independently, so NVML's init and device reads overlap ``cuInit`` (the
+    slowest step on a discrete GPU) instead of following it. Records the side's wall time in
+    ``timings`` (ms)."""
+    t0 = time.monotonic()
+    try:
+        read(run)
+    except Exception as e:  # noqa: BLE001 - a bug here must not kill the probe
+        run.note(f"GPU probe: {read.__name__} raised {type(e).__name__}: {e}")
+    part["done"] = True
+    timings[read.__name__.removeprefix("_read_") + "_ms"] = round((time.monotonic() - t0) * 1e3, 1)
 
 
 def _join(nvml: dict, cuda: dict, notes: list[str]) -> list[dict[str, Any]]:
@@ -706,6 +733,8 @@ def read_gpu(
       non-blocking from ``kmsg_path`` (or the saved log ``xid_log`` when given), within the time
       bound; None when it could not be read. ``xid_source``: the path read, else why not
       (``"not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"``).
+    - ``timings_ms``: wall time of each part, ms: ``nvml_ms`` (nvmlInit to nvmlShutdown), ``cuda_ms``
+      (dlopen, cuInit, attributes), ``xid_ms`` (the kernel log); NVML and CUDA run in parallel threads.
     - ``notes`` (list of str): what could not be read, and why.
     - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
       no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
@@ -714,8 +743,9 @@ def read_gpu(
       (the GPU gates then say ERROR, not SKIP).
 
     An NVML call that answers NVML_ERROR_NOT_SUPPORTED records ``"NOT_SUPPORTED"``; any other failure
-    records None and a note. No CUDA context is created. The read runs in a daemon thread; a driver
-    call that hangs is left behind in it. Never raises.
+    records None and a note. No CUDA context is created. NVML and CUDA are read in two daemon threads
+    at once (the kernel log meanwhile in this one); a driver call that hangs is left behind in its
+    thread. Never raises.
     """
     out: dict[str, Any] = {
         "driver_version": None,
@@ -740,19 +770,31 @@ def read_gpu(
         except (OSError, ValueError) as e:
             notes.append(f"host_meminfo_kb: {meminfo_path}: {e}")
 
-        run = _Run()
+        run_nvml, run_cuda = _Run(), _Run()  # one per thread: each names its own call in flight
+        timings: dict[str, float] = {}
         deadline = time.monotonic() + timeout_s
-        worker = threading.Thread(target=_worker, args=(run,), name="afddiag-gpu-probe", daemon=True)
-        worker.start()
+        workers = [threading.Thread(target=_worker, args=(r, read, part, timings), name=f"afddiag-gpu-{side}",
+                                    daemon=True)
+                   for side, r, read, part in (("nvml", run_nvml, _read_nvml, run_nvml.nvml),
+                                               ("cuda", run_cuda, _read_cuda, run_cuda.cuda))]
+        for w in workers:
+            w.start()
         xid_path = xid_log or kmsg_path
-        try:  # the kernel log, read here while the worker reads NVML and CUDA
+        t_xid = time.monotonic()
+        try:  # the kernel log, read here while the workers read NVML and CUDA
             out["xid_events"], out["xid_source"], xid_notes = read_xid_events(xid_path, deadline)
         except Exception as e:  # noqa: BLE001
             out["xid_events"], xid_notes = None, []
             out["xid_source"] = f"not read: {xid_path}: {type(e).__name__}: {e}"
-        worker.join(max(0.0, deadline - time.monotonic()))
-        timed_out = worker.is_alive()
-        nvml, cuda, run_notes, in_call = run.snapshot()
+        timings["xid_ms"] = round((time.monotonic() - t_xid) * 1e3, 1)
+        for w in workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+        timed_out = any(w.is_alive() for w in workers)
+        nvml, _, nvml_notes, nvml_call = run_nvml.snapshot()
+        _, cuda, cuda_notes, cuda_call = run_cuda.snapshot()
+        run_notes = nvml_notes + cuda_notes
+        in_call = "; ".join(c for c in (nvml_call, cuda_call) if c) or None
+        out["timings_ms"] = dict(timings)
 
         out["driver_version"] = nvml.get("driver_version")
         out["versions"]["nvml"] = nvml.get("nvml_version")

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 16: `afddiag gpu` (no load) against `nvidia-smi -q` on an H200, side by side, with a
+# per-phase breakdown of afddiag's run. Runs from the repository root on the GPU host (python3 with
+# click, rich, pynvml, psutil; nothing installed), writes under $OUT/issue16/, bounded to ~3 minutes.
+#
+#   OUT=/tmp/out bash benchmarks/h200/issue16.sh
+#
+# Files: runs.tsv (command, run, wall ms, exit code), phases.jsonl (benchmarks/gpu_phases.py, one line a
+# run), summary.txt (median and min per command, the ratio afddiag / nvidia-smi -q, the goal <= 2x),
+# importtime.txt (python -X importtime of one run), env.txt (GPU, driver, python, persistence mode).
+set -u
+OUT="${OUT:-/tmp}"
+D="$OUT/issue16"
+mkdir -p "$D"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export AFDDIAG_STATE_DIR="$D/state"   # the history store of the default run lands here, not in ~
+RUNS="${RUNS:-7}"
+T_END=$(( $(date +%s) + ${BUDGET_S:-170} ))
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(hostname)"
+  python3 --version 2>&1
+  nvidia-smi --query-gpu=name,driver_version,persistence_mode,pstate --format=csv 2>&1
+  python3 -c 'import click, rich, pynvml, psutil; print("click", click.__version__, "psutil", psutil.__version__)' 2>&1
+  nproc
+} > "$D/env.txt"
+
+ms() { date +%s%N; }
+printf 'command\trun\tms\trc\n' > "$D/runs.tsv"
+run_one() {  # name, run index, command...
+  local name="$1" i="$2"; shift 2
+  local t0 t1 rc
+  t0=$(ms)
+  timeout 60 "$@" > /dev/null 2>>"$D/stderr.txt"
+  rc=$?
+  t1=$(ms)
+  printf '%s\t%s\t%s\t%s\n' "$name" "$i" "$(( (t1 - t0) / 1000000 ))" "$rc" >> "$D/runs.tsv"
+}
+
+# one warm-up of each (page cache, driver load), not counted
+nvidia-smi -q > /dev/null 2>&1
+python3 -m afddiag gpu --json --no-history > "$D/gpu-report.json" 2>>"$D/stderr.txt"
+python3 -m afddiag.probes.gpu > "$D/gpu-probe.json" 2>>"$D/stderr.txt"
+
+for i in $(seq 1 "$RUNS"); do
+  [ "$(date +%s)" -ge "$T_END" ] && { echo "stopped at run $i: time budget" >> "$D/env.txt"; break; }
+  run_one "nvidia-smi -q" "$i" nvidia-smi -q
+  run_one "afddiag gpu --json" "$i" python3 -m afddiag gpu --json
+  run_one "afddiag gpu --json --no-history" "$i" python3 -m afddiag gpu --json --no-history
+  run_one "afddiag gpu (table)" "$i" python3 -m afddiag gpu --no-history
+  run_one "python3 -m afddiag.probes.gpu" "$i" python3 -m afddiag.probes.gpu
+  run_one "python3 -c pass" "$i" python3 -c pass
+  timeout 60 python3 benchmarks/gpu_phases.py >> "$D/phases.jsonl" 2>>"$D/stderr.txt"
+done
+
+python3 -X importtime -m afddiag gpu --json --no-history > /dev/null 2> "$D/importtime.txt"
+sort -t'|' -k2 -n -r <(sed -n 's/^import time: *\([0-9]*\) | *\([0-9]*\) | \(.*\)$/\3|\2/p' "$D/importtime.txt") \
+  2>/dev/null | head -25 > "$D/importtime-top.txt"
+
+python3 - "$D" <<'PY' > "$D/summary.txt"
+import collections, json, statistics, sys
+d = sys.argv[1]
+rows = collections.defaultdict(list)
+for line in open(f"{d}/runs.tsv").read().splitlines()[1:]:
+    name, _, ms, rc = line.split("\t")
+    rows[name].append((int(ms), int(rc)))
+med = {k: statistics.median(m for m, _ in v) for k, v in rows.items()}
+print(f"{'command':<36} {'runs':>4} {'median ms':>10} {'min ms':>8}  exit codes")
+for k, v in rows.items():
+    print(f"{k:<36} {len(v):>4} {med[k]:>10.0f} {min(m for m, _ in v):>8}  {sorted({rc for _, rc in v})}")
+smi = med.get("nvidia-smi -q")
+for k in ("afddiag gpu --json", "afddiag gpu --json --no-history"):
+    if smi and k in med:
+        r = med[k] / smi
+        print(f"{k} / nvidia-smi -q = {r:.2f}x (goal <= 2x: {'MET' if r <= 2 else 'MISSED'})")
+try:
+    ph = [json.loads(l) for l in open(f"{d}/phases.jsonl") if l.strip()]
+except OSError:
+    ph = []
+if ph:
+    print("\nphases (median ms over %d runs):" % len(ph))
+    keys = ["interpreter_ms", "import_cli_ms", "read_gpu_ms", "cli_gpu_json_warm_ms", "history_append_ms", "total_ms"]
+    for k in keys:
+        vals = [p[k] for p in ph if isinstance(p.get(k), (int, float))]
+        if vals:
+            print(f"  {k:<24} {statistics.median(vals):8.1f}")
+    for k in ("nvml_ms", "cuda_ms", "xid_ms"):
+        vals = [p["read_gpu_parts_ms"][k] for p in ph if isinstance(p.get("read_gpu_parts_ms"), dict)
+                and isinstance(p["read_gpu_parts_ms"].get(k), (int, float))]
+        if vals:
+            print(f"  read_gpu.{k:<15} {statistics.median(vals):8.1f}")
+    print(f"  gpus {ph[-1].get('gpus')}, processes listed {ph[-1].get('processes_listed')}, "
+          f"xid source {ph[-1].get('xid_source')!r}")
+PY
+cat "$D/summary.txt"
