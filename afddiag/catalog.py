@@ -50,6 +50,10 @@ def markdown() -> str:
         "Verdicts: PASS, WARN, FAIL, SKIP (could not look: the summary says why), ERROR (the probe or "
         "gate broke). Exit code: 2 if any FAIL, else 3 if any ERROR, else 1 if any WARN, else 0; usage error 64.",
         "",
+        "A report opens with the diagnosis: the independent faults, each with one remedy and one action, in the "
+        "order to fix them, each naming the gates it explains (a gate whose dependency FAILed either judges only "
+        "its own concern or says \"not judged: <gate> failed\").",
+        "",
         "| gate | title | worst verdict |",
         "| --- | --- | --- |",
     ]
@@ -59,5 +63,17 @@ def markdown() -> str:
         out += ["", f"## {gid}", "", f"**{g['title']}** ({g['family']}; worst verdict: {g['severity']})", "",
                 f"- Checks: {g['checks']}", f"- Reads: {g['reads']}", "- Verdicts:"]
         out += [f"  - {v}: {meaning}" for v, meaning in g["verdicts"].items()]
-        out += [f"- Remedy: {g['remedy']}", f"- From: {g['source']}"]
+        out += [f"- Remedy: {g['remedy']}", f"- Action: `{g.get('action', 'NONE')}`"
+                + (f" (WARN: `{g['warn_action']}`)" if g.get("warn_action") else "")]
+        if g.get("depends"):
+            mode = g.get("on_dependency_failure", "own concern")
+            out.append(f"- Depends on: {', '.join(f'`{d}`' for d in g['depends'])} (when one FAILs: "
+                       + ("judges only its own concern" if mode == "own concern" else
+                          "SKIP \"not judged: <gate> failed\"") + ")")
+        out.append(f"- From: {g['source']}")
+    out += ["", "## Actions", "",
+            "Every remedy carries one action from this closed set (JSON `action` on each gate and diagnosis entry). "
+            "`preflight --drain` and the Slurm hooks drain a node only for an action marked drain.", "",
+            "| action | drain | meaning |", "| --- | --- | --- |"]
+    out += [f"| `{name}` | {'yes' if a.get('drain') else 'no'} | {a['meaning']} |" for name, a in cat["actions"].items()]
     return "\n".join(out) + "\n"

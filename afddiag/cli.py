@@ -404,14 +404,18 @@ def all_(**kw) -> int:
 @gpu_opts
 @launch_opts
 @click.option("--strict", is_flag=True, help="WARN fails the preflight too (exit 1).")
+@click.option("--exit-for", "exit_for", type=click.Choice(["any", "drain"]), default="any", show_default=True,
+              help="drain: exit non-zero only when a fault's action needs the node drained (RESET_GPU, REBOOT, "
+                   "AC_POWER_CYCLE, HW_INSPECTION, FIX_LINK, ...), for a Slurm Prolog, whose failure drains the node.")
 @click.option("--export", "export", is_flag=True,
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
                    "UCX_NET_DEVICES, MC_GID_INDEX) on stdout.")
-def preflight(strict, export, drain, resume, prom_path, no_history, **kw) -> int:
+def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
 
     Exit codes as `afddiag all`, except that WARN exits 0 unless --strict. With --drain a host that
-    is not fit also drains its Slurm node (Slurm ignores a HealthCheckProgram's exit code), unless
+    is not fit also drains its Slurm node (Slurm ignores a HealthCheckProgram's exit code), only when
+    a fault's typed action needs it (a launch-setting fix or a busy GPU never drains) and unless
     someone else drained it; with --resume a fit host's node is resumed when afddiag drained it
     (afddiag/slurm.py). --prom FILE writes the same run's metrics.
     """
@@ -440,15 +444,24 @@ def preflight(strict, export, drain, resume, prom_path, no_history, **kw) -> int
 
             resume_node()
     else:
-        bad = [g for g in rep["gates"] if g["verdict"] in ("FAIL", "ERROR") or (strict and g["verdict"] == "WARN")]
+        faults = [d for d in rep.get("diagnosis", []) if d["verdict"] in ("FAIL", "ERROR")
+                  or (strict and d["verdict"] == "WARN")]
         click.echo(f"afddiag preflight: {role} on {rep['host']}: NOT FIT (exit {code})", err=True)
-        for g in bad:
-            click.echo(f"  {g['verdict']} {g['id']}: {g['summary']}", err=True)
-            click.echo(f"       remedy: {g['remedy']}", err=True)
-        if drain:
+        for d in faults:
+            click.echo(f"  {d['verdict']} {d['gate']}: {d['summary']}", err=True)
+            click.echo(f"       remedy: {d['remedy']} [{d['action']}]", err=True)
+            if d["explains"]:
+                click.echo(f"       explains: {', '.join(d['explains'])}", err=True)
+        needs = [d for d in faults if d.get("drain")]
+        if drain and needs:
             from afddiag.slurm import drain_node
 
-            drain_node([g["id"] for g in bad])
+            drain_node([d["gate"] for d in needs])
+        elif drain:
+            click.echo("afddiag preflight --drain: not drained: no fault's action needs the node drained ("
+                       + ", ".join(sorted({d["action"] for d in faults})) + "): fix the launch settings", err=True)
+        if exit_for == "drain" and not needs:
+            code = 0
     if export and code == 0:
         from afddiag import endpoint
 
@@ -491,6 +504,8 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
     if not dm:
         click.echo(f"afddiag devicemap: {_no_map_reason(obs)}", err=True)
         return 2
+    for line in endpoint.devicemap_caveats(obs.fabric, dm):
+        click.echo(f"afddiag devicemap: {line}", err=True)
     if fmt == "nccl":
         fip = resolve_fabric_ip(obs.fabric, fabric_ip)
         if fip.ip is None:

@@ -4,21 +4,24 @@ One module decides, for every caller (the gates, the QP walk, the pair test, the
 ``devicemap``); each decision is a pure function of the fabric facts (no I/O):
 
 - :func:`resolve_fabric_ip`: ``--fabric-ip`` (or the launch env's ``AFD_FABRIC_IP``) when given,
-  else the only IPv4 RoCE v2 GID on an ACTIVE port, else none ("ambiguous" lists the candidates);
+  else the only IPv4 RoCE v2 GID on an ACTIVE port, else (no port ACTIVE) the only IPv4 RoCE v2 GID
+  on any port, else none ("ambiguous" lists the candidates);
 - :func:`fabric_entry`: the inventory row that carries the fabric IP (RoCE v2 on an ACTIVE port
   first, then any carrier) — what ``fabric.link``, ``fabric.mtu``, ``fabric.route`` judge;
 - :func:`usable_entry` / :func:`pick_endpoint`: the IPv4 RoCE v2 GID on an ACTIVE port for the
   fabric IP — what the launcher exports (``NCCL_IB_HCA``, ``NCCL_IB_GID_INDEX``) and the pair test opens;
 - :func:`choose_port` / :func:`choose_sgid`: per device, the port and source GID the QP walk uses
   (what an engine that opens this device would use);
-- :func:`device_map`: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` (fabric IP → device).
+- :func:`device_map`: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` (fabric IP → device), whatever the
+  link does (:func:`devicemap_caveats` names entries whose port is down).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from afddiag.model.fabric import ROCE_V2, Entry, FabricFacts, RdmaDevice, carriers, is_empty_gid, usable_rocev2
+from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, RdmaDevice, carriers, is_empty_gid, rocev2_carriers,
+                                  usable_rocev2)
 
 SGID_FABRIC_IP = "fabric IP"
 SGID_FALLBACK = "first RoCE v2 GID (fallback)"
@@ -47,6 +50,10 @@ def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp
     ips = sorted({e.ip for e in cands})
     if len(ips) == 1:
         return FabricIp(ips[0], "only IPv4 RoCE v2 GID on an ACTIVE port", cands)
+    if not ips and fabric:  # no port is ACTIVE: the only RoCE v2 address anywhere (fabric.link judges the link)
+        down = rocev2_carriers(fabric)
+        if len({e.ip for e in down}) == 1:
+            return FabricIp(down[0].ip, "only IPv4 RoCE v2 GID (its port is not ACTIVE)", down)
     return FabricIp(None, "ambiguous" if ips else "none", cands)
 
 
@@ -68,12 +75,23 @@ def usable_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
 
 
 def device_map(fabric: FabricFacts | None) -> dict[str, str]:
-    """Every IPv4 address with a RoCE v2 GID on an ACTIVE port whose netdev holds it → its device
-    (the first in enumeration order when several carry one address)."""
+    """Every IPv4 address with a RoCE v2 GID whose netdev holds it → its device (an ACTIVE port's
+    first, then the first in enumeration order). A port whose link is down keeps its entry: the map
+    is right whatever the cable does (fabric.link says the link is down)."""
     out: dict[str, str] = {}
-    for e in usable_rocev2(fabric) if fabric else []:
+    for e in rocev2_carriers(fabric) if fabric else []:
         out.setdefault(e.ip, e.device)
     return out
+
+
+def devicemap_caveats(fabric: FabricFacts | None, dm: dict[str, str]) -> list[str]:
+    """One line per map entry whose port is not ACTIVE: the entry is right, the link is not (fabric.link)."""
+    out = []
+    for e in rocev2_carriers(fabric) if fabric else []:
+        if dm.get(e.ip) == e.device and e.port_state != "ACTIVE":
+            out.append(f"{e.ip}={e.device}: port {e.port} is {e.port_state or 'in an unknown state'}; the entry is "
+                       "right, the link is not (`afddiag fabric` judges it in fabric.link)")
+    return list(dict.fromkeys(out))
 
 
 def gid_of(fabric: FabricFacts, e: Entry) -> str | None:

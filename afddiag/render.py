@@ -43,7 +43,7 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None):
     for g in gates:
         body = Text(g["summary"], overflow="fold")
         if g["verdict"] in TELLS and g.get("remedy"):
-            body.append("\n→ " + g["remedy"], style="italic")
+            body.append("\n→ " + g["remedy"] + (f" [{g['action']}]" if g.get("action") else ""), style="italic")
         t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
     return t
 
@@ -54,4 +54,5 @@ def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, id_width: int = 2
     for g in gates:
         out.write(f"{g['verdict']:<5}  {g['id']:<{id_width}} {g['summary']}\n")
         if g["verdict"] in TELLS and g.get("remedy"):
-            out.write(f"{'':<5}  {'':<{id_width}} remedy: {g['remedy']}\n")
+            out.write(f"{'':<5}  {'':<{id_width}} remedy: {g['remedy']}"
+                      + (f" [{g['action']}]" if g.get("action") else "") + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import json
 import os
 import shlex
@@ -23,7 +24,13 @@ SCHEMA_VERSION = 1
 def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
           fabric: FabricFacts | None, notes: list[str] | None = None,
           facts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1)."""
+    """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1).
+
+    Gates whose dependency failed are settled first and every verdict gets its typed action
+    (:func:`afddiag.diagnosis.prepare`); ``diagnosis`` lists the independent faults in fix order."""
+    from afddiag.diagnosis import prepare
+
+    diagnosis = prepare(verdicts)
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
         counts[v.verdict] += 1
@@ -34,6 +41,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "source": source,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "inputs": inputs,
+        "diagnosis": diagnosis,
         "gates": [to_jsonable(v) for v in verdicts],
         "device_map": device_map(fabric),
         "counts": counts,
@@ -56,6 +64,15 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
 
     out = out or sys.stdout
     con = console_for(out, width)
+    if con is None:
+        write_diagnosis(report, out)
+    else:
+        from rich.text import Text
+
+        buf = io.StringIO()
+        write_diagnosis(report, buf)
+        for line in buf.getvalue().splitlines():  # folded at the console's width, never cut
+            con.print(Text(line, overflow="fold"))
     if con is None:  # plain text needs no rich (start-up: rich costs ~40 ms to import)
         write_gate_lines(report["gates"], out)
     else:
@@ -67,6 +84,24 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
     c = report["counts"]
     out.write(f"{c['PASS']} pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error"
               f" — exit {report['exit_code']}\n")
+
+
+def write_diagnosis(report: dict[str, Any], out: TextIO) -> None:
+    """The report's opening: each independent fault with its one remedy and action, in fix order."""
+    diag = report.get("diagnosis") or []
+    faults = [d for d in diag if d["verdict"] in ("FAIL", "ERROR")]
+    if not diag:
+        out.write("diagnosis: no fault found\n")
+        return
+    head = (f"{len(faults)} fault(s)" if faults else "no fault") + (
+        f", {len(diag) - len(faults)} warning(s)" if len(diag) > len(faults) else "")
+    out.write(f"diagnosis: {head}, in the order to fix them\n")
+    for i, d in enumerate(diag, 1):
+        out.write(f"  {i}. {d['verdict']} {d['gate']}: {d['summary']}\n")
+        out.write(f"     remedy: {d['remedy']} [{d['action']}{', drain' if d.get('drain') else ''}]\n")
+        if d["explains"]:
+            out.write(f"     explains: {', '.join(d['explains'])}\n")
+    out.write("\n")
 
 
 def format_exports(pairs: list[tuple[str, str]], fmt: str = "shell") -> str:

@@ -38,6 +38,9 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
         root = Path(inputs.snapshot)
         if not root.is_dir():
             raise SnapshotError(f"snapshot {root}: not a directory (give a folder holding {registry.layout_hint()})")
+        if not registry.recognizes(root):
+            raise SnapshotError(f"snapshot {root}: holds nothing afddiag recognizes: a snapshot holds any of "
+                                f"{registry.snapshot_parts()} (`afddiag capture` writes one)")
         obs = Observation(host=root.name, source=f"snapshot {root}")
         run = registry.Run(inputs, obs, root=root)
     else:

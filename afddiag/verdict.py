@@ -14,13 +14,16 @@ EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_ERROR, EXIT_USAGE = 0, 1, 2, 3, 64
 @dataclass
 class Verdict:
     """One gate's verdict for the host: ``summary`` names the subject first, ``remedy`` says what
-    to do, ``facts`` holds what was seen per device."""
+    to do, ``facts`` holds what was seen per device, ``action`` is the remedy's type from the closed
+    set in ``checks/gates.toml`` ``[actions]`` (NONE, SET_ENV, FIX_LINK, RESET_GPU, ...); "" means the
+    catalog's default for the gate (:func:`afddiag.diagnosis.fill_actions` fills it in)."""
 
     id: str
     verdict: str
     summary: str
     remedy: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
+    action: str = ""
 
 
 def exit_code(verdicts: list[Verdict]) -> int:

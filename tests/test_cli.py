@@ -42,11 +42,15 @@ def test_json_is_alone_on_stdout_and_valid(report_schema):
                           capture_output=True, text=True)
     rep = json.loads(proc.stdout)  # nothing but JSON on stdout
     jsonschema.validate(rep, report_schema)
-    # two addressed rails and no --fabric-ip: the gates that need one WARN "ambiguous", never guess
-    assert proc.returncode == rep["exit_code"] == 1
+    # two addressed rails and no --fabric-ip: the gates that need one WARN "ambiguous", never guess; but the
+    # first enumerated device (rocep1s0f0) carries neither candidate, so first-device FAILs whichever it is
+    assert proc.returncode == rep["exit_code"] == 2
     assert rep["inputs"]["fabric_ip"] is None and rep["inputs"]["fabric_ip_source"] == "ambiguous"
+    link = next(g for g in rep["gates"] if g["id"] == "fabric.link")
+    assert link["verdict"] == "WARN" and "ambiguous" in link["summary"]
     first = next(g for g in rep["gates"] if g["id"] == "fabric.first-device")
-    assert first["verdict"] == "WARN" and "192.168.100.10" in first["summary"] and "192.168.101.10" in first["summary"]
+    assert first["verdict"] == "FAIL" and "192.168.100.10" in first["summary"] and "192.168.101.10" in first["summary"]
+    assert "rocep1s0f0" in first["summary"] and first["action"] == "SET_ENV"
     assert rep["device_map"] == {"192.168.100.10": "rocep1s0f1", "192.168.101.10": "roceP2p1s0f1"}
 
 
@@ -64,7 +68,7 @@ def test_schema_rejects_a_wrong_report(report_schema):
 def test_plain_table_without_tty_names_subject_and_remedy():
     out = invoke(["fabric", "--snapshot", C01, "--fabric-ip", "192.168.100.10"], env={"NO_COLOR": "1"}).stdout
     assert "\x1b[" not in out
-    line = next(l for l in out.splitlines() if "fabric.first-device" in l)
+    line = next(l for l in out.splitlines() if "fabric.first-device" in l and not l.startswith(" "))
     assert line.startswith("FAIL") and "rocep1s0f0" in line
     assert "remedy: export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in out
     assert out.rstrip().endswith("exit 2")

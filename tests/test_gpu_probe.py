@@ -671,6 +671,11 @@ def test_recorded_h200_fixtures_have_the_probes_shape(fake_gpus, meminfo):
     now["host_meminfo_kb"] = {k: v for k, v in now["host_meminfo_kb"].items() if k not in added}
     # per-part wall times, added after the recording (issue 16): NVML, CUDA and the kernel log
     assert set(now.pop("timings_ms")) == {"nvml_ms", "cuda_ms", "xid_ms"}
+    # keys added after that recording (issue 12: who probed, and the CUDA ordinal for the busy check)
+    assert _key_paths(now) - _key_paths(busy) == {"probe_pid", "devices[].cuda_ordinal"}
+    now.pop("probe_pid")
+    for d in now["devices"]:
+        d.pop("cuda_ordinal")
     assert _shape(now) == _shape(busy)
     n = busy["devices"][0]["nvml"]
     assert n["ecc"]["mode_current"] is True and n["retired_pages"] == "NOT_SUPPORTED"

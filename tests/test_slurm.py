@@ -13,6 +13,7 @@ import pytest
 from afddiag import slurm
 from afddiag.cli import run
 from conftest import case_dirs, load_case
+from snapfix import link_down
 
 FABRIC = case_dirs("fabric")
 REPO = Path(__file__).resolve().parent.parent
@@ -63,8 +64,8 @@ def slurm_node(fake_scontrol, fake_sinfo, monkeypatch):
 
     monkeypatch.setattr(climod, "_diagnose", diagnose)
 
-    def setup(prefix: str, sinfo_line: str = "idle|none"):
-        chosen["case"] = case(prefix)
+    def setup(prefix: str | Path, sinfo_line: str = "idle|none"):
+        chosen["case"] = prefix if isinstance(prefix, Path) else case(prefix)
         fake_sinfo.write_text(sinfo_line + "\n")
         return fake_scontrol
 
@@ -89,13 +90,29 @@ def case(prefix: str) -> Path:
     return next(c for c in FABRIC if c.name.startswith(prefix))
 
 
-def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys):
-    log = slurm_node("01-")
+@pytest.fixture
+def down(tmp_path):
+    """Case 02 with the fabric port's cable out: fabric.link FAIL, action FIX_LINK (needs a person)."""
+    return link_down(tmp_path / "down")
+
+
+def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys, down):
+    log = slurm_node(down)
     code = run(["preflight", "--drain", "--no-history"])
     assert code == 2  # the exit code still says FAIL (a Prolog drains on it)
-    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.first-device"]]
+    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
     err = capsys.readouterr().err
-    assert "NOT FIT" in err and "drained gpu-node-7 (reason=afddiag: fabric.first-device)" in err
+    assert "NOT FIT" in err and "drained gpu-node-7 (reason=afddiag: fabric.link)" in err
+    assert "[FIX_LINK]" in err
+
+
+def test_a_launch_setting_fault_is_not_drained(slurm_node, capsys):
+    """Case 01's fault is the launcher's device map (SET_ENV): draining the node would not fix it."""
+    log = slurm_node("01-")
+    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert calls(log) == []
+    err = capsys.readouterr().err
+    assert "NOT FIT" in err and "not drained: no fault's action needs the node drained (SET_ENV)" in err
 
 
 def test_fit_host_is_not_drained(slurm_node):
@@ -120,24 +137,24 @@ def test_drain_refuses_a_snapshot(fake_scontrol, fake_sinfo, capsys):
 
 @pytest.mark.parametrize("line", ["drained|bad DIMM, ticket 4411", "draining|reboot pending", "down*|Not responding",
                                   "idle+drain|maintenance window"])
-def test_an_admins_drain_is_never_overwritten(slurm_node, capsys, line):
-    log = slurm_node("01-", line)
+def test_an_admins_drain_is_never_overwritten(slurm_node, capsys, line, down):
+    log = slurm_node(down, line)
     assert run(["preflight", "--drain", "--no-history"]) == 2
     assert calls(log) == []
     assert "left as it is" in capsys.readouterr().err
 
 
-def test_own_drain_kept_or_updated(slurm_node):
-    log = slurm_node("01-", "drained|afddiag: fabric.first-device")
+def test_own_drain_kept_or_updated(slurm_node, down):
+    log = slurm_node(down, "drained|afddiag: fabric.link")
     assert run(["preflight", "--drain", "--no-history"]) == 2
     assert calls(log) == []  # same reason: nothing to do
-    log = slurm_node("01-", "drained|afddiag: gpu.slow-state")
+    log = slurm_node(down, "drained|afddiag: gpu.slow-state")
     assert run(["preflight", "--drain", "--no-history"]) == 2
-    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.first-device"]]
+    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
 
 
-def test_unreadable_state_drains_nothing(slurm_node, monkeypatch, capsys):
-    log = slurm_node("01-")
+def test_unreadable_state_drains_nothing(slurm_node, monkeypatch, capsys, down):
+    log = slurm_node(down)
     monkeypatch.setenv("FAKE_SINFO_RC", "1")
     assert run(["preflight", "--drain", "--no-history"]) == 2
     assert calls(log) == []
@@ -174,8 +191,8 @@ def test_one_run_writes_verdict_and_prom(slurm_node, tmp_path, capsys):
     assert [(x.labels["command"], x.value) for x in first] == [("preflight", 2.0)]
 
 
-def test_scontrol_failure_is_reported_and_the_exit_code_kept(slurm_node, monkeypatch, capsys):
-    log = slurm_node("01-")
+def test_scontrol_failure_is_reported_and_the_exit_code_kept(slurm_node, monkeypatch, capsys, down):
+    log = slurm_node(down)
     monkeypatch.setenv("FAKE_SCONTROL_RC", "1")
     assert run(["preflight", "--drain", "--no-history"]) == 2
     assert len(calls(log)) == 1
@@ -249,11 +266,21 @@ def test_healthcheck_example_one_run_skips_load_on_busy_nodes(fake_scontrol, fak
     assert "-n gpu-node-7" in (tmp_path / "sinfo-args.txt").read_text()
 
 
-def test_prolog_example_exits_non_zero_when_unfit(fake_scontrol):
-    c = case("01-")
-    env = dict(os.environ, AFDDIAG=f"{sys.executable} -m afddiag", AFDDIAG_ARGS=f"--snapshot {c} "
-               f"--fabric-ip {load_case(c)['fabric_ip']}", PYTHONPATH=str(REPO))
-    p = subprocess.run(["bash", str(REPO / "playbooks" / "slurm" / "prolog.sh")], capture_output=True,
-                       text=True, env=env, timeout=120)
+def _prolog(snap, fabric_ip):
+    env = dict(os.environ, AFDDIAG=f"{sys.executable} -m afddiag", AFDDIAG_ARGS=f"--snapshot {snap} "
+               f"--fabric-ip {fabric_ip}", PYTHONPATH=str(REPO))
+    return subprocess.run(["bash", str(REPO / "playbooks" / "slurm" / "prolog.sh")], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_prolog_example_exits_non_zero_when_unfit(fake_scontrol, down):
+    p = _prolog(down, "192.168.100.11")
     assert p.returncode != 0 and "NOT FIT" in p.stderr
     assert calls(fake_scontrol) == []  # the Prolog leaves draining to slurmd
+
+
+def test_prolog_example_lets_a_launch_setting_fault_through(fake_scontrol):
+    """A Prolog failure drains the node; a wrong device map is the job's launcher, not the node."""
+    c = case("01-")
+    p = _prolog(c, load_case(c)["fabric_ip"])
+    assert p.returncode == 0 and "NOT FIT" in p.stderr and "[SET_ENV]" in p.stderr

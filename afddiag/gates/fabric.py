@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from afddiag.catalog import remedy
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
-from afddiag.facts import errno_words, ROCE_V2, Entry, FabricFacts, carriers, ipv4_entries, to_jsonable, usable_rocev2
+from afddiag.model import to_jsonable
+from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
+                                  order_known, rocev2_carriers, usable_rocev2)
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
+EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
 ROCE_MTUS = (4096, 2048, 1024, 512, 256)
 ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
 
@@ -38,7 +41,7 @@ def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
         cands = sorted({f"{e.ip} ({e.device} GID {e.gid_index})" for e in fip.candidates})
         if fip.ambiguous:
             return Verdict(gid, WARN, f"fabric IP ambiguous: {len(cands)} IPv4 RoCE v2 GIDs on ACTIVE ports: "
-                           + ", ".join(cands), remedy("fabric.ambiguous"), {"candidates": cands})
+                           + ", ".join(cands), remedy("fabric.ambiguous"), {"candidates": cands}, action="RERUN")
         return Verdict(gid, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on an ACTIVE port and no --fabric-ip",
                        remedy("fabric.rocev2-ipv4"))
     return None
@@ -84,7 +87,7 @@ def rdma_present(ctx: Context) -> Verdict:
         why = "; ".join(fab.notes) if fab and fab.notes else "not probed"
         if ctx.requires("rdma"):  # a role that needs RDMA cannot be passed on evidence that is not there
             return Verdict(gid, FAIL, f"role {ctx.playbook.name} requires RDMA, but the fabric was not looked at "
-                           f"({why})", remedy("snapshot.fabric"))
+                           f"({why})", remedy("snapshot.fabric"), action="RERUN")
         return Verdict(gid, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
                        remedy("snapshot.fabric"))
     if not fab.devices:
@@ -165,6 +168,11 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
         e = mine[0]
         return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)} on an ACTIVE port", "nothing to do",
                        {"entry": to_jsonable(e), "inventory": inventory})
+    down = [e for e in rocev2_carriers(fab) if e.ip == ip]
+    if down:  # the GID is right; the port's link is fabric.link's concern (one fault, one remedy)
+        e = down[0]
+        return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)}; its port is {e.port_state} (fabric.link judges "
+                       "the link)", "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
     cs = carriers(fab, ip)
     if cs:
         kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
@@ -201,20 +209,70 @@ def engine_device(ctx: Context) -> tuple[str | None, str]:
     return engine_device_for(ctx.obs.fabric, ctx.obs.env, ctx.fabric_ip.ip)
 
 
+def _map_fix(ctx: Context, ips: list[str]) -> str:
+    """``export MAP=ip=dev,...`` naming, for each of ``ips``, the device carrying it as RoCE v2."""
+    fab = ctx.obs.fabric
+    pairs = []
+    for ip in ips:
+        e = next((e for e in rocev2_carriers(fab) if e.ip == ip), None)
+        if e is not None:
+            pairs.append(f"{ip}={e.device}")
+    return f"export {MAP_VAR}={','.join(pairs)} on this host's launcher" if pairs else remedy("fabric.rocev2-ipv4")
+
+
+def _first_device_ambiguous(ctx: Context, gid: str, warn: Verdict) -> Verdict:
+    """Several candidate fabric IPs: FAIL when, whichever one the launcher uses, the device the
+    engine opens (the map's entry for it, else the first enumerated) carries none of them."""
+    fab = ctx.obs.fabric
+    env = ctx.obs.env or {}
+    entries = parse_device_map(env[MAP_VAR])[0] if MAP_VAR in env else {}
+    cands = sorted({e.ip for e in ctx.fabric_ip.candidates})
+    first = fab.devices[0].name
+    opens = {c: entries.get(c, first) for c in cands}
+    works = [c for c in cands if any(e.device == opens[c] for e in carriers(fab, c))]
+    facts = {**warn.facts, "engine_device_per_candidate": opens, "candidates_that_work": works,
+             "order_source": fab.order_source}
+    if works:
+        return Verdict(gid, WARN, warn.summary + f"; the engine's device carries {', '.join(works)}", warn.remedy,
+                       facts, action="RERUN")
+    unmapped = [c for c in cands if c not in entries]
+    if unmapped and not order_known(fab):
+        return Verdict(gid, WARN, warn.summary + "; device order unknown, so the device the engine opens for "
+                       f"{', '.join(unmapped)} cannot be told", _map_fix(ctx, cands), facts, action="SET_ENV")
+    seen = ", ".join(sorted({f"{d} ({'map' if c in entries else 'first enumerated device'})" for c, d in opens.items()}))
+    return Verdict(gid, FAIL, f"fabric IP ambiguous ({', '.join(cands)}), and the device the engine opens carries "
+                   f"none of them: {seen}", _map_fix(ctx, cands), facts, action="SET_ENV")
+
+
 def first_device(ctx: Context) -> Verdict:
     gid = "fabric.first-device"
     if (v := _need_fabric(ctx, gid)) is not None:
+        if v.verdict == WARN and ctx.fabric_ip.ambiguous:
+            return _first_device_ambiguous(ctx, gid, v)
         return v
     ip = ctx.fabric_ip.ip
+    fab = ctx.obs.fabric
     dev, how = engine_device(ctx)
-    cs = carriers(ctx.obs.fabric, ip)
+    cs = carriers(fab, ip)
     carrying = sorted({e.device for e in cs})
-    order = [d.name for d in ctx.obs.fabric.devices]
+    order = [d.name for d in fab.devices]
     facts = {"engine_device": dev, "chosen_by": how, "carrying_devices": carrying, "enumeration_order": order,
-             "order_source": ctx.obs.fabric.order_source}
+             "order_source": fab.order_source}
+    if not how.startswith(MAP_VAR) and not order_known(fab):  # never guess libibverbs' order from names
+        facts["engine_device"] = None
+        if carrying and set(carrying) >= set(order):
+            return Verdict(gid, PASS, f"every RDMA device carries fabric IP {ip}: whichever the engine opens "
+                           f"(device order unknown: {fab.order_source})", "nothing to do", facts)
+        where = (f"fabric IP {ip} is on {', '.join(carrying)}" if carrying else f"no device carries fabric IP {ip}")
+        return Verdict(gid, WARN, f"order unknown: the device the engine opens (libibverbs' first) cannot be told "
+                       f"without the device index order ({fab.order_source}); {where}, not on "
+                       f"{', '.join(d for d in order if d not in carrying)}",
+                       _map_fix(ctx, [ip]) + " (then the order does not matter), or capture the order "
+                       "(`afddiag capture` records it; live it comes from pyverbs or NETLINK_RDMA)", facts, action="SET_ENV")
     if dev in carrying:
         return Verdict(gid, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts)
-    good = [e for e in usable_rocev2(ctx.obs.fabric) if e.ip == ip]
+    good = [e for e in rocev2_carriers(fab) if e.ip == ip]
+    action = "SET_ENV"
     if good:
         e = good[0]
         fix = f"export {MAP_VAR}={ip}={e.device} on this host's launcher"
@@ -225,9 +283,36 @@ def first_device(ctx: Context) -> Verdict:
     else:
         fix = remedy("fabric.rocev2-ipv4")
         where = f"no device carries fabric IP {ip}"
+        action = "FIX_ADDRESS"
     if dev not in order:
-        return Verdict(gid, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts)
-    return Verdict(gid, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts)
+        return Verdict(gid, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts,
+                       action=action)
+    return Verdict(gid, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action)
+
+
+def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, str | None]:
+    """What NCCL gets from one selected ACTIVE port: ("fabric", None) when it carries the fabric IP as
+    RoCE v2, ("rail", subnet) when it carries its own routable IPv4 RoCE v2 GID, else ("fail", why)."""
+    import ipaddress
+
+    mine = [e for e in rocev2_carriers(fab) if e.device == d.name and e.port == p.num]
+    if any(e.ip == ip for e in mine):
+        return "fabric", None
+    routable = [e for e in mine if not is_link_local_v4(e.ip) or is_link_local_v4(ip)]
+    if routable:
+        e = routable[0]
+        nd = fab.netdevs.get(e.netdev or "")
+        pre = next((a for a in (nd.ipv4 if nd else []) if a.split("/")[0] == e.ip), f"{e.ip}/32")
+        try:
+            net = str(ipaddress.IPv4Interface(pre).network)
+        except ValueError:
+            net = pre
+        return "rail", f"{e.ip} on {net} (GID {e.gid_index})"
+    if mine:
+        return "fail", (f"{d.name}:{p.num} has only the link-local IPv4 {mine[0].ip} (169.254/16), which no peer "
+                        f"off that link reaches while the fabric IP {ip} is routable")
+    return "fail", (f"{d.name}:{p.num} has no IPv4 RoCE v2 GID: NCCL falls back to GID index 0 (fe80) there and "
+                    "its QP times out at RTR (errno 110)")
 
 
 def devicemap_env(ctx: Context) -> Verdict:
@@ -243,7 +328,9 @@ def devicemap_env(ctx: Context) -> Verdict:
     if fab is None or not fab.captured or not fab.devices:
         return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
     ip = ctx.fabric_ip.ip
-    usable = usable_rocev2(fab)
+    # its own concern only: does each variable name the device/port/GID that carries the address as
+    # RoCE v2? Whether that port's link is up is fabric.link's (one fault, one remedy).
+    good = rocev2_carriers(fab)
     fails: list[str] = []
     warns: list[str] = []
     facts: dict = {"set": set_vars}
@@ -254,20 +341,20 @@ def devicemap_env(ctx: Context) -> Verdict:
         for eip, dev in entries.items():
             if eip not in local:
                 continue  # another host's entry in a fleet-wide map
-            ok = [e for e in usable if e.ip == eip]
+            ok = [e for e in good if e.ip == eip]
             if not any(e.device == dev for e in ok):
-                right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2 on an ACTIVE port)"
+                right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2)"
                 fails.append(f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
         if ip and ip not in entries:
             warns.append(f"{MAP_VAR} has no entry for fabric IP {ip}: the engine falls back to the first device")
-    target = [e for e in usable if e.ip == ip] if ip else []
+    target = [e for e in good if e.ip == ip] if ip else []
     need_ip = (NCCL_HCA_VAR in set_vars or NCCL_GID_VAR in set_vars)
     if need_ip and not target:
         if ip is None:
             warns.append(f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} set but the fabric IP is "
                          f"{'ambiguous' if ctx.fabric_ip.ambiguous else 'unknown'}: give --fabric-ip")
         else:
-            fails.append(f"fabric IP {ip} has no RoCE v2 GID on an ACTIVE port, so no NCCL setting can reach it")
+            facts["not_judged"] = f"fabric IP {ip} has no RoCE v2 GID (fabric.rocev2-ipv4)"
     if NCCL_HCA_VAR in set_vars and target:
         try:
             spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
@@ -275,16 +362,29 @@ def devicemap_env(ctx: Context) -> Verdict:
             fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]!r}: {e}")
         else:
             t = target[0]
-            chosen = [f"{d.name}:{p.num}" for d in fab.devices for p in d.ports if spec.selects(d.name, p.num)]
+            picked = [(d, p) for d in fab.devices for p in d.ports if spec.selects(d.name, p.num)]
+            chosen = [f"{d.name}:{p.num}" for d, p in picked]
             facts["nccl_selects"] = chosen
             if not spec.selects(t.device, t.port):
                 fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} selects {', '.join(chosen) or 'nothing'}, "
                              f"not {t.device}:{t.port} which carries {ip}")
             else:
-                idle = [c for c in chosen if not any(f"{e.device}:{e.port}" == c for e in usable)]
-                if idle:
-                    warns.append(f"{NCCL_HCA_VAR} also selects {', '.join(idle)}, which carry no IPv4 RoCE v2 GID "
-                                 f"(NCCL matches by prefix unless the value starts with '=')")
+                # NCCL uses every ACTIVE port it selects (ncclIbInit skips ports that are not ACTIVE)
+                rails, bad, idle = [], [], []
+                for d, p in picked:
+                    if p.state != "ACTIVE":
+                        idle.append(f"{d.name}:{p.num}")
+                        continue
+                    kind, why = _nccl_port_problem(fab, d, p, ip)
+                    if kind == "rail":
+                        rails.append(f"{d.name}:{p.num} {why}")
+                    elif kind == "fail":
+                        bad.append(why)
+                facts["rails"] = rails
+                facts["ignored_not_active"] = idle
+                if bad:
+                    fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} also selects ports NCCL cannot use to "
+                                 "reach a peer: " + "; ".join(bad))
     if NCCL_GID_VAR in set_vars and target:
         raw = set_vars[NCCL_GID_VAR].strip()
         t = target[0]
@@ -311,8 +411,13 @@ def devicemap_env(ctx: Context) -> Verdict:
         return Verdict(gid, FAIL, "; ".join(fails), rem, facts)
     if warns:
         return Verdict(gid, WARN, "; ".join(warns), rem, facts)
+    if facts.get("not_judged"):
+        return Verdict(gid, SKIP, f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} not judged: {facts['not_judged']}",
+                       "see fabric.rocev2-ipv4", facts)
+    rail_txt = f"; rails: {', '.join(facts['rails'])}" if facts.get("rails") else ""
     return Verdict(gid, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
-                   + (f" ({target[0].device} GID {target[0].gid_index})" if target else ""), "nothing to do", facts)
+                   + (f" ({target[0].device} GID {target[0].gid_index})" if target else "") + rail_txt,
+                   "nothing to do", facts)
 
 
 def decode_errno(err: int | None) -> str:
@@ -350,6 +455,13 @@ def qp_rtr(ctx: Context) -> Verdict:
         return Verdict(gid, ERROR, f"not judged: {dev} QP walk toward {r.target} {r.error} (reached {r.reached})",
                        PROBE_FAILED_REMEDY, facts)
     bad = [r for r in mine if r.reached not in ("RTR", "RTS")]
+    cannot = [r for r in bad if r.errno is not None and abs(r.errno) == EOPNOTSUPP]
+    if bad and len(cannot) == len(bad):  # "this device cannot", not "this device is broken"
+        r = cannot[0]
+        step = next((s.to for s in r.steps if not s.ok), "the walk")
+        return Verdict(gid, SKIP, f"{dev} ({how}): this device cannot run the RC QP walk: {step} toward {r.target} "
+                       f"answered errno {abs(r.errno)} (EOPNOTSUPP, operation not supported by this device)",
+                       "nothing is broken on this evidence; test the path with the engine's own transport", facts)
     if bad:
         r = bad[0]
         step = next((s for s in r.steps if not s.ok), None)
@@ -357,7 +469,8 @@ def qp_rtr(ctx: Context) -> Verdict:
         return Verdict(gid, FAIL, f"{dev} ({how}): RC QP {r.reached}→{to} toward {r.target} failed: "
                        f"errno {abs(r.errno) if r.errno is not None else '?'} {decode_errno(r.errno)} "
                        f"[sgid index {r.sgid_index}: {r.sgid_choice}]",
-                       remedy(gid) if abs(r.errno or 0) != 110 else remedy(gid + ".timeout"), facts)
+                       remedy(gid) if abs(r.errno or 0) != 110 else remedy(gid + ".timeout"), facts,
+                       action="SET_ENV" if abs(r.errno or 0) != 110 else "FIX_ROUTE")
     weak = all(r.target == "loopback" for r in mine)
     targets = ", ".join(sorted({r.target or "?" for r in mine}))
     tail = (" — loopback only, a weaker test (a QP aimed at its own GID reaches RTR even on the wrong port): "

@@ -6,7 +6,8 @@ import re
 
 from afddiag import baseline
 from afddiag.catalog import remedy
-from afddiag.facts import GpuDevice, clocks_event_reason_names, to_jsonable
+from afddiag.model import to_jsonable
+from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -47,6 +48,8 @@ def present(ctx: Context) -> Verdict:
         if v.verdict == SKIP and ctx.requires("gpu"):  # absent or not looked at: the role cannot pass
             v.verdict = FAIL
             v.summary += f"; role {ctx.playbook.name} requires a GPU"
+            g = ctx.obs.gpu
+            v.action = "INSTALL" if g is not None and g.captured else "RERUN"  # not looked at: nothing to fix
         return v
     g = ctx.obs.gpu
     model = ctx.playbook.gpu_model
@@ -185,6 +188,28 @@ def _baseline_kind(src: str) -> str:
     return "baseline"
 
 
+def gpu_busy(d: GpuDevice, g: GpuFacts) -> list[str]:
+    """Evidence that another job computes on ``d``: compute processes other than afddiag (NVML, at
+    the GPU probe's read, just before and right after the load probe) and utilization at or above
+    :data:`afddiag.facts.BUSY_UTILIZATION_PCT` at the GPU probe's read or just before the load probe.
+    [] when none was seen. Pure: reads the recorded facts only."""
+    own = {g.probe_pid} - {None}
+    ul = d.under_load
+    before = d.load_busy_before or (ul.busy_before if ul else None) or {}
+    after = (ul.busy_after if ul else None) or {}
+    for chk in (before, after):
+        if isinstance(chk.get("own_pid"), int):
+            own.add(chk["own_pid"])
+    found = busy_evidence(d.processes, d.utilization_pct, own, "at the GPU probe's read")
+    found += busy_evidence(before.get("processes"), before.get("utilization_pct"), own)
+    found += busy_evidence(after.get("processes"), None, own)
+    return list(dict.fromkeys(found))
+
+
+BUSY_REMEDY = ("re-run `afddiag gpu --load` when the GPU is idle (stop or wait for the listed process); "
+               "nothing is wrong with the GPU on this evidence")
+
+
 def slow_state(ctx: Context) -> Verdict:
     gid = "gpu.slow-state"
     if (v := _need_gpu(ctx, gid)) is not None:
@@ -196,9 +221,17 @@ def slow_state(ctx: Context) -> Verdict:
     verdicts: list[tuple[str, str]] = []
     facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
                    "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
+    busy_seen: list[str] = []
     for d in g.devices:
         ul = d.under_load
         label = _label(d)
+        busy = gpu_busy(d, g)
+        if busy and (d.load_why or ul is not None):
+            busy_seen += busy
+            facts[str(d.index)] = {"busy": busy, "load_why": d.load_why}
+            verdicts.append((WARN, f"{label}: inconclusive: GPU busy ({'; '.join(busy)}): the load figures of a "
+                                   "shared GPU say nothing about its health"))
+            continue
         if d.load_why:
             verdicts.append((WARN, f"{label}: inconclusive, the load probe gave no figures ({d.load_why})"))
             continue
@@ -247,7 +280,8 @@ def slow_state(ctx: Context) -> Verdict:
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
-    rem = {FAIL: remedy(gid), WARN: "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
+    rem = {FAIL: remedy(gid), WARN: BUSY_REMEDY if busy_seen else
+           "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
     return Verdict(gid, worst, summary, rem, facts)
 
@@ -337,11 +371,60 @@ def image_arch(ctx: Context) -> Verdict:
                    "nothing to do", facts)
 
 
-# Xids that mean the GPU or its memory needs a reset, a reboot or service (NVIDIA Xid catalog).
-XID_FATAL = {48: "double-bit ECC error", 63: "ECC page retirement or row remapping event",
-             64: "ECC page retirement or row remapper failure", 74: "NVLink error", 79: "GPU has fallen off the bus",
-             92: "high single-bit ECC error rate", 94: "contained ECC error", 95: "uncontained ECC error",
-             119: "GSP RPC timeout", 120: "GSP error", 140: "ECC unrecovered error"}
+# NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with the Xid Catalog"):
+# the Xids whose resolution is a GPU reset, a reboot or service -> (what it is, action). The action is
+# afddiag's closed set (checks/gates.toml [actions]).
+XID_FATAL = {48: ("double-bit ECC error", "RESET_GPU"), 61: ("internal micro-controller breakpoint", "RESET_GPU"),
+             62: ("internal micro-controller halt", "RESET_GPU"),
+             63: ("ECC page retirement or row remapping recording event: takes effect at the next GPU reset",
+                  "RESET_GPU"),
+             64: ("ECC page retirement or row remapper recording failure", "RESET_GPU"),
+             74: ("NVLink error", "RESET_GPU"), 79: ("GPU has fallen off the bus", "REBOOT"),
+             95: ("uncontained ECC error", "RESET_GPU"), 110: ("security fault error", "RESET_GPU"),
+             119: ("GSP RPC timeout", "RESET_GPU"), 120: ("GSP error", "RESET_GPU"),
+             121: ("C2C link corrected error", "RESET_GPU"), 136: ("link training failed", "RESET_GPU"),
+             140: ("unrecovered ECC error", "RESET_GPU"), 143: ("GPU initialization failure", "RESET_GPU")}
+# Xids the catalog attributes to the application (resolution: restart the application) or that only
+# warn (contained errors, rates): WARN, the GPU stays in service.
+XID_APP = {8: "GPU stopped processing (channel idle timeout)", 13: "graphics engine exception (often a kernel's "
+           "out-of-range access)", 31: "GPU memory page fault (often an application's illegal address)",
+           32: "invalid or corrupted push buffer stream", 38: "driver firmware error", 43: "GPU stopped "
+           "processing (the application's channel was reset)", 45: "preemptive cleanup after a previous error",
+           68: "video decoder exception", 69: "graphics engine class error", 92: "high single-bit ECC error rate",
+           94: "contained ECC error (restart the application; reset the GPU when convenient)",
+           109: "context switch timeout", 137: "NVLink FLA privilege error", 144: "NVLink error", 145: "NVLink error",
+           146: "NVLink error", 147: "NVLink error", 148: "NVLink error", 149: "NVLink error", 150: "NVLink error"}
+# Xid 154 (and newer drivers on any Xid) print the recovery action the GPU needs; nvmlGpuRecoveryAction_t.
+RECOVERY_ACTIONS = (("node reboot required", "REBOOT"), ("system reboot", "REBOOT"), ("drain and reset", "RESET_GPU"),
+                    ("gpu reset required", "RESET_GPU"), ("bus reset", "RESET_GPU"), ("drain p2p", "WARN"),
+                    ("(none)", "NONE"))
+ACTION_RANK = {"REBOOT": 3, "RESET_GPU": 2}
+
+
+def xid_judgment(ev: dict) -> tuple[str, str, str]:
+    """One Xid event ``{xid, pci, text}`` → ``(verdict, words, action)`` by the recovery action the
+    driver printed (Xid 154 "GPU recovery action changed ... to 0x1 (GPU Reset Required)"), else by
+    NVIDIA's Xid catalog: reset/reboot → FAIL with RESET_GPU/REBOOT; application-caused → WARN;
+    an Xid not in the catalog → WARN quoting the line."""
+    xid = ev.get("xid")
+    text = str(ev.get("text") or "")
+    where = ev.get("pci") or "a GPU"
+    low = text.lower()
+    # the action the GPU is in now: the last "to ..." of a "changed from X to Y" line
+    tail = low.rsplit(" to ", 1)[-1] if "recovery action" in low else low
+    for words, action in RECOVERY_ACTIONS:
+        if words in tail and ("recovery action" in low or words != "(none)"):
+            if action == "NONE":
+                return PASS, f"Xid {xid} on {where}: recovery action back to none", "NONE"
+            if action == "WARN":
+                return WARN, f"Xid {xid} on {where}: {text}", "NONE"
+            return FAIL, f"Xid {xid} on {where}: {text}", action
+    if xid in XID_FATAL:
+        what, action = XID_FATAL[xid]
+        return FAIL, f"Xid {xid} ({what}) on {where}", action
+    if xid in XID_APP:
+        return WARN, f"Xid {xid} ({XID_APP[xid]}) on {where}", "NONE"
+    return WARN, f"Xid {xid} (not in afddiag's Xid catalog) on {where}: \"{text}\"", "NONE"
 
 
 def errors(ctx: Context) -> Verdict:
@@ -376,14 +459,32 @@ def errors(ctx: Context) -> Verdict:
         if isinstance(d.retired_pages, dict) and d.retired_pages.get("pending"):
             fails.append(f"{label}: page retirement pending: the GPU needs a reset")
         f["not_supported"] = [k for k in ("ecc", "retired_pages", "remapped_rows") if getattr(d, k) == "NOT_SUPPORTED"]
+    xid_actions: list[str] = []
+    last_154: dict = {}
     for ev in g.xid_events or []:
-        xid = ev.get("xid")
-        what = f"Xid {xid} ({XID_FATAL.get(xid, 'see the Xid catalog')}) on {ev.get('pci') or 'a GPU'}"
-        (fails if xid in XID_FATAL else warns).append(what)
+        if isinstance(ev, dict) and ev.get("xid") == 154:
+            last_154[ev.get("pci")] = ev  # the recovery action now is the last one the driver printed
+    for ev in g.xid_events or []:
+        if not isinstance(ev, dict) or (ev.get("xid") == 154 and last_154.get(ev.get("pci")) is not ev):
+            continue
+        verdict, what, action = xid_judgment(ev)
+        if verdict == FAIL:
+            fails.append(what)
+            xid_actions.append(action)
+        elif verdict == WARN:
+            warns.append(what)
+    facts["xid_actions"] = xid_actions
     if fails:
-        return Verdict(gid, FAIL, "; ".join(dict.fromkeys(fails)), remedy(gid), facts)
+        act = max(xid_actions, key=lambda a: ACTION_RANK.get(a, 0)) if xid_actions else "RESET_GPU"
+        rem = {"REBOOT": "drain the node and reboot it (the driver says the GPU needs a node reboot); a repeating "
+                         "Xid 79 or a second occurrence means service (RMA)",
+               "RESET_GPU": remedy(gid)}[act]
+        return Verdict(gid, FAIL, "; ".join(dict.fromkeys(fails)), rem, facts, action=act)
     if warns:
-        return Verdict(gid, WARN, "; ".join(dict.fromkeys(warns)), remedy(gid), facts)
+        return Verdict(gid, WARN, "; ".join(dict.fromkeys(warns)),
+                       "application-caused or contained: restart the application that hit it (its log names the "
+                       "pid); if the same Xid repeats with other applications, drain the host and reset the GPU",
+                       facts, action="NONE")
     xid = ("no Xid in the kernel log" if g.xid_events is not None
            else f"kernel log not read ({g.xid_source or 'not captured'})")
     na = sorted({k for d in g.devices for k in facts[str(d.index)]["not_supported"]})

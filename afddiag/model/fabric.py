@@ -195,6 +195,32 @@ def usable_rocev2(facts: FabricFacts) -> list[Entry]:
     ]
 
 
+def rocev2_carriers(facts: FabricFacts) -> list[Entry]:
+    """Entries a device map may name whatever the link does: IPv4 RoCE v2 GIDs whose netdev holds
+    the IP, ACTIVE ports first (a map naming the device that carries an address is right even while
+    its cable is out; ``fabric.link`` judges the link)."""
+    out = [e for e in ipv4_entries(facts) if e.gid_type == ROCE_V2 and e.netdev_holds_ip]
+    return sorted(out, key=lambda e: e.port_state != "ACTIVE")
+
+
+def is_link_local_v4(ip: str | None) -> bool:
+    """True for an IPv4 link-local address (169.254.0.0/16, RFC 3927): not routed between subnets."""
+    try:
+        return ipaddress.IPv4Address(ip or "").is_link_local
+    except ValueError:
+        return False
+
+
+ORDER_UNKNOWN_PREFIX = "name"  # FabricFacts.order_source when no source gave the device index order
+
+
+def order_known(facts: FabricFacts) -> bool:
+    """True when the devices are in libibverbs' enumeration order (pyverbs, netlink, a captured order),
+    False when they are only listed by name (no source of the order was available)."""
+    return bool(facts.devices) and not facts.order_source.startswith(ORDER_UNKNOWN_PREFIX) and \
+        facts.order_source not in ("unknown", "failed")
+
+
 @dataclass
 class QpStep:
     """One state transition of the QP walk (``ibv_modify_qp``)."""

@@ -56,6 +56,31 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+BUSY_UTILIZATION_PCT = 10.0  # GPU utilization at or above this while afddiag runs no kernel: another job
+
+
+def other_compute(processes: Any, own_pids: set | frozenset = frozenset()) -> list[dict[str, Any]]:
+    """The compute processes in an NVML process list (``[{pid, name, used_bytes, type}]``) that are
+    not afddiag: ``type`` "graphics" (a display server) and ``own_pids`` (the probing process) are
+    left out, as are processes named ``afddiag*``. A list without ``type`` counts as compute."""
+    if not isinstance(processes, list):
+        return []
+    return [p for p in processes if isinstance(p, dict) and p.get("type", "compute") != "graphics"
+            and p.get("pid") not in own_pids and not str(p.get("name") or "").startswith("afddiag")]
+
+
+def busy_evidence(processes: Any, utilization_pct: Any, own_pids: set | frozenset = frozenset(),
+                  when: str = "just before the load probe") -> list[str]:
+    """Why a GPU counts as busy with another job: ``["pid 443, python3", "utilization 97 % <when>"]``;
+    [] when neither another compute process (:func:`other_compute`) nor utilization at or above
+    :data:`BUSY_UTILIZATION_PCT` was seen."""
+    out = [f"pid {p.get('pid')}, {p.get('name') or 'name unknown'}" for p in other_compute(processes, own_pids)]
+    u = _num(utilization_pct)
+    if isinstance(u, (int, float)) and not isinstance(u, bool) and u >= BUSY_UTILIZATION_PCT:
+        out.append(f"utilization {u:g} % {when}")
+    return out
+
+
 @dataclass
 class UnderLoad:
     """Readings taken while the GPU was busy (a load probe or a recorded serving load)."""
@@ -69,6 +94,8 @@ class UnderLoad:
     bf16_tflops: float | None = None
     gemv_gbps: float | None = None
     copy_gbps: float | None = None  # read+write bytes
+    busy_before: dict[str, Any] | None = None  # the load probe's pre-check: {utilization_pct, processes, ...}
+    busy_after: dict[str, Any] | None = None  # compute processes seen right after the load probe
 
 
 @dataclass
@@ -97,6 +124,8 @@ class GpuDevice:
     temperature_c: float | None = None
     under_load: UnderLoad | None = None
     load_why: str | None = None  # why the load probe gave no figures
+    load_busy_before: dict[str, Any] | None = None  # a skipped load probe's busy check (under_load.busy_before)
+    utilization_pct: float | None = None  # nvmlDeviceGetUtilizationRates().gpu at the GPU probe's read (%)
     ecc: dict[str, Any] | str | None = None  # {"mode_current", "volatile": {...}, "aggregate": {...}} or NOT_SUPPORTED
     retired_pages: dict[str, Any] | str | None = None
     remapped_rows: dict[str, Any] | str | None = None
@@ -120,6 +149,7 @@ class GpuFacts:
     baseline: dict[str, float] | None = None
     xid_events: list[dict[str, Any]] | None = None  # NVRM Xid lines from the kernel log; None: not read
     xid_source: str | None = None
+    probe_pid: int | None = None  # the afddiag process that read NVML (its own CUDA context is not "another job")
     notes: list[str] = field(default_factory=list)
     readings: dict[str, Any] | None = None  # the raw readings (afddiag.probes.gpu.read_gpu's shape)
     failed: str | None = None  # the GPU probe timed out or crashed: what it was doing (gpu.* say ERROR)
@@ -164,6 +194,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
             if isinstance(nvml.get("clocks_event_reason_counters_us"), dict)
             else None,
             temperature_c=_num(nvml.get("temperature_c")),
+            utilization_pct=_num(nvml.get("utilization_pct")),
             ecc=nvml.get("ecc") if isinstance(nvml.get("ecc"), (dict, str)) else None,
             retired_pages=nvml.get("retired_pages") if isinstance(nvml.get("retired_pages"), (dict, str)) else None,
             remapped_rows=nvml.get("remapped_rows") if isinstance(nvml.get("remapped_rows"), (dict, str)) else None,
@@ -189,6 +220,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         ul = d.get("under_load")
         if isinstance(ul, dict) and isinstance(ul.get("why"), str):
             dev.load_why = ul["why"]
+            dev.load_busy_before = ul.get("busy_before") if isinstance(ul.get("busy_before"), dict) else None
         elif isinstance(ul, dict):
             ach = ul.get("achieved") if isinstance(ul.get("achieved"), dict) else {}
             dev.under_load = UnderLoad(
@@ -201,6 +233,8 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
                 bf16_tflops=_num(ach.get("bf16_tflops")),
                 gemv_gbps=_num(ach.get("gemv_gbps")),
                 copy_gbps=_num(ach.get("copy_gbps")),
+                busy_before=ul.get("busy_before") if isinstance(ul.get("busy_before"), dict) else None,
+                busy_after=ul.get("busy_after") if isinstance(ul.get("busy_after"), dict) else None,
             )
         for note in d.get("notes") if isinstance(d.get("notes"), list) else []:
             if isinstance(note, str):
@@ -221,6 +255,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         notes=[n for n in r.get("notes") if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
         xid_events=r.get("xid_events") if isinstance(r.get("xid_events"), list) else None,
         xid_source=r.get("xid_source") if isinstance(r.get("xid_source"), str) else None,
+        probe_pid=_int(r.get("probe_pid")),
         readings=r,
         failed=r.get("failed") if isinstance(r.get("failed"), str) else None,
         load_failed=r.get("load_failed") if isinstance(r.get("load_failed"), str) else None,

@@ -653,6 +653,7 @@ def _join(nvml: dict, cuda: dict, notes: list[str]) -> list[dict[str, Any]]:
                 "uuid": n["uuid"],
                 "pci_bus_id": n["pci_bus_id"],
                 "cuda": c["cuda"] if c else None,
+                "cuda_ordinal": c["ordinal"] if c else None,
                 "nvml": n["nvml"],
                 "under_load": None,
             }
@@ -672,6 +673,7 @@ def _join(nvml: dict, cuda: dict, notes: list[str]) -> list[dict[str, Any]]:
                 "uuid": c["uuid"],
                 "pci_bus_id": None,
                 "cuda": c["cuda"],
+                "cuda_ordinal": c["ordinal"],
                 "nvml": None,
                 "under_load": None,
             }
@@ -755,6 +757,7 @@ def read_gpu(
         "host_meminfo_kb": None,
         "xid_events": None,
         "xid_source": None,
+        "probe_pid": os.getpid(),
         "notes": [],
     }
     notes: list[str] = out["notes"]
@@ -819,6 +822,89 @@ def read_gpu(
         notes.append(f"GPU probe failed: {type(e).__name__}: {e}")
         out.setdefault("why", f"GPU probe failed: {type(e).__name__}: {e}")
         out["failed"] = f"GPU probe failed: {type(e).__name__}: {e}"
+    return out
+
+
+BUSY_SAMPLE_PERIOD_S = 0.1
+
+
+def read_busy(uuid: str | None, index: int | None, window_s: float = 0.5,
+              own_pids: Iterable[int] = ()) -> dict[str, Any]:
+    """Is another job computing on this GPU? Read just before (or after) the load probe.
+
+    Samples ``nvmlDeviceGetUtilizationRates().gpu`` (%, the share of the driver's last sample period,
+    1/6 s to 1 s, in which a kernel ran) every 100 ms for ``window_s`` seconds (0: once, no
+    utilization sample), and lists compute processes (``nvmlDeviceGetComputeRunningProcesses``)
+    other than this process and ``own_pids``. The device is found by ``uuid``
+    (``nvmlDeviceGetHandleByUUID``), else by NVML ``index``.
+
+    Returns ``{"utilization_pct": max of the samples or None, "utilization_samples": [%...],
+    "processes": [{pid, name, used_bytes, type: "compute"}] or None when not listed,
+    "window_s", "own_pid"}`` plus ``"why"`` when NVML could not be asked. Never raises.
+    (``nvidia-smi --query-gpu=utilization.gpu --format=csv -lms 100`` and
+    ``nvidia-smi --query-compute-apps=pid,process_name --format=csv``.)
+    """
+    own = {os.getpid(), *[p for p in own_pids if isinstance(p, int)]}
+    out: dict[str, Any] = {"utilization_pct": None, "utilization_samples": [], "processes": None,
+                           "window_s": window_s, "own_pid": os.getpid()}
+    try:
+        import pynvml as nv
+    except Exception as e:  # noqa: BLE001
+        out["why"] = f"pynvml not importable: {e}"
+        return out
+    try:
+        nv.nvmlInit()
+    except Exception as e:  # noqa: BLE001
+        out["why"] = f"nvmlInit failed: {type(e).__name__}: {e}"
+        return out
+    try:
+        h = None
+        if uuid:
+            try:
+                h = nv.nvmlDeviceGetHandleByUUID(uuid)
+            except Exception:  # noqa: BLE001 - fall back to the index
+                h = None
+        if h is None and isinstance(index, int):
+            h = nv.nvmlDeviceGetHandleByIndex(index)
+        if h is None:
+            out["why"] = "no NVML handle (no UUID or index)"
+            return out
+        end = time.monotonic() + max(0.0, window_s)
+        while window_s > 0:
+            try:
+                out["utilization_samples"].append(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+            except Exception as e:  # noqa: BLE001
+                out.setdefault("notes", []).append(f"nvmlDeviceGetUtilizationRates failed: {e}")
+                break
+            if time.monotonic() + BUSY_SAMPLE_PERIOD_S > end:
+                break
+            time.sleep(BUSY_SAMPLE_PERIOD_S)
+        samples = [v for v in out["utilization_samples"] if isinstance(v, (int, float))]
+        out["utilization_pct"] = max(samples) if samples else None
+        try:
+            plist = list(nv.nvmlDeviceGetComputeRunningProcesses(h))
+        except Exception as e:  # noqa: BLE001
+            out.setdefault("notes", []).append(f"nvmlDeviceGetComputeRunningProcesses failed: {e}")
+        else:
+            procs = []
+            for p in plist:
+                pid = getattr(p, "pid", None)
+                if pid in own:
+                    continue
+                used = getattr(p, "usedGpuMemory", None)
+                if not isinstance(used, int) or isinstance(used, bool) or used >= NVML_VALUE_NOT_AVAILABLE_ULL:
+                    used = None
+                procs.append({"pid": pid if isinstance(pid, int) else None,
+                              "name": process_name(pid) if isinstance(pid, int) else None,
+                              "used_bytes": used, "type": "compute"})
+            out["processes"] = procs
+    except Exception as e:  # noqa: BLE001 - the probe never raises
+        out["why"] = f"busy check failed: {type(e).__name__}: {e}"
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
     return out
 
 

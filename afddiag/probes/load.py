@@ -1137,15 +1137,37 @@ def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
     out["elapsed_s"] = round(time.monotonic() - t0, 3)
     return out
 
-def attach_load(readings: dict[str, Any], budget_s: float) -> None:
+def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = False) -> None:
     """Run the load probe on every CUDA device and attach each result to the NVML device with the
-    same UUID as its ``under_load`` (a failed probe leaves ``{"why": ...}``)."""
-    by_uuid = {d.get("uuid"): d for d in readings["devices"]}
-    for ordinal in range(len(readings["devices"])):
+    same UUID as its ``under_load`` (a failed probe leaves ``{"why": ...}``).
+
+    Just before each device's probe, :func:`afddiag.probes.gpu.read_busy` samples its utilization
+    and lists other compute processes (``under_load.busy_before``); right after, the processes again
+    (``busy_after``). With ``skip_busy`` (the playbook turned the probe on; an explicit ``--load``
+    forces it) a busy device is not loaded: ``under_load`` is ``{"why": "not run: GPU busy ...",
+    "busy_before": ...}`` and gpu.slow-state says inconclusive."""
+    from afddiag.model.gpu import busy_evidence
+    from afddiag.probes.gpu import read_busy
+
+    devs = readings["devices"]
+    by_uuid = {d.get("uuid"): d for d in devs}
+    by_ordinal = {d.get("cuda_ordinal"): d for d in devs if isinstance(d.get("cuda_ordinal"), int)}
+    for ordinal in range(len(devs)):
+        pre = by_ordinal.get(ordinal) or (devs[ordinal] if not by_ordinal else None)
+        before = read_busy(pre.get("uuid"), pre.get("index"), 0.5) if pre is not None else None
+        busy = busy_evidence((before or {}).get("processes"), (before or {}).get("utilization_pct"),
+                             {(before or {}).get("own_pid")})
+        if skip_busy and busy and pre is not None:
+            pre["under_load"] = {"why": f"not run: GPU busy ({'; '.join(busy)}); `afddiag gpu --load` runs it anyway",
+                                 "busy_before": before}
+            continue
         ul = run_load_probe(ordinal, budget_s)
         uuid = (ul.get("device") or {}).get("uuid")
-        target = by_uuid.get(uuid) or (readings["devices"][ordinal] if ordinal < len(readings["devices"]) else None)
+        target = by_uuid.get(uuid) or pre or (devs[ordinal] if ordinal < len(devs) else None)
         if target is not None:
+            if before is not None:
+                ul["busy_before"] = before
+                ul["busy_after"] = read_busy(target.get("uuid"), target.get("index"), 0.0)
             target["under_load"] = ul
 
 

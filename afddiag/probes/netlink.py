@@ -128,13 +128,50 @@ def parse_rdma_dev_json(data: object) -> list[tuple[str, int]]:
     return sorted(rows, key=lambda r: r[1])
 
 
-def device_order(timeout_s: float = 2.0) -> tuple[list[tuple[str, int]] | None, str, list[str]]:
-    """Best live source of enumeration order → (order or None, source name, notes)."""
+def rdma_devices_pyverbs() -> list[str]:
+    """Device names in libibverbs' own enumeration order (``pyverbs.device.get_device_list()``, i.e.
+    ``ibv_get_device_list``): the order an engine built on libibverbs sees. Raises ImportError
+    without pyverbs, OSError/other pyverbs errors when the list cannot be read."""
+    import pyverbs.device as pvd  # python3-pyverbs; optional
+
+    names = []
+    for dev in pvd.get_device_list():
+        n = dev.name
+        names.append(n.decode() if isinstance(n, bytes) else str(n))
+    return names
+
+
+def device_order(timeout_s: float = 2.0, pyverbs_list=None) -> tuple[list[tuple[str, int]] | None, str, list[str]]:
+    """Best live source of libibverbs' enumeration order → (``[(name, index)]`` or None, source, notes).
+
+    pyverbs' device list first (libibverbs itself; indexes from the NETLINK_RDMA dump when it answers,
+    else the list position), then the NETLINK_RDMA dump (the same kernel device index order
+    libibverbs walks), then ``rdma -j dev show``; None with source "name (device index unknown)"
+    when none answers (gates then say the order is unknown instead of guessing from names).
+    ``pyverbs_list`` replaces :func:`rdma_devices_pyverbs` (tests)."""
     notes: list[str] = []
+    kernel: list[tuple[str, int]] | None = None
     try:
-        return rdma_devices_netlink(timeout_s), "netlink (RDMA_NLDEV_CMD_GET)", notes
+        kernel = rdma_devices_netlink(timeout_s)
+        kernel_source = "netlink (RDMA_NLDEV_CMD_GET)"
     except (OSError, ValueError, struct.error) as e:
         notes.append(f"NETLINK_RDMA dump failed: {e}")
+    try:
+        names = (pyverbs_list or rdma_devices_pyverbs)()
+    except ImportError:
+        names = None
+        notes.append("pyverbs not importable: device order from the kernel's device index instead")
+    except Exception as e:  # noqa: BLE001 - pyverbs errors are not OSError subclasses
+        names = None
+        notes.append(f"pyverbs device list failed: {type(e).__name__}: {e}")
+    if names:
+        idx = dict(kernel or [])
+        if kernel is not None and [n for n, _ in kernel if n in names] != names:
+            notes.append("pyverbs order differs from the kernel's device index order; pyverbs' (libibverbs') is used")
+        return ([(n, idx.get(n, i)) for i, n in enumerate(names)],
+                "pyverbs (ibv_get_device_list)" + ("" if kernel is not None else "; index = list position"), notes)
+    if kernel is not None:
+        return kernel, kernel_source, notes
     try:
         return rdma_devices_iproute(timeout_s), "rdma -j dev show", notes
     except (OSError, ValueError, subprocess.SubprocessError) as e:

@@ -722,6 +722,11 @@ def _versions_failed(why: str) -> dict[str, Any]:
 # GPUs (NVML, the CUDA driver) and the load probe
 
 
+KERNEL_XID_LOG = "kernel-xid.log"  # what `capture` keeps of the kernel log: its NVRM Xid lines
+KERNEL_LOGS = (KERNEL_XID_LOG, "dmesg.txt", "dmesg.log", "kmsg.txt", "kern.log", "journalctl-k.txt")
+KERNEL_LOG_MAX_BYTES = 16 << 20
+
+
 def _gpu_bound(run: Run) -> float:
     t = run.inputs.timeout("gpu_s") + 2.0  # read_gpu bounds its own NVML/CUDA worker; this catches a hang outside it
     return t + (run.inputs.timeout("load_s") * 8 + 5 if wants_load(run.inputs) else 0)
@@ -745,13 +750,53 @@ def _gpu_read(run: Run, progress: Any) -> dict[str, Any]:
 
         progress.doing = "running the GPU load probe"
         t = run.inputs.timeout("load_s") * len(readings["devices"])
-        _, failed = collect.guarded(lambda: attach_load(readings, run.inputs.load_budget_s), t, "GPU load probe")
+        # the playbook's load probe stays off a GPU another job computes on; an explicit --load forces it
+        _, failed = collect.guarded(lambda: attach_load(readings, run.inputs.load_budget_s, skip_busy=not run.inputs.load),
+                                    t, "GPU load probe")
         if failed:
             readings["load_failed"] = failed
             for d in readings["devices"]:
                 if not isinstance(d.get("under_load"), dict):
                     d["under_load"] = {"why": failed}
-    return {"gpu.json": readings if isinstance(readings, dict) else None}
+    out: dict[str, Any] = {"gpu.json": readings if isinstance(readings, dict) else None}
+    if isinstance(readings, dict) and isinstance(readings.get("xid_events"), list):
+        # the kernel log's Xid lines, as the driver printed them: a replay judges them like --xid-log
+        out[KERNEL_XID_LOG] = "".join(f"{e.get('text')}\n" for e in readings["xid_events"]
+                                      if isinstance(e, dict) and e.get("text"))
+    return out
+
+
+def _snapshot_xids(run: Run, raw: dict[str, Any], r: dict[str, Any]) -> None:
+    """The Xid events a replay judges, into ``raw["xid_events"]``/``["xid_source"]``: ``--xid-log``
+    when given; else gpu.json's own ``xid_events``; else Xid lines gpu.json records as
+    ``xid_lines``/``kernel_log`` (a list of lines or text); else a kernel log saved in the snapshot
+    (:data:`KERNEL_LOGS`: what `capture` keeps, or dmesg / journalctl -k output)."""
+    from afddiag.probes.gpu import parse_xid_lines
+    from afddiag.reader import InputError, read_text
+
+    if run.inputs.xid_log:
+        try:
+            text = read_text(run.inputs.xid_log, None, KERNEL_LOG_MAX_BYTES, errors="replace")
+        except (OSError, InputError) as e:
+            raw["xid_source"] = f"not read: {run.inputs.xid_log}: {e}"
+            raw["xid_events"] = None
+            return
+        raw["xid_events"], raw["xid_source"] = parse_xid_lines(text.splitlines()), run.inputs.xid_log
+        return
+    if isinstance(raw.get("xid_events"), list):
+        return
+    for key in ("xid_lines", "kernel_log"):
+        lines = raw.get(key)
+        if isinstance(lines, str):
+            lines = lines.splitlines()
+        if isinstance(lines, list):
+            raw["xid_events"] = parse_xid_lines([x for x in lines if isinstance(x, str)])
+            raw["xid_source"] = f"gpu.json {key}"
+            return
+    for name in KERNEL_LOGS:
+        if isinstance(r.get(name), str):
+            raw["xid_events"], raw["xid_source"] = parse_xid_lines(r[name].splitlines()), f"snapshot {name}"
+            return
 
 
 def _gpu_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -760,6 +805,8 @@ def _gpu_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     raw = r.get("gpu.json")
     if raw is None:
         return {"gpu": GpuFacts(captured=False, why="GPU not captured (no gpu.json in the snapshot)")}
+    if not run.live and isinstance(raw, dict):
+        _snapshot_xids(run, raw, r)
     try:
         return {"gpu": gpu_facts_from_readings(raw)}
     except Exception as e:  # noqa: BLE001 - odd readings must not stop the run
@@ -811,8 +858,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("route", "route probe (ip route get, ARP sysctls)", "fabric_s",
           (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("proc/sys/net/ipv4/conf", "tree")),
           _route_read, _route_facts, _route_failed, frozenset({"fabric"}), copy=_route_copy),
-    Probe("gpu", "GPU probe (NVML, CUDA driver)", _gpu_bound, (Artifact("gpu.json"),), _gpu_read, _gpu_facts,
-          _gpu_failed, frozenset({"gpu"})),
+    Probe("gpu", "GPU probe (NVML, CUDA driver)", _gpu_bound,
+          (Artifact("gpu.json"),) + tuple(Artifact(n, "text", KERNEL_LOG_MAX_BYTES) for n in KERNEL_LOGS),
+          _gpu_read, _gpu_facts, _gpu_failed, frozenset({"gpu"})),
     Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _cpu_read, _cpu_facts,
           lambda why: {"cpu": {"why": why, "failed": why}}, frozenset({"host"})),
     Probe("versions", "version probe (kernel, BIOS, rdma-core)", "fabric_s",
@@ -830,3 +878,15 @@ def layout_hint() -> str:
 
 #: What `afddiag capture` writes besides the probes' artifacts (``capture.json``: what was captured, notes).
 CAPTURE_MANIFEST = "capture.json"
+
+
+def recognizes(root: Path) -> bool:
+    """True when folder ``root`` holds at least one artifact of a probe (or a capture manifest): a
+    folder with none is not a snapshot (a usage error, never a page of SKIPs and exit 0)."""
+    names = [a.name for p in PROBES for a in p.artifacts] + [CAPTURE_MANIFEST]
+    return any((root / n).exists() for n in names)
+
+
+def snapshot_parts() -> str:
+    """What a snapshot holds, for an error message (every artifact name, trees with a slash)."""
+    return ", ".join(dict.fromkeys(a.name + ("/" if a.kind == "tree" else "") for p in PROBES for a in p.artifacts))

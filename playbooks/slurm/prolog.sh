@@ -18,7 +18,7 @@
 #   AFDDIAG_TIMEOUT   seconds before the Prolog gives up (default 120; keep it below PrologEpilogTimeout)
 set -u
 AFDDIAG="${AFDDIAG:-afddiag}"
-args=(preflight)
+args=(preflight --exit-for drain)
 [ -n "${AFDDIAG_ROLE:-}" ] && args+=(--role "$AFDDIAG_ROLE")
 [ "${AFDDIAG_STRICT:-0}" = 1 ] && args+=(--strict)
 # shellcheck disable=SC2086  # AFDDIAG and AFDDIAG_ARGS are word lists on purpose

@@ -1,0 +1,428 @@
+"""Issue 12: diagnoses an operator can act on — the root cause first, one remedy per fault, typed
+actions, and no remedy that harms (busy GPU, link down, order unknown, Xid recovery actions...).
+
+Each test builds the incident as a snapshot (tests/snapfix.py) or as facts, and asserts what a
+correct diagnosis says: the verdict, the action, and what must NOT be said (a power cycle, a drain).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from afddiag import diagnosis
+from afddiag.cli import cli, run
+from afddiag.collect import Inputs, Observation
+from afddiag.probes.load import attach_load
+from afddiag.facts import (FabricFacts, Gid, GpuDevice, GpuFacts, Netdev, Port, QpFacts, QpResult, QpStep,
+                           RdmaDevice, UnderLoad)
+from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
+from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
+from snapfix import busy_h200, derive, fabric_case, gpu_snapshot, h200_readings, link_down
+
+
+def report(args):
+    res = CliRunner().invoke(cli, args + ["--json", "--no-history"], standalone_mode=False, catch_exceptions=False)
+    return json.loads(res.stdout), res.return_value
+
+
+def gates(rep):
+    return {g["id"]: g for g in rep["gates"]}
+
+
+# --- a busy GPU is inconclusive, never a power cycle ---------------------------------------------
+
+def test_control_the_same_figures_on_an_idle_gpu_are_class_b(tmp_path):
+    snap = gpu_snapshot(tmp_path / "s", busy_h200())  # 54 % of baseline, nothing else on the GPU
+    rep, code = report(["gpu", "--snapshot", str(snap)])
+    slow = gates(rep)["gpu.slow-state"]
+    assert slow["verdict"] == FAIL and "class B" in slow["summary"] and slow["action"] == "AC_POWER_CYCLE"
+    assert code == 2
+
+
+@pytest.mark.parametrize("procs,util,words", [
+    ([{"pid": 4242, "name": "python3", "used_bytes": 2 << 30, "type": "compute"}], 0, "pid 4242, python3"),
+    ([{"pid": 4242, "name": "python3", "used_bytes": 2 << 30}], 0, "pid 4242, python3"),  # no type: compute
+    ([], 97, "utilization 97 %"),
+])
+def test_busy_gpu_is_warn_inconclusive_never_power_cycle(tmp_path, report_schema, procs, util, words):
+    snap = gpu_snapshot(tmp_path / "s", busy_h200(processes=procs, idle_util=util))
+    rep, code = report(["gpu", "--snapshot", str(snap)])
+    jsonschema.validate(rep, report_schema)
+    slow = gates(rep)["gpu.slow-state"]
+    assert slow["verdict"] == WARN, slow
+    assert "inconclusive: GPU busy (" in slow["summary"] and words in slow["summary"]
+    assert "AC" not in slow["remedy"] and "power-cycle" not in slow["remedy"]
+    assert slow["action"] != "AC_POWER_CYCLE"
+    assert not any(d["drain"] for d in rep["diagnosis"])
+    assert all(d["action"] != "AC_POWER_CYCLE" for d in rep["diagnosis"])
+    assert code == 1
+
+
+def test_graphics_process_or_afddiag_itself_is_not_another_job(tmp_path):
+    r = busy_h200(processes=[{"pid": 900, "name": "Xorg", "used_bytes": 1 << 20, "type": "graphics"},
+                             {"pid": 77, "name": "python3", "used_bytes": 1 << 30, "type": "compute"}])
+    r["probe_pid"] = 77  # the afddiag process that recorded it
+    rep, _ = report(["gpu", "--snapshot", str(gpu_snapshot(tmp_path / "s", r))])
+    assert gates(rep)["gpu.slow-state"]["verdict"] == FAIL  # the slow figures are judged: nobody else ran
+
+
+def test_busy_check_recorded_by_the_load_probe_counts(tmp_path):
+    r = busy_h200()
+    r["devices"][0]["under_load"]["busy_before"] = {
+        "utilization_pct": 100, "utilization_samples": [100, 100], "own_pid": 5,
+        "processes": [{"pid": 31337, "name": "vllm", "used_bytes": None, "type": "compute"}]}
+    rep, _ = report(["gpu", "--snapshot", str(gpu_snapshot(tmp_path / "s", r))])
+    slow = gates(rep)["gpu.slow-state"]
+    assert slow["verdict"] == WARN and "pid 31337, vllm" in slow["summary"]
+    assert "utilization 100 % just before the load probe" in slow["summary"]
+
+
+def test_busy_gpu_does_not_drain_in_the_health_check(tmp_path, monkeypatch, capsys):
+    import afddiag.cli as climod
+
+    calls = []
+    monkeypatch.setattr("afddiag.slurm.drain_node", lambda g, node=None: calls.append(g) or True)
+    snap = gpu_snapshot(tmp_path / "s", busy_h200(processes=[{"pid": 1, "name": "torch", "type": "compute"}]))
+    real = climod._diagnose
+
+    def this_host_is(cmd, inputs):  # --drain refuses --snapshot: the recording stands in for this host
+        inputs.snapshot = str(snap)
+        return real(cmd, inputs)
+
+    monkeypatch.setattr(climod, "_diagnose", this_host_is)
+    assert run(["preflight", "--drain", "--strict", "--no-history"]) == 1  # WARN, strict: not fit, not drained
+    assert calls == []
+    err = capsys.readouterr().err
+    assert "GPU busy (pid 1, torch)" in err and "not drained" in err
+
+
+def fake_busy(util, procs):
+    return lambda uuid, index, window_s=0.5, own_pids=(): {"utilization_pct": util if window_s else None,
+                                                           "processes": procs, "own_pid": 1, "window_s": window_s}
+
+
+def test_playbook_load_skips_a_busy_gpu_unless_forced(monkeypatch):
+    ran = []
+    monkeypatch.setattr("afddiag.probes.gpu.read_busy", fake_busy(95, []))
+    monkeypatch.setattr("afddiag.probes.load.run_load_probe",
+                        lambda o, b: ran.append(o) or {"device": {"uuid": "GPU-a"}, "achieved": {}})
+    readings = {"devices": [{"index": 0, "uuid": "GPU-a", "cuda_ordinal": 0}]}
+    attach_load(readings, 1.0, skip_busy=True)
+    ul = readings["devices"][0]["under_load"]
+    assert ran == [] and ul["why"].startswith("not run: GPU busy (utilization 95 %")
+    assert "--load" in ul["why"] and ul["busy_before"]["utilization_pct"] == 95
+    attach_load(readings, 1.0, skip_busy=False)  # --load forces it; the check is kept for the gate
+    ul = readings["devices"][0]["under_load"]
+    assert ran == [0] and ul["busy_before"]["utilization_pct"] == 95 and "busy_after" in ul
+
+
+def test_skipped_busy_load_probe_reads_as_inconclusive():
+    d = GpuDevice(0, "NVIDIA GB10", load_why="not run: GPU busy (pid 9, x)",
+                  load_busy_before={"processes": [{"pid": 9, "name": "x", "type": "compute"}], "utilization_pct": 0})
+    v = gpu.slow_state(Context(Observation("h", "t", gpu=GpuFacts(available=True, devices=[d])), Inputs(),
+                               resolve_fabric_ip(None, None)))
+    assert v.verdict == WARN and "GPU busy (pid 9, x)" in v.summary
+
+
+def test_idle_gpu_load_probe_runs_under_the_playbook(monkeypatch):
+    ran = []
+    monkeypatch.setattr("afddiag.probes.gpu.read_busy", fake_busy(0, []))
+    monkeypatch.setattr("afddiag.probes.load.run_load_probe",
+                        lambda o, b: ran.append(o) or {"device": {"uuid": "GPU-a"}, "achieved": {}})
+    readings = {"devices": [{"index": 0, "uuid": "GPU-a", "cuda_ordinal": 0}]}
+    attach_load(readings, 1.0, skip_busy=True)
+    assert ran == [0] and "why" not in readings["devices"][0]["under_load"]
+
+
+# --- one fault, one remedy: dependencies -----------------------------------------------------
+
+def test_hw_slowdown_explains_the_low_clock_no_second_remedy(tmp_path):
+    r = busy_h200(fraction=0.4)
+    r["devices"][0]["under_load"]["clock_sm_mhz"] = 700
+    r["devices"][0]["under_load"]["clocks_event_reasons"] = 0x8  # hw_slowdown
+    rep, _ = report(["gpu", "--snapshot", str(gpu_snapshot(tmp_path / "s", r))])
+    g = gates(rep)
+    assert g["gpu.clock-events"]["verdict"] == FAIL
+    assert g["gpu.slow-state"]["verdict"] == SKIP
+    assert g["gpu.slow-state"]["summary"].startswith("not judged: gpu.clock-events failed")
+    assert g["gpu.slow-state"]["facts"]["judged_alone"]["verdict"] == FAIL
+    [root] = [d for d in rep["diagnosis"] if d["verdict"] == FAIL]
+    assert root["gate"] == "gpu.clock-events" and "gpu.slow-state" in root["explains"]
+    assert root["action"] == "HW_INSPECTION"
+
+
+def test_link_down_one_fault_map_still_right(tmp_path, report_schema):
+    snap = link_down(tmp_path / "s")
+    rep, code = report(["all", "--snapshot", str(snap), "--fabric-ip", "192.168.100.11"])
+    jsonschema.validate(rep, report_schema)
+    g = gates(rep)
+    assert g["fabric.link"]["verdict"] == FAIL and g["fabric.link"]["action"] == "FIX_LINK"
+    assert g["fabric.devicemap-env"]["verdict"] == PASS, g["fabric.devicemap-env"]
+    assert g["fabric.first-device"]["verdict"] == PASS
+    assert g["fabric.rocev2-ipv4"]["verdict"] == PASS and "fabric.link" in g["fabric.rocev2-ipv4"]["summary"]
+    assert [v["id"] for v in rep["gates"] if v["verdict"] == FAIL] == ["fabric.link"]
+    assert [d["gate"] for d in rep["diagnosis"] if d["verdict"] == FAIL] == ["fabric.link"]
+    assert rep["diagnosis"][0]["gate"] == "fabric.link" and rep["diagnosis"][0]["drain"] is True
+    assert "unset" not in " ".join(v["remedy"] for v in rep["gates"] if v["verdict"] in (FAIL, WARN))
+    assert rep["device_map"]["192.168.100.11"] == "rocep1s0f1"
+    assert code == 2
+
+
+def test_devicemap_prints_the_map_when_the_link_is_down(tmp_path, capsys):
+    snap = link_down(tmp_path / "s")
+    assert run(["devicemap", "--snapshot", str(snap)]) == 0
+    out, err = capsys.readouterr()
+    assert "192.168.100.11=rocep1s0f1" in out
+    assert "192.168.100.11=rocep1s0f1: port 1 is DOWN" in err and "fabric.link" in err
+
+
+def test_link_down_without_fabric_ip_still_finds_it(tmp_path):
+    snap = derive(fabric_case("12-"), tmp_path / "s")
+    meta = json.loads((snap / "case.json").read_text())
+    dev = meta["expected"]["device_map"][meta["fabric_ip"]]
+    (snap / f"sys/class/infiniband/{dev}/ports/1/state").write_text("1: DOWN\n")
+    rep, _ = report(["fabric", "--snapshot", str(snap)])
+    assert rep["inputs"]["fabric_ip"] == meta["fabric_ip"]
+    assert gates(rep)["fabric.link"]["verdict"] == FAIL
+
+
+def test_report_opens_with_the_diagnosis(tmp_path):
+    snap = link_down(tmp_path / "s")
+    res = CliRunner().invoke(cli, ["all", "--no-history", "--snapshot", str(snap), "--fabric-ip", "192.168.100.11"],
+                             env={"NO_COLOR": "1"})
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("diagnosis: 1 fault(s)")
+    assert lines[1].startswith("  1. FAIL fabric.link:") and "[FIX_LINK, drain]" in lines[2]
+
+
+def test_every_catalog_action_and_dependency_is_known():
+    from afddiag.catalog import load
+
+    cat = load()
+    acts = set(cat["actions"])
+    schema = json.loads((__import__("pathlib").Path(__file__).parent.parent / "afddiag/schema/report.schema.json")
+                        .read_text())
+    assert acts == set(schema["$defs"]["action"]["enum"])
+    for gid, g in cat["gates"].items():
+        assert g["action"] in acts, gid
+        for d in g.get("depends", []):
+            assert d in cat["gates"], (gid, d)
+        if g.get("depends"):
+            assert g["on_dependency_failure"] in ("own concern", "not judged"), gid
+    assert {a for a, v in cat["actions"].items() if v["drain"]} >= {"RESET_GPU", "REBOOT", "AC_POWER_CYCLE",
+                                                                      "HW_INSPECTION"}
+    assert not any(cat["actions"][a]["drain"] for a in ("SET_ENV", "STOP_PROCESSES", "RERUN", "NONE",
+                                                         "REBUILD_IMAGE"))
+
+
+def test_unknown_action_is_refused():
+    with pytest.raises(ValueError, match="not in checks/gates.toml"):
+        diagnosis.fill_actions([Verdict("gpu.errors", FAIL, "x", action="PRAY")])
+
+
+# --- device order: libibverbs', never guessed from names -------------------------------------------
+
+def test_order_unknown_warns_instead_of_guessing(tmp_path):
+    snap = derive(fabric_case("17-"), tmp_path / "s", {"rdma-dev.json": None})
+    meta = json.loads((snap / "case.json").read_text())
+    rep, _ = report(["fabric", "--snapshot", str(snap), "--fabric-ip", meta["fabric_ip"]])
+    first = gates(rep)["fabric.first-device"]
+    assert first["verdict"] == WARN and first["summary"].startswith("order unknown"), first
+    assert first["facts"]["engine_device"] is None
+
+
+def test_order_unknown_does_not_matter_with_a_map(tmp_path):
+    snap = derive(fabric_case("02-"), tmp_path / "s", {"rdma-dev.json": None})
+    rep, _ = report(["fabric", "--snapshot", str(snap), "--fabric-ip", "192.168.100.11"])
+    assert gates(rep)["fabric.first-device"]["verdict"] == PASS
+
+
+def order_host(order_source="test", second_carries=True):
+    v4a, v4b = "0000:0000:0000:0000:0000:ffff:0a09:0002", "0000:0000:0000:0000:0000:ffff:0a09:0003"
+    f = FabricFacts(order_source=order_source, addresses_source="test")
+    f.devices = [RdmaDevice("a", 0, ports=[Port(1, "ACTIVE", "LinkUp", "Ethernet",
+                                                gids=[Gid(1, v4a, "RoCE v2", "na", "10.9.0.2")])]),
+                 RdmaDevice("b", 1, ports=[Port(1, "ACTIVE", "LinkUp", "Ethernet",
+                                                gids=[Gid(1, v4b if second_carries else v4a, "RoCE v2", "nb",
+                                                          "10.9.0.3" if second_carries else "10.9.0.2")])])]
+    f.netdevs = {"na": Netdev("na", 9000, "up", ["10.9.0.2/24"]),
+                 "nb": Netdev("nb", 9000, "up", ["10.9.0.3/24" if second_carries else "10.9.0.2/24"])}
+    return Observation("h", "t", fabric=f, qp=QpFacts(ran=False, why="t"), env={})
+
+
+def test_order_unknown_passes_when_every_device_carries_the_ip():
+    obs = order_host("name (device index unknown)", second_carries=False)
+    v = fabric.first_device(Context(obs, Inputs(), resolve_fabric_ip(obs.fabric, "10.9.0.2")))
+    assert v.verdict == PASS and "every RDMA device" in v.summary
+
+
+def test_pyverbs_order_wins_and_is_recorded(monkeypatch):
+    from afddiag.probes import netlink
+
+    monkeypatch.setattr(netlink, "rdma_devices_netlink", lambda t: [("z", 0), ("a", 1)])
+    order, src, notes = netlink.device_order(1.0, pyverbs_list=lambda: ["a", "z"])
+    assert order == [("a", 1), ("z", 0)] and src.startswith("pyverbs")
+    assert any("differs" in n for n in notes)
+
+    def no_pyverbs():
+        raise ImportError("no pyverbs")
+
+    order, src, _ = netlink.device_order(1.0, pyverbs_list=no_pyverbs)
+    assert order == [("z", 0), ("a", 1)] and src.startswith("netlink")
+
+
+# --- ambiguous fabric IP ---------------------------------------------------------------------
+
+def test_ambiguous_fabric_ip_warns_when_the_engine_device_carries_a_candidate():
+    obs = order_host()
+    v = fabric.first_device(Context(obs, Inputs(), resolve_fabric_ip(obs.fabric, None)))
+    assert v.verdict == WARN and "ambiguous" in v.summary
+
+
+def test_ambiguous_fabric_ip_fails_when_the_engine_device_carries_none():
+    obs = order_host()
+    obs.fabric.devices.insert(0, RdmaDevice("first", 5, ports=[Port(1, "DOWN", "Disabled", "Ethernet", gids=[
+        Gid(0, "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "nf")])]))
+    v = fabric.first_device(Context(obs, Inputs(), resolve_fabric_ip(obs.fabric, None)))
+    assert v.verdict == FAIL and "first" in v.summary and "10.9.0.2" in v.summary and "10.9.0.3" in v.summary
+    assert "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=a,10.9.0.3=b" in v.remedy
+
+
+# --- NCCL_IB_HCA: every selected port must reach a peer ---------------------------------------
+
+def nccl_host(hca: str, fabric_ip="10.9.0.2"):
+    def v4(ip):
+        a, b, c, d = (int(x) for x in ip.split("."))
+        return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+    fe80 = "fe80:0000:0000:0000:0000:0000:0000:0001"
+    f = FabricFacts(order_source="test", addresses_source="test")
+    spec = [("fab", "nf", "10.9.0.2", "ACTIVE"), ("ll", "nl", "169.254.7.2", "ACTIVE"), ("none", "nn", None, "ACTIVE"),
+            ("rail", "nr", "10.9.1.2", "ACTIVE"), ("dead", "nd", None, "DOWN")]
+    for i, (dev, nd, ip, state) in enumerate(spec):
+        gids = [Gid(0, fe80, "RoCE v2", nd)] + ([Gid(3, v4(ip), "RoCE v2", nd, ip)] if ip else [])
+        f.devices.append(RdmaDevice(dev, i, ports=[Port(1, state, "LinkUp", "Ethernet", gids=gids)]))
+        f.netdevs[nd] = Netdev(nd, 9000, "up", [f"{ip}/24" if not ip.startswith("169") else f"{ip}/16"] if ip else [])
+    obs = Observation("h", "t", fabric=f, qp=QpFacts(ran=False, why="t"), env={"NCCL_IB_HCA": hca})
+    return Context(obs, Inputs(fabric_ip=fabric_ip), resolve_fabric_ip(f, fabric_ip))
+
+
+def test_nccl_hca_port_without_ipv4_or_link_local_fails_named():
+    v = fabric.devicemap_env(nccl_host("=fab:1,ll:1,none:1,rail:1,dead:1"))
+    assert v.verdict == FAIL
+    assert "ll:1 has only the link-local IPv4 169.254.7.2" in v.summary
+    assert "none:1 has no IPv4 RoCE v2 GID" in v.summary and "errno 110" in v.summary
+    named = v.summary.split("reach a peer:")[1]
+    assert "rail:1" not in named and "dead:1" not in named
+    assert v.facts["ignored_not_active"] == ["dead:1"]
+
+
+def test_nccl_hca_rail_on_its_own_subnet_is_fine_on_the_host():
+    v = fabric.devicemap_env(nccl_host("=fab:1,rail:1,dead:1"))
+    assert v.verdict == PASS and "rails: rail:1 10.9.1.2 on 10.9.1.0/24" in v.summary
+
+
+def test_link_local_fabric_ip_accepts_link_local_rails():
+    c = nccl_host("=ll:1,fab:1", fabric_ip="169.254.7.2")
+    assert fabric.devicemap_env(c).verdict == PASS
+
+
+# --- Xid by catalog and recovery action --------------------------------------------------------
+
+XID_RESET = ("[ 812.331] NVRM: Xid (PCI:0000:00:06): 154, GPU recovery action changed from 0x0 (None) to "
+             "0x1 (GPU Reset Required)")
+XID_REBOOT = ("NVRM: Xid (PCI:0000:00:06): 154, GPU recovery action changed from 0x0 (None) to "
+              "0x2 (Node Reboot Required)")
+XID_DRAIN = "NVRM: Xid (PCI:0000:00:06): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"
+XID_CLEARED = "NVRM: Xid (PCI:0000:00:06): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+XID_APP = "NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1)"
+XID_ODD = "NVRM: Xid (PCI:0000:00:06): 999, something new the driver says"
+
+
+@pytest.mark.parametrize("lines,verdict,action,words", [
+    ([XID_RESET], FAIL, "RESET_GPU", "GPU Reset Required"),
+    ([XID_REBOOT], FAIL, "REBOOT", "Node Reboot Required"),
+    ([XID_DRAIN], FAIL, "RESET_GPU", "Drain and Reset"),
+    ([XID_RESET, XID_CLEARED], PASS, "NONE", "no uncorrected ECC"),
+    ([XID_APP], WARN, "NONE", "Xid 13 (graphics engine exception"),
+    (["NVRM: Xid (PCI:0000:00:06): 31, pid=1, Ch 00000008, intr 10000000. MMU Fault"], WARN, "NONE", "Xid 31"),
+    (["NVRM: Xid (PCI:0000:00:06): 79, GPU has fallen off the bus."], FAIL, "REBOOT", "fallen off the bus"),
+    ([XID_ODD], WARN, "NONE", '"NVRM: Xid (PCI:0000:00:06): 999, something new the driver says"'),
+])
+def test_xid_from_a_saved_log_on_replay(tmp_path, lines, verdict, action, words):
+    snap = gpu_snapshot(tmp_path / "s", h200_readings("h200-live-idle"))
+    log = tmp_path / "dmesg.txt"
+    log.write_text("\n".join(["[ 1.0] unrelated line"] + lines) + "\n")
+    rep, _ = report(["gpu", "--snapshot", str(snap), "--xid-log", str(log)])
+    err = gates(rep)["gpu.errors"]
+    assert err["verdict"] == verdict and err["action"] == action and words in err["summary"], err
+    if action == "REBOOT":
+        assert "reboot" in err["remedy"]
+
+
+@pytest.mark.parametrize("how", ["kernel-xid.log", "dmesg.txt", "xid_lines", "xid_events"])
+def test_xid_lines_kept_in_the_snapshot_are_judged(tmp_path, how):
+    r = h200_readings("h200-live-idle")
+    files = {}
+    if how == "xid_lines":
+        r["xid_lines"] = [XID_RESET]
+    elif how == "xid_events":
+        r["xid_events"] = [{"xid": 154, "pci": "0000:00:06", "text": XID_RESET.split("] ", 1)[1]}]
+    else:
+        r.pop("xid_events", None)
+        files[how] = XID_RESET + "\n"
+    rep, _ = report(["gpu", "--snapshot", str(gpu_snapshot(tmp_path / "s", r, files))])
+    err = gates(rep)["gpu.errors"]
+    assert err["verdict"] == FAIL and err["action"] == "RESET_GPU", err
+    assert [d["gate"] for d in rep["diagnosis"] if d["drain"]] == ["gpu.errors"]
+
+
+def test_capture_keeps_the_xid_lines_and_the_replay_judges_them(tmp_path):
+    from afddiag.capture import write_bundle
+    from conftest import case_dirs
+    from test_capture import case_sources
+
+    r = h200_readings("h200-live-idle")
+    r["xid_events"], r["xid_source"] = [{"xid": 154, "pci": "0000:00:06", "text": XID_REBOOT}], "/dev/kmsg"
+    src = case_sources(case_dirs("fabric")[0], gpu=lambda: r)
+    path, _ = write_bundle(tmp_path / "host.tar.gz", src)
+    import tarfile
+
+    with tarfile.open(path) as tf:
+        log = next(m for m in tf.getmembers() if m.name.endswith("/kernel-xid.log"))
+        assert tf.extractfile(log).read().decode() == XID_REBOOT + "\n"
+    rep, _ = report(["gpu", "--snapshot", str(path)])
+    err = gates(rep)["gpu.errors"]
+    assert err["verdict"] == FAIL and err["action"] == "REBOOT"
+
+
+# --- not a snapshot, EOPNOTSUPP ----------------------------------------------------------------
+
+def test_snapshot_path_with_nothing_recognized_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert run(["all", "--snapshot", str(tmp_path)]) == 64
+    err = capsys.readouterr().err
+    assert "holds nothing afddiag recognizes" in err and "gpu.json" in err and "rdma-dev.json" in err
+
+
+def test_eopnotsupp_is_this_device_cannot_not_broken():
+    obs = order_host()
+    obs.qp = QpFacts(ran=True, results=[QpResult("a", 1, 1, None, "fabric IP", "10.9.0.9", reached="INIT", errno=-95,
+                                                 steps=[QpStep("INIT", True), QpStep("RTR", False, 95)])])
+    v = fabric.qp_rtr(Context(obs, Inputs(fabric_ip="10.9.0.2", peers=["10.9.0.9"]),
+                              resolve_fabric_ip(obs.fabric, "10.9.0.2")))
+    assert v.verdict == SKIP and "cannot" in v.summary and "EOPNOTSUPP" in v.summary
+    obs.qp.results[0].errno = 22
+    assert fabric.qp_rtr(Context(obs, Inputs(fabric_ip="10.9.0.2"), resolve_fabric_ip(obs.fabric, "10.9.0.2"))
+                         ).verdict == FAIL
+
+
+def test_gpu_busy_evidence_is_pure_on_facts():
+    d = GpuDevice(0, "x", processes=[{"pid": 3, "name": "a", "type": "compute"}], utilization_pct=50,
+                  under_load=UnderLoad(busy_after={"processes": [{"pid": 8, "name": "late", "type": "compute"}]}))
+    g = GpuFacts(available=True, devices=[d], probe_pid=3)
+    assert gpu.gpu_busy(d, g) == ["utilization 50 % at the GPU probe's read", "pid 8, late"]
