@@ -153,10 +153,14 @@ def _diagnose(cmd: str, inputs: Inputs):
     from afddiag.collect import SnapshotError
     from afddiag.reader import InputError
 
+    from afddiag.progress import stop as stop_progress
+
     try:
         return diagnose_full(inputs, FAMILIES[cmd])
     except (SnapshotError, InputError) as e:  # a file the user named (snapshot, --baseline) refused
         raise click.UsageError(str(e))
+    finally:
+        stop_progress()  # the report follows: no bar (one a timed-out probe left open) is drawn over it
 
 
 def output_format(as_json: bool, fmt: str | None) -> str:

@@ -1137,6 +1137,7 @@ def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
     out["elapsed_s"] = round(time.monotonic() - t0, 3)
     return out
 
+
 def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = False) -> None:
     """Run the load probe on every CUDA device and attach each result to the NVML device with the
     same UUID as its ``under_load`` (a failed probe leaves ``{"why": ...}``).
@@ -1148,27 +1149,30 @@ def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = Fal
     "busy_before": ...}`` and gpu.slow-state says inconclusive."""
     from afddiag.model.gpu import busy_evidence
     from afddiag.probes.gpu import read_busy
+    from afddiag.progress import steps
 
     devs = readings["devices"]
     by_uuid = {d.get("uuid"): d for d in devs}
     by_ordinal = {d.get("cuda_ordinal"): d for d in devs if isinstance(d.get("cuda_ordinal"), int)}
-    for ordinal in range(len(devs)):
-        pre = by_ordinal.get(ordinal) or (devs[ordinal] if not by_ordinal else None)
-        before = read_busy(pre.get("uuid"), pre.get("index"), 0.5) if pre is not None else None
-        busy = busy_evidence((before or {}).get("processes"), (before or {}).get("utilization_pct"),
-                             {(before or {}).get("own_pid")})
-        if skip_busy and busy and pre is not None:
-            pre["under_load"] = {"why": f"not run: GPU busy ({'; '.join(busy)}); `afddiag gpu --load` runs it anyway",
-                                 "busy_before": before}
-            continue
-        ul = run_load_probe(ordinal, budget_s)
-        uuid = (ul.get("device") or {}).get("uuid")
-        target = by_uuid.get(uuid) or pre or (devs[ordinal] if ordinal < len(devs) else None)
-        if target is not None:
-            if before is not None:
-                ul["busy_before"] = before
-                ul["busy_after"] = read_busy(target.get("uuid"), target.get("index"), 0.0)
-            target["under_load"] = ul
+    with steps("GPU load probe", len(devs)) as bar:  # ~budget_s a GPU, one after the other
+        for ordinal in range(len(devs)):
+            bar.step(f"GPU {ordinal} {devs[ordinal].get('name') or ''}".rstrip())
+            pre = by_ordinal.get(ordinal) or (devs[ordinal] if not by_ordinal else None)
+            before = read_busy(pre.get("uuid"), pre.get("index"), 0.5) if pre is not None else None
+            busy = busy_evidence((before or {}).get("processes"), (before or {}).get("utilization_pct"),
+                                 {(before or {}).get("own_pid")})
+            if skip_busy and busy and pre is not None:
+                pre["under_load"] = {"why": f"not run: GPU busy ({'; '.join(busy)}); `afddiag gpu --load` runs it anyway",
+                                     "busy_before": before}
+                continue
+            ul = run_load_probe(ordinal, budget_s)
+            uuid = (ul.get("device") or {}).get("uuid")
+            target = by_uuid.get(uuid) or pre or (devs[ordinal] if ordinal < len(devs) else None)
+            if target is not None:
+                if before is not None:
+                    ul["busy_before"] = before
+                    ul["busy_after"] = read_busy(target.get("uuid"), target.get("index"), 0.0)
+                target["under_load"] = ul
 
 
 def main() -> None:

@@ -368,59 +368,10 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
         facts.path_mtu = mtu_enum_to_bytes(r.connect(peer))
         if ch.recv().get("op") != "rts":
             raise PairError("the server did not reach RTS")
-        for size in sizes:
-            # SEND ping-pong: send from [0, big), echo lands in [big, 2 big)
-            ph = PairPhase("send", size, iters=lat_iters)
-            facts.phases.append(ph)
-            ch.send({"op": "send_pingpong", "size": size, "n": lat_iters})
-            ch.recv()
-            rtts, echo_ok = [], True
-            for i in range(lat_iters):
-                r.mr.write(_pattern(size, i), size, 0)
-                r.post_recv(big, size)
-                t = time.perf_counter()
-                r.post_send(0, size)
-                r.poll(2, deadline)  # our send's completion and the echo
-                rtts.append((time.perf_counter() - t) * 1e6)
-                echo_ok &= r.mr.read(size, big) == _pattern(size, i)
-            res = ch.recv()
-            ph.verified = bool(res.get("ok")) and echo_ok
-            ph.rtt_us_median, ph.rtt_us_min = round(statistics.median(rtts), 1), round(min(rtts), 1)
-            # SEND stream
-            ch.send({"op": "send_stream", "size": size, "n": bw_count})
-            ch.recv()
-            r.mr.write(_pattern(size, 7), size, 0)
-            t = time.perf_counter()
-            for i in range(bw_count):
-                r.post_send(0, size, wr_id=i)
-            r.poll(bw_count, deadline)
-            dt = time.perf_counter() - t
-            res = ch.recv()
-            ph.bw_count, ph.bw_gbps = bw_count, round(size * bw_count / dt / 1e9, 6)
-            ph.verified = ph.verified and bool(res.get("ok"))
-            # RDMA WRITE: latency one at a time, then a burst; the server checks its buffer
-            ph = PairPhase("write", size, iters=lat_iters)
-            facts.phases.append(ph)
-            ch.send({"op": "write", "size": size})
-            ch.recv()
-            seed = (size // 64 * 37 + 11) & 0xFF  # differs from what the buffer held before
-            r.mr.write(_pattern(size, seed), size, 0)
-            rdma = (peer["rkey"], peer["addr"])
-            lat = []
-            for _ in range(lat_iters):
-                t = time.perf_counter()
-                r.post_send(0, size, rdma=rdma)
-                r.poll(1, deadline)
-                lat.append((time.perf_counter() - t) * 1e6)
-            t = time.perf_counter()
-            for i in range(bw_count):
-                r.post_send(0, size, wr_id=i, rdma=rdma)
-            r.poll(bw_count, deadline)
-            dt = time.perf_counter() - t
-            ch.send({"op": "check_write", "size": size, "seed": seed})
-            ph.verified = bool(ch.recv().get("ok"))
-            ph.rtt_us_median, ph.rtt_us_min = round(statistics.median(lat), 1), round(min(lat), 1)
-            ph.bw_count, ph.bw_gbps = bw_count, round(size * bw_count / dt / 1e9, 6)
+        from afddiag.progress import steps
+
+        with steps("pair test", len(sizes)) as bar:
+            _client_phases(r, ch, peer, facts, sizes, big, lat_iters, bw_count, deadline, bar)
         ch.send({"op": "bye"})
     except PairError as e:
         facts.error = str(e)
@@ -434,6 +385,66 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
         facts.destroyed = r.close() if r else True
         facts.elapsed_s = round(time.monotonic() - t0, 3)
     return facts
+
+
+def _client_phases(r: Any, ch: Any, peer: dict, facts: PairFacts, sizes: tuple[int, ...], big: int, lat_iters: int,
+                   bw_count: int, deadline: float, bar: Any) -> None:
+    """The client's phases at each size: SEND ping-pong and stream, then RDMA WRITE latency and burst;
+    each appended to ``facts.phases`` as it starts (so an error names where it stopped)."""
+    for size in sizes:
+        bar.step(f"SEND/WRITE {size} B")
+        # SEND ping-pong: send from [0, big), echo lands in [big, 2 big)
+        ph = PairPhase("send", size, iters=lat_iters)
+        facts.phases.append(ph)
+        ch.send({"op": "send_pingpong", "size": size, "n": lat_iters})
+        ch.recv()
+        rtts, echo_ok = [], True
+        for i in range(lat_iters):
+            r.mr.write(_pattern(size, i), size, 0)
+            r.post_recv(big, size)
+            t = time.perf_counter()
+            r.post_send(0, size)
+            r.poll(2, deadline)  # our send's completion and the echo
+            rtts.append((time.perf_counter() - t) * 1e6)
+            echo_ok &= r.mr.read(size, big) == _pattern(size, i)
+        res = ch.recv()
+        ph.verified = bool(res.get("ok")) and echo_ok
+        ph.rtt_us_median, ph.rtt_us_min = round(statistics.median(rtts), 1), round(min(rtts), 1)
+        # SEND stream
+        ch.send({"op": "send_stream", "size": size, "n": bw_count})
+        ch.recv()
+        r.mr.write(_pattern(size, 7), size, 0)
+        t = time.perf_counter()
+        for i in range(bw_count):
+            r.post_send(0, size, wr_id=i)
+        r.poll(bw_count, deadline)
+        dt = time.perf_counter() - t
+        res = ch.recv()
+        ph.bw_count, ph.bw_gbps = bw_count, round(size * bw_count / dt / 1e9, 6)
+        ph.verified = ph.verified and bool(res.get("ok"))
+        # RDMA WRITE: latency one at a time, then a burst; the server checks its buffer
+        ph = PairPhase("write", size, iters=lat_iters)
+        facts.phases.append(ph)
+        ch.send({"op": "write", "size": size})
+        ch.recv()
+        seed = (size // 64 * 37 + 11) & 0xFF  # differs from what the buffer held before
+        r.mr.write(_pattern(size, seed), size, 0)
+        rdma = (peer["rkey"], peer["addr"])
+        lat = []
+        for _ in range(lat_iters):
+            t = time.perf_counter()
+            r.post_send(0, size, rdma=rdma)
+            r.poll(1, deadline)
+            lat.append((time.perf_counter() - t) * 1e6)
+        t = time.perf_counter()
+        for i in range(bw_count):
+            r.post_send(0, size, wr_id=i, rdma=rdma)
+        r.poll(bw_count, deadline)
+        dt = time.perf_counter() - t
+        ch.send({"op": "check_write", "size": size, "seed": seed})
+        ph.verified = bool(ch.recv().get("ok"))
+        ph.rtt_us_median, ph.rtt_us_min = round(statistics.median(lat), 1), round(min(lat), 1)
+        ph.bw_count, ph.bw_gbps = bw_count, round(size * bw_count / dt / 1e9, 6)
 
 
 def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:

@@ -253,38 +253,48 @@ def probe_qp(
             facts.notes.append("no RDMA devices in the fabric facts: nothing to walk")
             return facts
         targets: list[str] = list(peers) if peers else ["loopback"]
-        for dev in fabric.devices:
-            choice = choose_sgid(dev, fabric_ip)
-            for target in targets:
-                res = QpResult(
-                    device=dev.name,
-                    port=choice.port,
-                    sgid_index=choice.sgid_index,
-                    sgid=choice.sgid,
-                    sgid_choice=choice.choice,
-                    target=target,
-                    dgid=destination_gid(target, choice.sgid),
-                )
-                facts.results.append(res)
-                t = threading.Thread(
-                    target=_walk,
-                    args=(pv, res, choice.port, choice.sgid_index),
-                    name=f"afddiag-qp-{dev.name}-{target}",
-                    daemon=True,
-                )
-                t0 = time.monotonic()
-                t.start()
-                t.join(timeout_s)
-                if t.is_alive():
-                    res.elapsed_ms = round((time.monotonic() - t0) * 1000.0, 3)
-                    res.error = f"timed out after {timeout_s:g}s" + (
-                        f" (last: {res.error})" if res.error else ""
-                    )
-                    res.destroyed = False
-                    facts.notes.append(
-                        f"{dev.name} → {target}: walk still running after {timeout_s:g}s; "
-                        "its QP is released when this process exits"
-                    )
+        from afddiag.progress import steps
+
+        with steps("QP walk", len(fabric.devices) * len(targets)) as bar:
+            _walk_all(pv, fabric, fabric_ip, targets, timeout_s, facts, bar)
         return facts
     except Exception as exc:  # noqa: BLE001 - never raise
         return QpFacts(ran=False, why=f"QP probe failed unexpectedly: {exc!r}")
+
+
+def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list[str], timeout_s: float,
+              facts: QpFacts, bar: Any) -> None:
+    """One bounded walk per (device, target), in enumeration order; ``bar`` shows which is running."""
+    for dev in fabric.devices:
+        choice = choose_sgid(dev, fabric_ip)
+        for target in targets:
+            bar.step(f"{dev.name} → {target}")
+            res = QpResult(
+                device=dev.name,
+                port=choice.port,
+                sgid_index=choice.sgid_index,
+                sgid=choice.sgid,
+                sgid_choice=choice.choice,
+                target=target,
+                dgid=destination_gid(target, choice.sgid),
+            )
+            facts.results.append(res)
+            t = threading.Thread(
+                target=_walk,
+                args=(pv, res, choice.port, choice.sgid_index),
+                name=f"afddiag-qp-{dev.name}-{target}",
+                daemon=True,
+            )
+            t0 = time.monotonic()
+            t.start()
+            t.join(timeout_s)
+            if t.is_alive():
+                res.elapsed_ms = round((time.monotonic() - t0) * 1000.0, 3)
+                res.error = f"timed out after {timeout_s:g}s" + (
+                    f" (last: {res.error})" if res.error else ""
+                )
+                res.destroyed = False
+                facts.notes.append(
+                    f"{dev.name} → {target}: walk still running after {timeout_s:g}s; "
+                    "its QP is released when this process exits"
+                )
