@@ -363,7 +363,18 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
               f"{fr['exit_code']}\n")
 
 
-def _emit(fr: dict[str, Any], as_json: bool) -> int:
+def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = None,
+          html_path: str | None = None) -> int:
+    """Print the fleet report (JSON or table) and, with ``html_path``, write the fleet page there."""
+    if html_path:
+        from afddiag.atomic import output_error
+        from afddiag.html import write_page
+
+        try:
+            write_page(html_path, fr, {h.name: h.report for h in hosts or [] if h.ok and h.report})
+        except OSError as e:
+            raise click.UsageError(output_error(f"--html {html_path}", e))
+        click.echo(f"afddiag: fleet page written to {html_path}", err=True)
     if as_json:
         json.dump(fr, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -586,8 +597,11 @@ def build_zipapp(dest: str) -> str:
               "(click, rich, pynvml vendored; the host needs python3 ≥ 3.10, and python3-psutil/python3-pyverbs "
               "for the probes that use them).")
 @click.option("--quiet", is_flag=True, help="No per-host progress on stderr.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
+                   "verdict per host, hosts → HCAs → ports → IPs.")
 def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s, connect_timeout_s, push,
-          quiet) -> int:
+          quiet, html_path) -> int:
     """Run `afddiag all --json` on every host of the inventory over SSH, then the cross-host gates.
 
     An unreachable, timed-out or failing host is an ERROR row for that host; the others go on.
@@ -617,7 +631,7 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
             opts.push = build_zipapp(os.path.join(tempfile.mkdtemp(prefix="afddiag-"), f"afddiag-{__version__}.pyz"))
     hosts = collect(inv, opts, Progress(quiet=quiet))
     fr = judge(hosts, inv.expect, source=f"fleet {inventory_path}", keep_reports=as_json)
-    return _emit(fr, as_json)
+    return _emit(fr, as_json, hosts, html_path)
 
 
 @click.command()
@@ -627,7 +641,10 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
               help="Take [expect] and each host's role and fabric IP (matched by name) from this inventory.")
 @click.option("--expect-capacity", type=click.IntRange(1, 1 << 20), help="Fleet-wide capacity flag.")
 @click.option("--expect-gid-index", type=click.IntRange(0, 1 << 16), help="The GID index a stack forces.")
-def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index) -> int:
+@click.option("--html", "html_path", type=click.Path(dir_okay=False),
+              help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
+                   "verdict per host, hosts → HCAs → ports → IPs.")
+def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, html_path) -> int:
     """Run the cross-host gates over per-host `afddiag all --json` reports collected by anything
     (Slurm srun, Ansible, pdsh, clush). A FILE holds one report, a JSON array of them, or JSON lines.
 
@@ -656,7 +673,7 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index) -> 
     if expect_gid_index is not None:
         expect["gid_index"] = expect_gid_index
     fr = judge(hosts, expect, source=f"merge of {len(files)} file(s)")
-    return _emit(fr, as_json)
+    return _emit(fr, as_json, hosts, html_path)
 
 
 __all__ = ["HostResult", "Inventory", "InventoryError", "SshOptions", "Verdict", "build_zipapp", "collect",
