@@ -77,11 +77,63 @@ def from_under_load(ul: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
 
+FLOOR_FRACTION = 0.8  # a figure below 80 % of the reference table's for the model is no healthy baseline
+
+
+def refusals(readings: dict[str, Any]) -> list[str]:
+    """Why the GPU probe's readings (with the load probe's ``under_load``) must not
+    become this host's healthy baseline; [] when they may:
+
+    - no GPU was seen, or no GPU gave load figures;
+    - the GPU is busy with another job (gpu.slow-state's evidence: other compute processes in NVML,
+      utilization just before the load probe);
+    - a GPU gate FAILs on them (clock events, Xid/ECC errors, the slow state against the reference table);
+    - a figure is below :data:`FLOOR_FRACTION` of the reference table's for the model.
+
+    Pure: judges the readings with the GPU gates, touches nothing."""
+    from afddiag.endpoint import resolve_fabric_ip
+    from afddiag.gates import Context, gpu as gates_gpu
+    from afddiag.model.gpu import gpu_facts_from_readings
+    from afddiag.model.run import Inputs, Observation
+    from afddiag.verdict import FAIL
+
+    facts = gpu_facts_from_readings(readings)
+    if not facts.devices:
+        return [f"no GPU seen ({facts.why or 'NVML and CUDA list none'}): a baseline without a GPU compares nothing"]
+    out: list[str] = []
+    loaded = [d for d in facts.devices if d.under_load is not None]
+    if not loaded:
+        whys = "; ".join(sorted({d.load_why for d in facts.devices if d.load_why})) or "no figures"
+        return [f"the load probe gave no figures ({whys})"]
+    for d in facts.devices:
+        busy = gates_gpu.gpu_busy(d, facts)
+        if busy:
+            out.append(f"GPU {d.index} {d.name or '?'} is busy ({'; '.join(busy)}): its figures are a share of the GPU")
+    ctx = Context(Observation("baseline", "baseline record", gpu=facts), Inputs(), resolve_fabric_ip(None, None))
+    for gid, fn in gates_gpu.GATES:
+        if gid in ("gpu.slow-state", "gpu.clock-events", "gpu.errors"):
+            v = fn(ctx)
+            if v.verdict == FAIL:
+                out.append(f"{gid} FAILs: {v.summary}")
+    for d in loaded:
+        ref = REFERENCE.get(d.name or "") or {}
+        fig = from_under_load({"clock_sm_mhz": d.under_load.clock_sm_mhz, "power_mw": d.under_load.power_mw,
+                               "achieved": {k: getattr(d.under_load, k) for k in
+                                            ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")}})
+        for k, v in fig.items():
+            r = ref.get(k)
+            if k != "power_mw_under_load" and isinstance(r, (int, float)) and v < FLOOR_FRACTION * r:
+                out.append(f"GPU {d.index} {d.name}: {k} {v:g} is below the reference table's floor "
+                           f"{FLOOR_FRACTION * r:g} ({FLOOR_FRACTION:.0%} of {r:g} for this model)")
+    return list(dict.fromkeys(out))
+
+
 def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
-           path: str | os.PathLike | None = None) -> Path:
+           path: str | os.PathLike | None = None, forced: list[str] | None = None) -> Path:
     """Write the healthy figures of every GPU that has under-load readings (keyed by UUID) and the
-    CPU's, with kernel/driver/BIOS versions. Returns the path. Raises OSError when it cannot write,
-    ValueError when there is nothing to record."""
+    CPU's, with kernel/driver/BIOS versions. ``forced``: the :func:`refusals` overridden by
+    ``--force`` (recorded as ``forced``/``forced_over``, and named wherever the baseline is used).
+    Returns the path. Raises OSError when it cannot write, ValueError when there is nothing to record."""
     gpus = {}
     for d in readings.get("devices") or []:
         ul = d.get("under_load")
@@ -93,6 +145,8 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
             "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "versions": {"driver": readings.get("driver_version"), **(readings.get("versions") or {})},
             "gpus": gpus, "cpu": cpu or {}}
+    if forced:
+        data["forced"], data["forced_over"] = True, list(forced)
     p = Path(path) if path else default_path()
     p.parent.mkdir(parents=True, exist_ok=True)
     from afddiag.atomic import atomic_write
@@ -111,7 +165,9 @@ def for_gpu(uuid: str | None, name: str | None, host_baseline: dict[str, Any] | 
     if isinstance(gpus, dict) and uuid and isinstance(gpus.get(uuid), dict):
         figures = {k: v for k, v in gpus[uuid].items()  # a hand-edited file may hold anything
                    if k == "name" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v)}
-        return figures, f"host baseline {host_baseline.get('path')} ({host_baseline.get('recorded_at')})"
+        return figures, (f"host baseline {host_baseline.get('path')} ({host_baseline.get('recorded_at')}"
+                         + (", FORCED over: " + "; ".join(host_baseline.get("forced_over") or ["?"])
+                            if host_baseline.get("forced") else "") + ")")
     if snapshot_baseline:
         return snapshot_baseline, "snapshot expect.baseline"
     ref = REFERENCE.get(name or "")

@@ -547,8 +547,14 @@ def baseline() -> None:
 @click.option("--path", "baseline_path", type=click.Path(dir_okay=False), help="Where to write (default: state dir).")
 @click.option("--budget", "budget_s", type=click.FloatRange(0.5, 60), default=3.0, show_default=True,
               help="Load probe time per GPU, seconds.")
-def baseline_record(baseline_path, budget_s) -> int:
-    """Run the GPU load probe and the CPU loop on this (healthy) host and store the figures."""
+@click.option("--force", is_flag=True, help="Record even when the figures are no healthy baseline (a GPU gate "
+              "FAILs, the GPU is busy, a figure is below the reference floor); the record is marked forced.")
+def baseline_record(baseline_path, budget_s, force) -> int:
+    """Run the GPU load probe and the CPU loop on this (healthy) host and store the figures.
+
+    Refuses (exit 2, saying why) when a GPU gate would FAIL on them, the GPU is busy with another job,
+    no GPU gave figures, or a figure is below the reference table's floor for the model; --force
+    records anyway and marks the record forced."""
     import socket
 
     from afddiag import baseline as bl
@@ -568,8 +574,15 @@ def baseline_record(baseline_path, budget_s) -> int:
         click.echo(f"afddiag baseline record: {e}: nothing recorded", err=True)
         return 3
     cpu_fig = {k: cpu[k] for k in ("loop_mops", "under_load_mhz", "max_mhz") if cpu.get(k) is not None}
+    refused = bl.refusals(readings)
+    if refused and not force:
+        click.echo("afddiag baseline record: not recorded: these figures are no healthy baseline:", err=True)
+        for why in refused:
+            click.echo(f"  - {why}", err=True)
+        click.echo("  fix that and record again, or give --force to record them anyway (marked forced)", err=True)
+        return 2
     try:
-        path = bl.record(readings, cpu_fig, socket.gethostname(), baseline_path)
+        path = bl.record(readings, cpu_fig, socket.gethostname(), baseline_path, forced=refused if force else None)
     except ValueError as e:
         click.echo(f"afddiag baseline record: {e}", err=True)
         return 2
@@ -578,7 +591,8 @@ def baseline_record(baseline_path, budget_s) -> int:
 
         raise click.UsageError(output_error(f"baseline {baseline_path or bl.default_path()}", e))
     data, _ = bl.load(path)
-    click.echo(f"recorded {len(data['gpus'])} GPU(s) and the CPU in {path}")
+    click.echo(f"recorded {len(data['gpus'])} GPU(s) and the CPU in {path}"
+               + (" (FORCED over: " + "; ".join(data.get("forced_over") or []) + ")" if data.get("forced") else ""))
     for uuid, g in data["gpus"].items():
         click.echo(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items() if k != "name"))
     return 0

@@ -70,3 +70,16 @@ def busy_h200(fraction: float = 0.54, processes=None, idle_util=None) -> dict:
     d["nvml"]["processes"] = processes if processes is not None else []
     d["nvml"]["utilization_pct"] = idle_util if idle_util is not None else 0
     return r
+
+
+def healthy_h200(fraction: float = 1.0, processes=None) -> dict:
+    """An H200 reading whose load figures are the load probe's own reference figures for the model
+    (afddiag.baseline.REFERENCE) times ``fraction``: what `baseline record` sees on a healthy idle GPU."""
+    from afddiag.baseline import REFERENCE
+
+    r = busy_h200(1.0, processes)
+    ref = REFERENCE["NVIDIA H200"]
+    r["devices"][0]["under_load"]["achieved"] = {k: round(ref[k] * fraction, 1) for k in
+                                                 ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")}
+    r.pop("expect", None)
+    return r

@@ -21,7 +21,7 @@ from afddiag.facts import (FabricFacts, Gid, GpuDevice, GpuFacts, Netdev, Port, 
                            RdmaDevice, UnderLoad)
 from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
-from snapfix import busy_h200, derive, fabric_case, gpu_snapshot, h200_readings, link_down
+from snapfix import busy_h200, derive, fabric_case, gpu_snapshot, h200_readings, healthy_h200, link_down
 
 
 def report(args):
@@ -426,3 +426,56 @@ def test_gpu_busy_evidence_is_pure_on_facts():
                   under_load=UnderLoad(busy_after={"processes": [{"pid": 8, "name": "late", "type": "compute"}]}))
     g = GpuFacts(available=True, devices=[d], probe_pid=3)
     assert gpu.gpu_busy(d, g) == ["utilization 50 % at the GPU probe's read", "pid 8, late"]
+
+
+# --- baseline record refuses what is no healthy baseline ----------------------------------------
+
+def _record(monkeypatch, readings, *extra):
+    """`afddiag baseline record` with the GPU probe, load probe and CPU loop replaced by ``readings``."""
+    import copy as _copy
+
+    monkeypatch.setattr("afddiag.probes.gpu.read_gpu", lambda *a, **k: _copy.deepcopy(readings))
+    monkeypatch.setattr("afddiag.probes.load.attach_load", lambda r, b, **k: None)
+    monkeypatch.setattr("afddiag.probes.cpu.read_cpu", lambda: {"loop_mops": 6.0})
+    res = CliRunner().invoke(cli, ["baseline", "record", *extra], standalone_mode=False, catch_exceptions=False)
+    return res.return_value, res.stderr, res.stdout
+
+
+def test_baseline_record_accepts_a_healthy_idle_gpu(monkeypatch, tmp_path):
+    code, err, out = _record(monkeypatch, healthy_h200(), "--path", str(tmp_path / "b.json"))
+    assert code == 0 and "recorded 1 GPU(s)" in out and "FORCED" not in out
+    assert "forced" not in json.loads((tmp_path / "b.json").read_text())
+
+
+@pytest.mark.parametrize("readings,why", [
+    (healthy_h200(processes=[{"pid": 4242, "name": "python3", "type": "compute"}]),
+     "is busy (pid 4242, python3)"),
+    (healthy_h200(fraction=0.54), "below the reference table's floor"),
+    ({"devices": [], "why": "no NVIDIA GPU seen: NVML and CUDA list none"}, "no GPU seen"),
+])
+def test_baseline_record_refuses_with_the_reason(monkeypatch, tmp_path, readings, why):
+    path = tmp_path / "b.json"
+    code, err, _ = _record(monkeypatch, readings, "--path", str(path))
+    assert code == 2 and "not recorded" in err and why in err, err
+    assert not path.exists()
+    code, _, out = _record(monkeypatch, readings, "--path", str(path), "--force")
+    if readings["devices"]:
+        assert code == 0 and "FORCED over" in out
+        data = json.loads(path.read_text())
+        assert data["forced"] is True and any(why in w for w in data["forced_over"])
+
+
+def test_baseline_record_refuses_when_a_gpu_gate_fails(monkeypatch, tmp_path):
+    r = healthy_h200()
+    r["xid_events"] = [{"xid": 154, "pci": "0000:00:06", "text": XID_RESET}]
+    code, err, _ = _record(monkeypatch, r, "--path", str(tmp_path / "b.json"))
+    assert code == 2 and "gpu.errors FAILs" in err and "GPU Reset Required" in err
+
+
+def test_forced_baseline_is_named_where_it_is_used(monkeypatch, tmp_path):
+    r = healthy_h200(fraction=0.54)
+    _record(monkeypatch, r, "--path", str(tmp_path / "b.json"), "--force")
+    snap = gpu_snapshot(tmp_path / "s", healthy_h200(fraction=0.54))
+    rep, _ = report(["gpu", "--snapshot", str(snap), "--baseline", str(tmp_path / "b.json")])
+    slow = gates(rep)["gpu.slow-state"]
+    assert "FORCED over" in json.dumps(slow["facts"])
