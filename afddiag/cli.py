@@ -118,12 +118,12 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
         if playbook_path or role:
             pb = pbmod.load(role, playbook_path)
         if launch_env_path:
+            from afddiag.reader import InputError, read_text
+
             try:
-                with open(launch_env_path, encoding="utf-8") as f:
-                    text = f.read()
-            except UnicodeDecodeError as e:
-                raise click.UsageError(f"launch env {launch_env_path}: not UTF-8 text (byte {e.start}): save it as "
-                                       "UTF-8 KEY=VALUE lines")
+                text = read_text(launch_env_path)  # bounded: 1 MiB, a regular file, strict UTF-8
+            except InputError as e:
+                raise click.UsageError(f"launch env {e}: give the launcher's KEY=VALUE env file")
             except OSError as e:
                 raise click.UsageError(f"launch env {launch_env_path}: {e.strerror}: give the launcher's env file")
             launch_env = parse_launch_env(text, launch_env_path, pb.aliases if pb else None)

@@ -91,7 +91,7 @@ def parse_env_file(text: str) -> dict[str, str]:
     """``KEY=VALUE`` lines (a snapshot's ``env``): blank lines and ``#`` comments skipped,
     ``export`` prefixes and matching outer quotes removed. Lines without ``=`` are ignored."""
     out: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as a shell reads it: \v, \f, U+2028 end no line
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -116,18 +116,43 @@ class LaunchEnvError(ValueError):
     """A launch env file that cannot be used: the message names the file, the line and the fix."""
 
 
+# What a shell sourcing the file takes literally: unquoted, anything but a blank and
+# ; | & < > ( ) $ ` \\ " ' * ? [ ] { } ~ ! (run, expanded, split or globbed); in double quotes
+# anything but $ ` \\ (which bash expands).
+_BARE_OK = re.compile(r"[^ \t|&;<>()$`\\\"'*?\[\]{}~!]*")
+_LINE_BREAKS = {"\r": "a carriage return (CRLF line end)", "\v": "a vertical tab", "\f": "a form feed",
+                "\x1c": "a file separator", "\x1d": "a group separator", "\x1e": "a record separator",
+                "\x85": "a NEL line break", "\u2028": "a U+2028 line separator", "\u2029": "a U+2029 paragraph separator"}
+
+
 def _unquote(val: str, where: str) -> str:
-    val = val.strip()
+    """The value a shell sourcing ``KEY=val`` would set, when that is exactly the text afddiag reads;
+    anything the shell would expand, split or run is a LaunchEnvError naming ``where``."""
+    val = val.rstrip(" \t")
     if val[:1] in ("'", '"'):
         q = val[0]
         end = val.find(q, 1)
         if end < 0:
             raise LaunchEnvError(f"{where}: unterminated {q} quote: close it")
-        rest = val[end + 1:].strip()
-        if rest and not rest.startswith("#"):
-            raise LaunchEnvError(f"{where}: text after the closing quote ({rest!r}): quote the whole value")
-        return val[1:end]
-    return val.split(" #", 1)[0].strip()
+        rest = val[end + 1:]
+        if rest and not (rest[:1] in (" ", "\t") and rest.strip().startswith("#")):
+            raise LaunchEnvError(f"{where}: text after the closing quote ({rest.strip()[:40]!r}): quote the whole value")
+        inner = val[1:end]
+        if q == '"' and (bad := next((c for c in inner if c in "$`\\"), None)):
+            raise LaunchEnvError(f"{where}: {bad!r} inside double quotes: the shell would expand it (command "
+                                 "substitution, a variable); use single quotes for a literal value")
+        return inner
+    bare, _, comment = val.partition(" #") if " #" in val else val.partition("\t#")
+    bare = bare.rstrip(" \t")
+    m = _BARE_OK.match(bare)
+    if m.end() != len(bare):
+        c = bare[m.end()]
+        what = {"$": "'$' (command substitution or a variable)", "`": "a backtick (command substitution)",
+                " ": "a blank (the shell would run the rest as a command)", "\t": "a tab (the shell would run the rest "
+                "as a command)"}.get(c, f"the shell metacharacter {c!r}")
+        raise LaunchEnvError(f"{where}: unquoted {what} in the value: a shell sourcing this file would not set "
+                             "what afddiag reads; quote the value with single quotes, or remove it")
+    return bare
 
 
 FLAG_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
@@ -147,8 +172,9 @@ def _check_value(key: str, val: str, where: str) -> None:
             if v:
                 ipv4(v)
     elif key in ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY", "AFD_IMAGE_SM_COUNT") and val:
-        if not val.isdigit() or int(val) <= 0:
-            raise LaunchEnvError(f"{where}: {key}={val!r} is not a positive integer")
+        if not re.fullmatch(r"[0-9]{1,9}", val) or int(val) <= 0:  # ASCII digits only: '²'.isdigit() is True
+            raise LaunchEnvError(f"{where}: {key}={val[:20]!r}{'...' if len(val) > 20 else ''} is not a positive "
+                                 "integer (1 to 999999999, ASCII digits)")
     elif key == "AFD_DRAFTER" and val and val.lower() not in FLAG_WORDS:
         raise LaunchEnvError(f"{where}: AFD_DRAFTER={val!r} is not a flag (1/0, true/false, on/off, yes/no)")
     elif key == "AFD_GPU_MEMORY_RESERVATION" and val:
@@ -176,9 +202,16 @@ def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, s
     """
     out: dict[str, str] = {}
     first_line: dict[str, tuple[int, str]] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n"), 1):  # bash ends a line at \n alone
         where = f"{path}:{n}"
-        line = raw.strip()
+        brk = next((c for c in raw if c in _LINE_BREAKS), None)
+        if brk is not None:
+            raise LaunchEnvError(f"{where}: {_LINE_BREAKS[brk]} in the line: bash does not end a line there (it "
+                                 "would set a different value or variable); save the file with plain \\n line ends")
+        ctl = next((c for c in raw if (ord(c) < 32 and c != "\t") or ord(c) == 127), None)
+        if ctl is not None:
+            raise LaunchEnvError(f"{where}: control character {ctl!r} in the line: remove it")
+        line = raw.strip(" \t")
         if not line or line.startswith("#"):
             continue
         if line.startswith("export ") or line.startswith("export\t"):

@@ -13,6 +13,7 @@ Inventory (TOML)::
     concurrency = 16              # hosts collected at once
     timeout_s = 120               # per host, connect to last byte
     connect_timeout_s = 10
+    max_output_mib = 32           # a host printing more is an ERROR row ("output over 32 MiB")
     afddiag = "afddiag"           # the remote command (per host too)
     python = "python3"            # the remote interpreter for --push
     peers = "coordinator"         # --peer given to each host: "coordinator" (ranks get the
@@ -59,11 +60,66 @@ else:  # pragma: no cover
 
 FLEET_SCHEMA = "afddiag-fleet/1"  # kept in "schema" for readers of the first fleet reports
 FLEET_SCHEMA_VERSION = 1  # afddiag/schema/fleet.schema.json
-_FLEET_KEYS = {"user", "known_hosts", "identity", "concurrency", "timeout_s", "connect_timeout_s", "afddiag",
-               "python", "peers"}
-_HOST_KEYS = {"name", "role", "ssh", "fabric_ip", "launch_env", "args", "afddiag", "python"}
-_EXPECT_KEYS = {"capacity", "gid_index", "mtu"}
 PEER_POLICIES = ("coordinator", "all", "none")
+MAX_OUTPUT_MIB = 32  # a host's stdout past this is an ERROR row (a 10k-device report is ~10 MiB)
+_NAME_RE = __import__("re").compile(r"^[A-Za-z0-9_.:@\[\]\-]{1,253}$")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _spec(kind: str, lo: float | None = None, hi: float | None = None, choices: tuple | None = None):
+    """One key's type: (check(value) -> bool, what is allowed in words)."""
+    if kind == "str":
+        return (lambda v: isinstance(v, str) and v != "" and "\0" not in v and len(v) <= 4096), "a non-empty string"
+    if kind == "name":
+        return (lambda v: isinstance(v, str) and bool(_NAME_RE.match(v))), \
+            "a host name (letters, digits, . _ - : @ [ ], at most 253)"
+    if kind == "choice":
+        return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
+    if kind == "ipv4":
+        def ok(v: Any) -> bool:
+            try:
+                ipaddress.IPv4Address(v)
+                return isinstance(v, str)
+            except ValueError:
+                return False
+        return ok, "an IPv4 address in dotted form (e.g. \"192.168.100.10\")"
+    if kind == "args":
+        return (lambda v: isinstance(v, list) and all(isinstance(a, str) and "\0" not in a for a in v)), \
+            "a list of strings"
+    if kind == "int":
+        return (lambda v: _is_int(v) and lo <= v <= hi), f"an integer {lo}..{hi}"
+    return (lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and lo <= v <= hi),
+            f"a number {lo:g}..{hi:g}")  # "number"
+
+
+_FLEET_SPEC = {"user": _spec("str"), "known_hosts": _spec("str"), "identity": _spec("str"),
+               "concurrency": _spec("int", 1, 1024), "timeout_s": _spec("number", 1, 3600),
+               "connect_timeout_s": _spec("number", 0.5, 600), "afddiag": _spec("str"), "python": _spec("str"),
+               "peers": _spec("choice", choices=PEER_POLICIES), "max_output_mib": _spec("int", 1, 4096)}
+_EXPECT_SPEC = {"capacity": _spec("int", 1, 1 << 20), "gid_index": _spec("int", 0, 65535),
+                "mtu": _spec("choice", choices=(256, 512, 1024, 2048, 4096))}
+_HOST_SPEC = {"name": _spec("name"), "role": _spec("name"), "ssh": _spec("str"), "fabric_ip": _spec("ipv4"),
+              "launch_env": _spec("str"), "args": _spec("args"), "afddiag": _spec("str"), "python": _spec("str")}
+_FLEET_KEYS, _EXPECT_KEYS, _HOST_KEYS = set(_FLEET_SPEC), set(_EXPECT_SPEC), set(_HOST_SPEC)
+
+
+def _check_table(where: str, table: Any, spec: dict[str, Any], label: str) -> dict[str, Any]:
+    """``table`` checked against ``spec`` (key → (check, allowed)); raises InventoryError naming
+    ``where``, the key, the value and what is allowed."""
+    if not isinstance(table, dict):
+        raise InventoryError(f"{where}: {label} must be a table, not {type(table).__name__} {table!r:.40}")
+    bad = set(table) - set(spec)
+    if bad:
+        raise InventoryError(f"{where}: {label} unknown key(s) {', '.join(sorted(map(str, bad)))} "
+                             f"(known: {', '.join(sorted(spec))})")
+    for k, v in table.items():
+        check, allowed = spec[k]
+        if not check(v):
+            raise InventoryError(f"{where}: {label} {k} must be {allowed}, not {v!r:.60}")
+    return table
 
 
 class InventoryError(ValueError):
@@ -100,50 +156,38 @@ def load_inventory(path: str) -> Inventory:
     Raises :class:`InventoryError` (naming the file and the entry) for an unreadable file, TOML
     errors, unknown keys, a host without a name, duplicate names, or a fabric IP that is not IPv4.
     """
+    from afddiag.reader import InputError, read_text
+
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
+        data = tomllib.loads(read_text(path))
+    except FileNotFoundError as e:
         raise InventoryError(f"inventory {path}: {e.strerror}: give the fleet's inventory file")
+    except InputError as e:
+        raise InventoryError(f"inventory {e}")
     except tomllib.TOMLDecodeError as e:
         raise InventoryError(f"inventory {path}: not TOML ({e})")
     extra = set(data) - {"fleet", "expect", "host"}
     if extra:
         raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} (known: fleet, expect, host)")
-    settings = data.get("fleet") or {}
-    expect = data.get("expect") or {}
-    for table, keys, known in (("fleet", settings, _FLEET_KEYS), ("expect", expect, _EXPECT_KEYS)):
-        bad = set(keys) - known
-        if bad:
-            raise InventoryError(f"inventory {path}: [{table}] unknown key(s) {', '.join(sorted(bad))} "
-                                 f"(known: {', '.join(sorted(known))})")
-    if settings.get("peers", "coordinator") not in PEER_POLICIES:
-        raise InventoryError(f"inventory {path}: [fleet] peers must be one of {', '.join(PEER_POLICIES)}")
+    settings = _check_table(f"inventory {path}", data.get("fleet", {}), _FLEET_SPEC, "[fleet]")
+    expect = _check_table(f"inventory {path}", data.get("expect", {}), _EXPECT_SPEC, "[expect]")
+    raw_hosts = data.get("host", [])
+    if not isinstance(raw_hosts, list):
+        raise InventoryError(f"inventory {path}: host = {raw_hosts!r:.40}: write each host as a [[host]] table")
     hosts: list[InvHost] = []
     seen: set[str] = set()
-    for i, h in enumerate(data.get("host") or []):
+    for i, h in enumerate(raw_hosts):
         where = f"inventory {path}: host #{i + 1}"
-        if not isinstance(h, dict) or not h.get("name"):
+        if not isinstance(h, dict) or "name" not in h:
             raise InventoryError(f"{where}: every [[host]] needs a name")
-        bad = set(h) - _HOST_KEYS
-        if bad:
-            raise InventoryError(f"{where} ({h['name']}): unknown key(s) {', '.join(sorted(bad))} "
-                                 f"(known: {', '.join(sorted(_HOST_KEYS))})")
-        name = str(h["name"])
+        _check_table(where, h, _HOST_SPEC, "[[host]]")
+        name = h["name"]
         if name in seen:
             raise InventoryError(f"{where}: name {name!r} used twice")
         seen.add(name)
-        fip = h.get("fabric_ip")
-        if fip is not None:
-            try:
-                ipaddress.IPv4Address(fip)
-            except ValueError:
-                raise InventoryError(f"{where} ({name}): fabric_ip {fip!r} is not an IPv4 address")
-        args = h.get("args") or []
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise InventoryError(f"{where} ({name}): args must be a list of strings")
-        hosts.append(InvHost(name=name, ssh=str(h.get("ssh") or name), role=h.get("role"), fabric_ip=fip,
-                             launch_env=h.get("launch_env"), args=list(args), afddiag=h.get("afddiag"),
-                             python=h.get("python")))
+        hosts.append(InvHost(name=name, ssh=h.get("ssh") or name, role=h.get("role"), fabric_ip=h.get("fabric_ip"),
+                             launch_env=h.get("launch_env"), args=list(h.get("args") or []),
+                             afddiag=h.get("afddiag"), python=h.get("python")))
     if not hosts:
         raise InventoryError(f"inventory {path}: no [[host]] entries")
     return Inventory(hosts=hosts, settings=dict(settings), expect=dict(expect), path=path)
@@ -397,6 +441,7 @@ class SshOptions:
     timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
     push: str | None = None  # local path of the zipapp to copy and run (None: run the installed afddiag)
+    max_output_mib: int = MAX_OUTPUT_MIB  # a host's stdout past this is its ERROR row
 
 
 class Progress:
@@ -423,6 +468,8 @@ def _ssh_error(e: BaseException) -> str:
         return f"permission denied ({e.reason}): install the client key on the host or give --identity"
     if isinstance(e, asyncssh.DisconnectError):
         return f"ssh disconnected: {e.reason}"
+    if isinstance(e, ConnectTimeout):
+        return str(e)
     if isinstance(e, ConnectionRefusedError):
         return "unreachable: connection refused (no sshd listening)"
     if isinstance(e, OSError):
@@ -449,7 +496,11 @@ async def _collect_one(h: InvHost, inv: Inventory, opts: SshOptions, sem: asynci
         if opts.identity:
             kw["client_keys"] = [os.path.expanduser(opts.identity)]
             kw["agent_path"] = None
-        async with asyncssh.connect(host, **kw) as conn:
+        try:
+            conn_cm = await asyncio.wait_for(asyncssh.connect(host, **kw), opts.connect_timeout_s + 1)
+        except asyncio.TimeoutError:
+            raise ConnectTimeout(f"unreachable: connect timed out after {opts.connect_timeout_s:g} s") from None
+        async with conn_cm as conn:
             args = remote_args(h, inv)
             if opts.push:
                 stage[0] = "pushing"
@@ -460,10 +511,15 @@ async def _collect_one(h: InvHost, inv: Inventory, opts: SshOptions, sem: asynci
                 cmd = shlex.split(h.afddiag or inv.settings.get("afddiag", "afddiag")) + args
             stage[0] = "running afddiag"
             progress(h.name, "running " + " ".join(shlex.quote(c) for c in cmd))
-            r = await conn.run(" ".join(shlex.quote(c) for c in cmd), check=False)
-            rep, why = parse_report(str(r.stdout or ""), f"exit {r.exit_status}")
+            out, err_tail, status, over = await _run_capped(conn, " ".join(shlex.quote(c) for c in cmd),
+                                                            opts.max_output_mib << 20)
+            if over:
+                res.error = (f"output over {opts.max_output_mib} MiB: stopped reading and closed the session "
+                             "(the host's afddiag or its wrapper prints without end)")
+                return
+            rep, why = parse_report(out.decode("utf-8", "replace"), f"exit {status}")
             if rep is None:
-                err = str(r.stderr or "").strip().splitlines()
+                err = err_tail.decode("utf-8", "replace").strip().splitlines()
                 res.error = why + (f"; stderr: {err[-1][:200]}" if err else "")
             res.report = rep
 
@@ -482,6 +538,42 @@ async def _collect_one(h: InvHost, inv: Inventory, opts: SshOptions, sem: asynci
     else:
         progress(h.name, f"ERROR: {res.error}")
     return res
+
+
+class ConnectTimeout(Exception):
+    """The SSH connection was not up within the connect bound (the message says which bound)."""
+
+
+async def _run_capped(conn: Any, command: str, cap: int) -> tuple[bytes, bytes, int | None, bool]:
+    """Run ``command`` on ``conn`` reading its stdout as it comes, at most ``cap`` bytes, and the
+    last 64 KiB of its stderr → ``(stdout, stderr tail, exit status, over)``. Past ``cap`` the
+    channel is closed at once (``over`` True): a host that prints without end costs ``cap`` bytes."""
+    async with conn.create_process(command, encoding=None) as proc:
+        out = bytearray()
+        err = bytearray()
+        over = False
+
+        async def pump_out() -> None:
+            nonlocal over
+            while chunk := await proc.stdout.read(1 << 16):
+                out.extend(chunk)
+                if len(out) > cap:
+                    over = True
+                    proc.close()
+                    return
+
+        async def pump_err() -> None:
+            while chunk := await proc.stderr.read(1 << 16):
+                err.extend(chunk)
+                del err[:-65536]
+                if over:
+                    return
+
+        await asyncio.gather(pump_out(), pump_err(), return_exceptions=True)
+        if over:
+            return bytes(out[:cap]), bytes(err), None, True
+        await proc.wait_closed()
+        return bytes(out), bytes(err), proc.exit_status, False
 
 
 async def _push(conn: Any, local: str) -> str:
@@ -620,7 +712,11 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
     opts = SshOptions(known_hosts=known_hosts or s.get("known_hosts"), identity=identity or s.get("identity"),
                       user=s.get("user"), concurrency=concurrency or int(s.get("concurrency", 16)),
                       timeout_s=timeout_s or float(s.get("timeout_s", 120)),
-                      connect_timeout_s=connect_timeout_s or float(s.get("connect_timeout_s", 10)))
+                      connect_timeout_s=connect_timeout_s or float(s.get("connect_timeout_s", 10)),
+                      max_output_mib=int(s.get("max_output_mib", MAX_OUTPUT_MIB)))
+    if opts.known_hosts and not os.path.isfile(os.path.expanduser(opts.known_hosts)):
+        raise click.UsageError(f"known_hosts {opts.known_hosts}: no such file: give --known-hosts with the fleet's "
+                               "host keys (afddiag always verifies them)")
     if push:
         import tempfile
 

@@ -12,11 +12,9 @@ set -euo pipefail
 ENV_FILE="${1:?usage: launch-coordinator.sh ENV_FILE [engine args...]}"
 shift
 AFDDIAG="${AFDDIAG:-afddiag}"
-set -a
-# shellcheck disable=SC1090
-. "$ENV_FILE"
-set +a
-if [ -z "${AFD_FABRIC_IP:-}" ]; then
+# The file is sourced only after afddiag has read it: afddiag refuses any line the shell would not
+# set literally (a metacharacter, $(...), backticks, CR), so sourcing first could run its commands.
+if ! grep -Eq '^[[:space:]]*(export[[:space:]]+)?AFD_FABRIC_IP=[^[:space:]#]' "$ENV_FILE"; then
   echo "launch-coordinator: AFD_FABRIC_IP is not set in $ENV_FILE: refusing to start" >&2
   exit 78
 fi
@@ -27,6 +25,14 @@ exports="$($AFDDIAG preflight --role coordinator --launch-env "$ENV_FILE" --expo
 if [ "$rc" != 0 ]; then
   echo "launch-coordinator: afddiag preflight says this host is not fit (exit $rc): refusing to start" >&2
   exit "$rc"
+fi
+set -a
+# shellcheck disable=SC1090
+. "$ENV_FILE"
+set +a
+if [ -z "${AFD_FABRIC_IP:-}" ]; then
+  echo "launch-coordinator: AFD_FABRIC_IP is not set in $ENV_FILE: refusing to start" >&2
+  exit 78
 fi
 eval "$exports"
 echo "launch-coordinator: ${DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP:-no device map} NCCL_IB_HCA=${NCCL_IB_HCA:-} batch=${AFD_PREFILL_CAPACITY:-1024}" >&2

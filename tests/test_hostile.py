@@ -381,3 +381,190 @@ def test_3_sigterm_during_a_replay_removes_the_temporary_tree(tmp_path):
     assert p.returncode == 143, err[-2000:]
     assert "Traceback" not in err
     assert list(tmpdir.iterdir()) == []
+
+
+# 4. fleet: a host that prints without end --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def spewfleet(tmp_path_factory):
+    import shutil
+    import subprocess
+    import sys
+
+    from test_fleet_ssh import SSHD, _free_port, _keygen, _wait_port
+
+    if not (os.path.exists(SSHD) and shutil.which("ssh-keygen")) or os.geteuid() != 0:
+        pytest.skip("needs openssh-server and root (lab/setup.sh installs it)")
+    pytest.importorskip("asyncssh")
+    d = tmp_path_factory.mktemp("spew")
+    os.makedirs("/run/sshd", exist_ok=True)
+    host_pub = _keygen(d / "hostkey")
+    (d / "authorized_keys").write_text(_keygen(d / "client") + "\n")
+    wrappers = {"ok": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {FAB}"', "spew": "exec yes afddiag-spew"}
+    ports = {n: _free_port() for n in wrappers}
+    procs, known = [], []
+    for name, body in wrappers.items():
+        w = d / f"wrap-{name}.sh"
+        w.write_text("#!/bin/sh\n" + body + "\n")
+        w.chmod(0o755)
+        (d / f"sshd-{name}.conf").write_text("\n".join([
+            f"Port {ports[name]}", "ListenAddress 127.0.0.1", f"HostKey {d / 'hostkey'}", f"PidFile {d / (name + '.pid')}",
+            f"AuthorizedKeysFile {d / 'authorized_keys'}", "StrictModes no", "UsePAM no", "PasswordAuthentication no",
+            "PermitRootLogin prohibit-password", "LogLevel ERROR", f"ForceCommand {w}"]) + "\n")
+        procs.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / f"sshd-{name}.conf")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        known.append(f"[127.0.0.1]:{ports[name]} {host_pub}")
+    (d / "known_hosts").write_text("\n".join(known) + "\n")
+    lines = ["[fleet]", f'known_hosts = "{d / "known_hosts"}"', f'identity = "{d / "client"}"',
+             f'afddiag = "{sys.executable} -m afddiag"', "timeout_s = 60", 'peers = "none"', "max_output_mib = 2", ""]
+    for name in wrappers:
+        lines += ["[[host]]", f'name = "{name}"', f'ssh = "root@127.0.0.1:{ports[name]}"', ""]
+    (d / "fleet.toml").write_text("\n".join(lines))
+    try:
+        for name in wrappers:
+            _wait_port(ports[name])
+        yield d
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(5)
+
+
+def test_4_a_spewing_host_is_an_error_row_and_the_healthy_one_is_judged(spewfleet, capsys):
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    code = run(["fleet", "--inventory", str(spewfleet / "fleet.toml"), "--json", "--quiet"])
+    out, err = capsys.readouterr()
+    fr = json.loads(out)
+    rows = {r["name"]: r for r in fr["hosts"]}
+    assert rows["spew"]["status"] == "ERROR" and rows["spew"]["error"].startswith("output over 2 MiB"), rows["spew"]
+    assert rows["ok"]["status"] == "ok"
+    assert code in (2, 3) and time.monotonic() - t0 < 50
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10  # KiB
+
+
+# 7. / 10. typed inventory ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body,words", [
+    ("fleet = 5\n", "[fleet] must be a table"),
+    ("host = 5\n", "write each host as a [[host]] table"),
+    ('[expect]\nexpect = [1, 2]\n[[host]]\nname = "a"\n', "unknown key(s) expect"),
+    ('[expect]\ncapacity = [1, 2]\n[[host]]\nname = "a"\n', "capacity must be an integer"),
+    ('[expect]\nmtu = 4096.5\n[[host]]\nname = "a"\n', "mtu must be one of 256, 512, 1024, 2048, 4096"),
+    ('[fleet]\nconcurrency = "abc"\n[[host]]\nname = "a"\n', "concurrency must be an integer 1..1024"),
+    ('[fleet]\ntimeout_s = "x"\n[[host]]\nname = "a"\n', "timeout_s must be a number 1..3600"),
+    ('[fleet]\ntimeout_s = true\n[[host]]\nname = "a"\n', "timeout_s must be a number"),
+    ('[[host]]\nname = 5\n', "name must be a host name"),
+    ('[[host]]\nname = "a"\nrole = ["x"]\n', "role must be a host name"),
+    ('[[host]]\nname = "a"\nargs = "--load"\n', "args must be a list of strings"),
+])
+def test_7_wrongly_typed_inventory_is_a_usage_error_naming_key_and_allowed(tmp_path, capsys, body, words):
+    inv = tmp_path / "inv.toml"
+    inv.write_text(body)
+    assert run(["merge", "--inventory", str(inv), str(tmp_path / "inv.toml")]) == 64
+    err = capsys.readouterr().err
+    assert words in err and str(inv) in err and "Traceback" not in err, err
+    assert run(["fleet", "--inventory", str(inv), "--quiet"]) == 64
+    assert words in capsys.readouterr().err
+
+
+def test_7_non_utf8_inventory_is_a_usage_error(tmp_path, capsys):
+    inv = tmp_path / "inv.toml"
+    inv.write_bytes(b'[[host]]\nname = "\xff\xfe"\n')
+    assert run(["fleet", "--inventory", str(inv), "--quiet"]) == 64
+    err = capsys.readouterr().err
+    assert "not UTF-8" in err and "Traceback" not in err
+
+
+def test_10_a_missing_known_hosts_file_is_a_usage_error_not_unreachable(tmp_path, capsys):
+    pytest.importorskip("asyncssh")
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[host]]\nname = "a"\nssh = "127.0.0.1:1"\n')
+    assert run(["fleet", "--inventory", str(inv), "--quiet", "--known-hosts", str(tmp_path / "nope")]) == 64
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_10_connect_timeout_is_reported_with_its_own_bound(monkeypatch):
+    import asyncio
+
+    import asyncssh
+
+    from afddiag import fleet as fl
+
+    async def hangs(*a, **k):
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(asyncssh, "connect", hangs)
+    inv = fl.Inventory(hosts=[fl.InvHost(name="a", ssh="10.255.255.1")])
+    res = fl.collect(inv, fl.SshOptions(timeout_s=15, connect_timeout_s=0.5), fl.Progress(quiet=True))
+    assert res[0].error == "unreachable: connect timed out after 0.5 s", res[0].error
+
+
+# 7. / 8. the launch env: exactly what the shell sets, or a usage error with the line ---------------
+
+@pytest.mark.parametrize("line,words", [
+    ("AFD_EXPERT_CAPACITY=\u00b2", "not a positive integer"),
+    ("AFD_EXPERT_CAPACITY=" + "9" * 5000, "not a positive integer"),
+    ("AFD_IMAGE=x;touch F", "metacharacter ';'"),
+    ("NCCL_IB_HCA=mlx5_0 touch F", "unquoted a blank"),
+    ("AFD_IMAGE=`touch F`", "backtick"),
+    ("AFD_IMAGE=$(touch F)", "command substitution"),
+    ('AFD_IMAGE="$(touch F)"', "inside double quotes"),
+    ('AFD_IMAGE="`id`"', "inside double quotes"),
+    ("AFD_IMAGE=a|touch F", "metacharacter '|'"),
+    ("AFD_IMAGE=a&touch F", "metacharacter '&'"),
+    ("AFD_IMAGE=a>F", "metacharacter '>'"),
+    ("AFD_FABRIC_IP=192.168.100.10\r", "carriage return"),
+    ("AFD_FABRIC_IP=192.168.100.10\vAFD_ROLE=expert", "vertical tab"),
+    ("AFD_FABRIC_IP=192.168.100.10\u2028AFD_ROLE=expert", "U+2028"),
+    ("AFD_FABRIC_IP=192.168.100.10\x85", "NEL"),
+    ("AFD_ROLE=expert\x00", "control character"),
+])
+def test_8_launch_env_refuses_what_the_shell_would_read_otherwise(tmp_path, capsys, line, words):
+    import subprocess
+
+    env = tmp_path / "rank.env"
+    env.write_text("# rank\nAFD_ROLE=expert\n" + line + "\n", encoding="utf-8")
+    assert run(["all", "--snapshot", str(FAB), "--launch-env", str(env), "--json", "--no-history"]) == 64
+    err = capsys.readouterr().err
+    assert f"{env}:3" in err and words in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) <= 2
+    assert not (tmp_path / "F").exists()
+    if "\x00" not in line:  # what bash makes of the line is not what afddiag would have judged
+        subprocess.run(["bash", "-c", f"cd {tmp_path} && set -a && . ./rank.env"], capture_output=True, timeout=10)
+
+
+@pytest.mark.parametrize("line,value", [
+    ("AFD_IMAGE='x;touch F'", "x;touch F"),
+    ('AFD_IMAGE="nvcr.io/nvidia/pytorch:24.05-py3"', "nvcr.io/nvidia/pytorch:24.05-py3"),
+    ("NCCL_IB_HCA=^=mlx5_0:1,mlx5_1 # rails", "^=mlx5_0:1,mlx5_1"),
+    ("export AFD_PEER_FABRIC_IPS='10.0.0.1 10.0.0.2'", "10.0.0.1 10.0.0.2"),
+    ("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1", "192.168.100.10=rocep1s0f1"),
+])
+def test_8_launch_env_accepts_what_bash_sets_literally(tmp_path, line, value):
+    import subprocess
+
+    from afddiag.envvars import parse_launch_env
+
+    env = tmp_path / "rank.env"
+    env.write_text(line + "\n")
+    key = line.removeprefix("export ").split("=", 1)[0]
+    assert parse_launch_env(env.read_text(), str(env))[key] == value
+    got = subprocess.run(["bash", "-c", f"set -a; . {env}; printf %s \"${key}\""], capture_output=True, text=True)
+    assert got.stdout == value  # the shell sets exactly what afddiag judged
+
+
+@pytest.mark.parametrize("script,args", [("launch-coordinator.sh", []), ("launch-expert.sh", ["3"])])
+def test_8_example_launchers_never_run_a_line_afddiag_refused(tmp_path, script, args):
+    from test_launch import launcher
+
+    env = tmp_path / "rank.env"
+    flag = tmp_path / "F"
+    env.write_text(f"AFD_FABRIC_IP=192.168.100.10\nAFD_IMAGE=x;touch {flag}\nAFD_ROLE=expert\n")
+    p = launcher(script, env, *args, afddiag_args=f"--snapshot {FAB}")
+    assert p.returncode == 64, p.stderr
+    assert "refusing to start" in p.stderr and "metacharacter ';'" in p.stderr
+    assert not flag.exists()  # the launcher did not source the file before afddiag read it

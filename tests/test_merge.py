@@ -182,7 +182,7 @@ def test_inventory_parsing(tmp_path):
     assert peers_for(inv.hosts[1], inv) == ["10.0.0.1"]
     assert parse_target(inv.hosts[1].ssh) == ("admin", "r1.example", 2222)
     assert parse_target("r2", "root") == ("root", "r2", 22)
-    for bad, msg in (('[[host]]\nname = "a"\nfabric_ip = "10.0.0"\n', "not an IPv4"),
+    for bad, msg in (('[[host]]\nname = "a"\nfabric_ip = "10.0.0"\n', "fabric_ip must be an IPv4 address"),
                      ('[[host]]\nname = "a"\n[[host]]\nname = "a"\n', "used twice"),
                      ('[[host]]\nname = "a"\nsshh = "x"\n', r"unknown key\(s\) sshh"),
                      ('[fleet]\npeers = "some"\n[[host]]\nname = "a"\n', "peers must be one of")):
