@@ -548,11 +548,12 @@ async def _run_capped(conn: Any, command: str, cap: int) -> tuple[bytes, bytes, 
     """Run ``command`` on ``conn`` reading its stdout as it comes, at most ``cap`` bytes, and the
     last 64 KiB of its stderr → ``(stdout, stderr tail, exit status, over)``. Past ``cap`` the
     channel is closed at once (``over`` True): a host that prints without end costs ``cap`` bytes."""
-    async with conn.create_process(command, encoding=None) as proc:
-        out = bytearray()
-        err = bytearray()
-        over = False
-
+    proc = await conn.create_process(command, encoding=None)
+    out = bytearray()
+    err = bytearray()
+    over = False
+    done = False
+    try:
         async def pump_out() -> None:
             nonlocal over
             while chunk := await proc.stdout.read(1 << 16):
@@ -573,7 +574,11 @@ async def _run_capped(conn: Any, command: str, cap: int) -> tuple[bytes, bytes, 
         if over:
             return bytes(out[:cap]), bytes(err), None, True
         await proc.wait_closed()
+        done = True
         return bytes(out), bytes(err), proc.exit_status, False
+    finally:
+        if not done:  # cancelled (the per-host bound) or over the cap: close, never wait for the host
+            proc.close()
 
 
 async def _push(conn: Any, local: str) -> str:
