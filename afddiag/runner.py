@@ -104,7 +104,7 @@ def opened(inputs: Inputs):
     from afddiag.bundle import is_bundle
 
     if inputs.snapshot and is_bundle(inputs.snapshot):
-        with collect.opened_snapshot(inputs.snapshot, inputs.timeout("fabric_s")) as root:
+        with collect.opened_snapshot(inputs.snapshot) as root:  # bounded by bundle.EXTRACT_TIMEOUT_S
             yield dataclasses.replace(inputs, snapshot=root)
     else:
         yield inputs

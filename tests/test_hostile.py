@@ -367,7 +367,7 @@ def test_3_sigterm_during_a_replay_removes_the_temporary_tree(tmp_path):
 
     tmpdir = tmp_path / "t"
     tmpdir.mkdir()
-    b = _tar_gz(tmp_path / "many.tar.gz", [_reg(f"top/sys/{i}") for i in range(60000)])
+    b = _tar_gz(tmp_path / "many.tar.gz", [_reg(f"top/sys/{i}") for i in range(40000)])
     p = subprocess.Popen([sys.executable, "-m", "afddiag", "all", "--snapshot", str(b), "--json", "--no-history",
                           "--timeout", "120"], env={**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": str(REPO)},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
