@@ -23,7 +23,8 @@ SITE_DIRS = ("/etc/afddiag/playbooks",)
 _TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "fabric", "plan", "aliases"}
 _GPU = {"model", "reserve_fraction", "reserve_bytes", "min_memory_bytes", "load_probe"}
 _HOST = {"cpu_min_mhz"}
-_FABRIC = {"link_speed_mbps"}
+_FABRIC = {"link_speed_mbps", "engine_registers"}
+REGISTERS = ("", "host", "gpu")  # [fabric] engine_registers: which memory the engine hands the NIC
 # [plan]: the engine's memory constants (launch.memory-plan); bytes unless named otherwise.
 PLAN_KEYS = {"weights_bytes", "drafter_bytes", "runtime_headroom_bytes", "fit_offset_bytes",
              "activation_bytes_per_capacity", "kv_bytes_per_token", "max_context_tokens", "default_capacity",
@@ -56,6 +57,7 @@ class Playbook:
     capacity_key: str = ""
     memlock_min_bytes: int = 0  # -1: must be unlimited; 0: not checked
     require_fabric_address: bool = False
+    engine_registers: str = ""  # fabric.mem-registration: "host" (pinned host memory), "gpu" (GPU memory), "" unknown
     link_speed_mbps: int = 0  # fabric.link-speed: the RoCE netdev's expected negotiated speed, Mb/s (0: none)
     cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
     plan: dict[str, float] = field(default_factory=dict)  # [plan]: launch.memory-plan's engine constants
@@ -102,6 +104,7 @@ def parse(text: str, path: str) -> Playbook:
             require_fabric_address=bool(la.get("require_fabric_address", False)),
             cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
             link_speed_mbps=int(d.get("fabric", {}).get("link_speed_mbps", 0)),
+            engine_registers=str(d.get("fabric", {}).get("engine_registers", "")),
             plan={str(k): (bool(v) if k == "drafter_default" else float(v)) for k, v in d.get("plan", {}).items()},
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
             timeouts={str(k): float(v) for k, v in d.get("timeouts", {}).items()},
@@ -111,6 +114,8 @@ def parse(text: str, path: str) -> Playbook:
         raise PlaybookError(f"playbook {path}: bad value ({e})") from None
     if not 0.0 <= pb.reserve_fraction <= 1.0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
+    if pb.engine_registers not in REGISTERS:
+        raise PlaybookError(f"playbook {path}: fabric.engine_registers {pb.engine_registers!r}: give \"host\" or \"gpu\"")
     if pb.reserve_bytes < 0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_bytes {pb.reserve_bytes} is negative; give bytes (0: none planned)")
     bad_plan = sorted(k for k, v in pb.plan.items()

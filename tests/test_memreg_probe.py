@@ -8,6 +8,7 @@ import types
 
 import pytest
 
+from afddiag.model.fabric import memreg_facts
 from afddiag.probes import memreg
 from afddiag.probes.load import CudaError
 
@@ -110,13 +111,14 @@ def test_cuda_attributes_and_export_ok(tmp_path):
     ({"export_error": "CUDA_ERROR_NOT_SUPPORTED (801)"}, "CUDA_ERROR_NOT_SUPPORTED"),
     ({"has_export": False}, "older than CUDA 11.7"),
 ])
-def test_cuda_export_refused_frees_everything(kw, words):
+def test_cuda_export_refused_keeps_the_buffer_then_frees_everything(kw, words):
     fake = FakeCuda([GB10], **kw)
     out, held = memreg.read_cuda(cuda_factory=lambda: fake)
-    assert held is None
+    assert held is not None and held.fd == -1 and held.ptr  # the buffer still serves the peermem test
     assert out["dmabuf_export"]["ok"] is False and words in out["dmabuf_export"]["error"]
     assert out["devices"][0]["gpu_direct_rdma_supported"] is False and out["devices"][0]["integrated"] is True
-    assert "cuMemFree_v2" in fake.calls and fake.calls[-1] == "cuDevicePrimaryCtxRelease_v2"
+    assert held.release() == []
+    assert fake.calls[-3:] == ["cuMemFree_v2", "cuCtxSetCurrent", "cuDevicePrimaryCtxRelease_v2"]
 
 
 def test_cuda_missing_attribute_and_no_driver():
@@ -136,7 +138,7 @@ class VerbsError(Exception):
         self.error_code = code
 
 
-def fake_pyverbs(mr_limit=None, dmabuf_errno=None, dmabuf_typeerror=False, open_errno=None):
+def fake_pyverbs(mr_limit=None, dmabuf_errno=None, dmabuf_typeerror=False, open_errno=None, gpu_errno=None):
     """pyverbs stand-in: MRs fail with ENOMEM past ``mr_limit`` live ones; records opens and closes."""
     log = {"open": 0, "closed": 0, "live_mrs": 0, "max_live": 0}
 
@@ -158,7 +160,9 @@ def fake_pyverbs(mr_limit=None, dmabuf_errno=None, dmabuf_typeerror=False, open_
             super().__init__()
 
     class MR(Obj):
-        def __init__(self, pd, length, access):
+        def __init__(self, pd, length, access, address=None):
+            if address is not None and gpu_errno:
+                raise VerbsError("Failed to register a MR. length: 2097152", gpu_errno)
             if mr_limit is not None and log["live_mrs"] >= mr_limit:
                 raise VerbsError("Failed to register a MR. length: 1048576", errno.ENOMEM)
             super().__init__()
@@ -183,17 +187,19 @@ def fake_pyverbs(mr_limit=None, dmabuf_errno=None, dmabuf_typeerror=False, open_
     return pv, log
 
 
-HELD = types.SimpleNamespace(dev=0, size=2 << 20, fd=7)
+HELD = types.SimpleNamespace(dev=0, size=2 << 20, fd=7, ptr=0x7F0000000000)
+NO_EXPORT = types.SimpleNamespace(dev=0, size=2 << 20, fd=-1, ptr=0x7F0000000000)
 
 
-@pytest.mark.parametrize("kw,held,count,registered,cnt_errno,dmabuf", [
-    ({}, HELD, 16, 16, None, {"ok": True}),
-    ({"mr_limit": 5}, None, 16, 5, errno.ENOMEM, None),  # the 6th 1 MiB registration held at once fails
-    ({"dmabuf_errno": errno.EOPNOTSUPP}, HELD, 2, 2, None, {"ok": False, "errno": errno.EOPNOTSUPP}),
-    ({"dmabuf_errno": errno.EFAULT}, HELD, 0, None, None, {"ok": False, "errno": errno.EFAULT}),
-    ({"dmabuf_typeerror": True}, HELD, 1, 1, None, {"ok": None}),
+@pytest.mark.parametrize("kw,held,count,registered,cnt_errno,gpu_mr,dmabuf", [
+    ({}, HELD, 16, 16, None, {"ok": True}, {"ok": True}),
+    ({"mr_limit": 5}, None, 16, 5, errno.ENOMEM, None, None),  # the 6th 1 MiB registration held at once fails
+    ({"dmabuf_errno": errno.EOPNOTSUPP, "gpu_errno": errno.EFAULT}, HELD, 2, 2, None,
+     {"ok": False, "errno": errno.EFAULT}, {"ok": False, "errno": errno.EOPNOTSUPP}),
+    ({"gpu_errno": errno.EFAULT}, NO_EXPORT, 0, None, None, {"ok": False, "errno": errno.EFAULT}, None),
+    ({"dmabuf_typeerror": True}, HELD, 1, 1, None, {"ok": True}, {"ok": None}),
 ])
-def test_register_on_device(kw, held, count, registered, cnt_errno, dmabuf):
+def test_register_on_device(kw, held, count, registered, cnt_errno, gpu_mr, dmabuf):
     import time
 
     pv, log = fake_pyverbs(**kw)
@@ -204,10 +210,11 @@ def test_register_on_device(kw, held, count, registered, cnt_errno, dmabuf):
         assert r["host_mr_count"]["errno"] == cnt_errno
     else:
         assert r["host_mr_count"] is None
-    if dmabuf is None:
-        assert r["dmabuf_mr"] is None
-    else:
-        assert {k: r["dmabuf_mr"].get(k) for k in dmabuf} == dmabuf
+    for key, want in (("gpu_mr", gpu_mr), ("dmabuf_mr", dmabuf)):
+        if want is None:
+            assert r[key] is None, key
+        else:
+            assert {k: r[key].get(k) for k in want} == want, key
     assert r["destroyed"] is True and log["open"] == log["closed"] and log["live_mrs"] == 0
 
 
@@ -231,16 +238,17 @@ def test_read_memreg_whole_probe_and_facts(tmp_path):
                            export_error="CUDA_ERROR_NOT_SUPPORTED (801)"), pyverbs=pv,
                            device_names=["rocep1s0f0", "roceP2p1s0f0"])
     json.dumps(r)  # plain JSON: it is the capture artifact
-    f = memreg.memreg_facts(json.loads(json.dumps(r)))
+    f = memreg_facts(json.loads(json.dumps(r)))
     assert f.open_kernel_module is True and f.cma_free_kb == 70000 and f.kho_off is False
     assert f.gpus[0]["gpu_direct_rdma_supported"] is False and f.dmabuf_export["ok"] is False
     assert [d["name"] for d in f.devices] == ["rocep1s0f0", "roceP2p1s0f0"]
     assert all(d["dmabuf_mr"] is None and d["host_mr_count"]["registered"] == 8 for d in f.devices)
+    assert all(d["gpu_mr"]["ok"] is True for d in f.devices)  # the fake registers device pointers
     assert log["open"] == log["closed"]
 
 
 @pytest.mark.parametrize("raw", [None, [], "x", {"driver": 5, "cuda": [], "verbs": {"devices": [1, {"name": 2}]}}])
 def test_facts_from_odd_readings_never_raise(raw):
-    f = memreg.memreg_facts(raw)
+    f = memreg_facts(raw)
     assert f.devices == [] and f.gpus == []
     assert f.captured is (isinstance(raw, dict))

@@ -610,6 +610,110 @@ def link_speed(ctx: Context) -> Verdict:
     return Verdict(gid, verdict, summary, rem.get(verdict) or remedy(gid).format(netdev=e.netdev), facts)
 
 
+MIB = 1 << 20
+
+
+def _words(errno: int | None, error: str | None) -> str:
+    """An MR failure in words: EOPNOTSUPP is "this device cannot", EFAULT the engines' "Bad address"."""
+    if errno == 95:
+        return "this device cannot (EOPNOTSUPP)"
+    if errno is not None:
+        return f"errno {errno}: {errno_words(errno)}"
+    return error or "not tried"
+
+
+def cma_signature(m) -> bool:
+    """The Spark registration-bug signature (NV-Kernels PR 591): ``CmaFree`` above ``CmaTotal`` in
+    /proc/meminfo with no ``kho=off`` on the kernel command line. Pure."""
+    return (isinstance(m.cma_total_kb, int) and isinstance(m.cma_free_kb, int) and m.cma_free_kb > m.cma_total_kb
+            and m.kho_off is not True)
+
+
+def mem_kinds(m) -> dict:
+    """Which memory this host's RDMA devices registered: ``{"host": [devices], "gpu_peermem": [...],
+    "gpu_dmabuf": [...], "why_gpu": [reasons]}`` from :class:`MemRegFacts`. Pure."""
+    out: dict = {"host": [], "gpu_peermem": [], "gpu_dmabuf": [], "why_gpu": []}
+    for d in m.devices:
+        for key, kind in (("host_mr", "host"), ("gpu_mr", "gpu_peermem"), ("dmabuf_mr", "gpu_dmabuf")):
+            r = d.get(key)
+            if isinstance(r, dict) and r.get("ok") is True:
+                out[kind].append(d["name"])
+    for g in m.gpus:
+        if g.get("gpu_direct_rdma_supported") is False:
+            out["why_gpu"].append(f"CUDA reports no GPUDirect RDMA on GPU {g.get('ordinal')} {g.get('name') or '?'}")
+    ex = m.dmabuf_export
+    if isinstance(ex, dict) and ex.get("ok") is False:
+        out["why_gpu"].append(f"dma-buf export refused ({ex.get('error')})")
+    first = next((d for d in m.devices if isinstance(d.get("gpu_mr"), dict)), None)
+    if first is not None and not out["gpu_peermem"]:
+        g = first["gpu_mr"]
+        out["why_gpu"].append(f"GPU pointer registration on {first['name']}: {_words(g.get('errno'), g.get('error'))}"
+                              + ("" if m.peermem_loaded else " (nvidia_peermem not loaded)"))
+    first = next((d for d in m.devices if isinstance(d.get("dmabuf_mr"), dict)), None)
+    if first is not None and not out["gpu_dmabuf"]:
+        g = first["dmabuf_mr"]
+        out["why_gpu"].append(f"DmaBufMR on {first['name']}: {_words(g.get('errno'), g.get('error'))}")
+    if m.cuda_why and not m.gpus:
+        out["why_gpu"].append(m.cuda_why)
+    return out
+
+
+def mem_registration(ctx: Context) -> Verdict:
+    gid = "fabric.mem-registration"
+    m = ctx.obs.memreg
+    if (v := probe_failed(gid, m)) is not None:
+        return v
+    if m is None or not m.captured:
+        why = "; ".join(m.notes) if m is not None and m.notes else "memory registration not probed (--no-qp skips it)"
+        return Verdict(gid, SKIP, why, "run on the host without --no-qp, or capture memreg.json")
+    if not m.devices:
+        return Verdict(gid, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
+                       remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"))
+    pb = ctx.playbook
+    k = mem_kinds(m)
+    gpu_ok = k["gpu_peermem"] or k["gpu_dmabuf"]
+    facts = {"kinds": k, "engine_registers": pb.engine_registers or None, "open_kernel_module": m.open_kernel_module,
+             "peermem_loaded": m.peermem_loaded, "cma_total_kb": m.cma_total_kb, "cma_free_kb": m.cma_free_kb,
+             "kho_off": m.kho_off, "kernel_release": m.kernel_release, "memlock_soft_bytes": m.memlock_soft_bytes,
+             "gpus": m.gpus, "dmabuf_export": m.dmabuf_export, "devices": m.devices}
+    names = ", ".join(d["name"] for d in m.devices)
+    host_txt = f"host memory {'yes' if k['host'] else 'no'}"
+    paths = [p for p, ok in (("nvidia-peermem", k["gpu_peermem"]), ("dma-buf", k["gpu_dmabuf"])) if ok]
+    gpu_txt = (f"GPU memory yes ({', '.join(paths)})" if gpu_ok
+               else "GPU memory no" + (f" ({'; '.join(k['why_gpu'])})" if k["why_gpu"] else ""))
+    role = f"role {pb.name} registers {pb.engine_registers} memory" if pb.engine_registers else \
+        f"role {pb.name} does not say which memory its engine registers"
+    if not k["host"]:
+        d = next((d for d in m.devices if isinstance(d.get("host_mr"), dict) or d.get("open_error")), m.devices[0])
+        r = d.get("host_mr") or d.get("open_error") or {}
+        return Verdict(gid, FAIL, f"{names}: cannot register host memory ({d['name']}: "
+                       f"{_words(r.get('errno'), r.get('error'))}); {gpu_txt}",
+                       "check RLIMIT_MEMLOCK (launch.memlock) and the RDMA driver (`ibv_devinfo`, dmesg)", facts)
+    if pb.engine_registers == "gpu" and not gpu_ok:
+        return Verdict(gid, FAIL, f"{names}: {host_txt}, {gpu_txt}; {role}: its registrations will fail "
+                       "(\"Failed to register memory ... Bad address [14]\")", remedy(gid), facts)
+    cnt = [d["host_mr_count"] for d in m.devices if isinstance(d.get("host_mr_count"), dict)]
+    short = [c for c in cnt if isinstance(c.get("registered"), int) and isinstance(c.get("wanted"), int)
+             and c["registered"] < c["wanted"] and c.get("errno") == 12]
+    limit = m.memlock_soft_bytes
+    by_limit = short and limit not in (None, -1) and limit < max(c["wanted"] for c in short) * MIB
+    count_txt = (f"{min(c['registered'] for c in cnt)} of {cnt[0]['wanted']} x 1 MiB held at once" if cnt else "")
+    if cma_signature(m):
+        sig = (f"Spark registration-bug signature: CmaFree {m.cma_free_kb} kB > CmaTotal {m.cma_total_kb} kB and no "
+               f"kho=off on the kernel command line (kernel {m.kernel_release or '?'})")
+        verdict = FAIL if short and not by_limit else WARN
+        got = f"; {count_txt} (ENOMEM)" if short else (f"; {count_txt}" if count_txt else "")
+        return Verdict(gid, verdict, f"{names}: {sig}: large registrations fail with ENOMEM{got}",
+                       remedy(gid + ".cma"), facts)
+    if short and not by_limit:
+        return Verdict(gid, WARN, f"{names}: {host_txt} but only {count_txt} (ENOMEM with RLIMIT_MEMLOCK "
+                       f"{'unlimited' if limit == -1 else f'{limit / MIB:.0f} MiB'}): pinned memory is short",
+                       "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) before launch", facts)
+    note = (f"; the count stopped at RLIMIT_MEMLOCK {limit / MIB:.0f} MiB (launch.memlock judges it)" if by_limit
+            else (f" ({count_txt})" if count_txt else ""))
+    return Verdict(gid, PASS, f"{names}: {host_txt}{note}; {gpu_txt}; {role}", "nothing to do", facts)
+
+
 GATES = [
     ("fabric.rdma-present", rdma_present),
     ("fabric.link", link),
@@ -619,6 +723,7 @@ GATES = [
     ("fabric.first-device", first_device),
     ("fabric.devicemap-env", devicemap_env),
     ("fabric.qp-rtr", qp_rtr),
+    ("fabric.mem-registration", mem_registration),
     ("fabric.route", route),
     ("fabric.arp", arp),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from typing import Any
 
 ROCE_V2 = "RoCE v2"
 ROCE_V1 = "IB/RoCE v1"
@@ -288,3 +289,62 @@ class RouteFacts:
     effective: dict[str, dict[str, int | None]] = field(default_factory=dict)
     sysctl_captured: bool = False
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MemRegFacts:
+    """What the memory-registration probe saw, normalised (units in names; None where unknown)."""
+
+    captured: bool = True
+    driver_version: str | None = None
+    open_kernel_module: bool | None = None
+    peermem_loaded: bool | None = None
+    cma_total_kb: int | None = None
+    cma_free_kb: int | None = None
+    kho_off: bool | None = None
+    kernel_release: str | None = None
+    memlock_soft_bytes: int | None = None  # -1 unlimited
+    cuda_why: str | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # ordinal, name, integrated, gpu_direct_rdma_supported, dma_buf_supported
+    dmabuf_export: dict[str, Any] | None = None  # ordinal, bytes, ok, error
+    verbs_why: str | None = None
+    devices: list[dict[str, Any]] = field(default_factory=list)  # per RDMA device: host_mr, host_mr_count, gpu_mr, dmabuf_mr
+    count_wanted: int = 0
+    notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the probe timed out or crashed (fabric.mem-registration says ERROR)
+
+
+def memreg_facts(r: Any) -> MemRegFacts:
+    """:class:`MemRegFacts` from :func:`read_memreg` readings (:func:`afddiag.probes.memreg.read_memreg`, live, or a capture's ``memreg.json``;
+    None: not captured). Odd values become None; never raises."""
+    if not isinstance(r, dict):
+        return MemRegFacts(captured=False, notes=["memory registration not captured (no memreg.json)"])
+
+    def d(x: Any) -> dict:
+        return x if isinstance(x, dict) else {}
+
+    def i(x: Any) -> int | None:
+        return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+    def b(x: Any) -> bool | None:
+        return x if isinstance(x, bool) else None
+
+    drv, cma, cu, vb = d(r.get("driver")), d(r.get("cma")), d(r.get("cuda")), d(r.get("verbs"))
+    return MemRegFacts(
+        driver_version=drv.get("version") if isinstance(drv.get("version"), str) else None,
+        open_kernel_module=b(drv.get("open_kernel_module")),
+        peermem_loaded=b(drv.get("peermem_loaded")),
+        cma_total_kb=i(cma.get("cma_total_kb")), cma_free_kb=i(cma.get("cma_free_kb")),
+        kho_off=b(cma.get("kho_off")),
+        kernel_release=cma.get("kernel_release") if isinstance(cma.get("kernel_release"), str) else None,
+        memlock_soft_bytes=i(r.get("memlock_soft_bytes")),
+        cuda_why=(cu.get("why") if isinstance(cu.get("why"), str) else None) if r.get("cuda") is not None
+        else "CUDA not probed",
+        gpus=[g for g in cu.get("devices", []) if isinstance(g, dict)] if isinstance(cu.get("devices"), list) else [],
+        dmabuf_export=cu.get("dmabuf_export") if isinstance(cu.get("dmabuf_export"), dict) else None,
+        verbs_why=vb.get("why") if isinstance(vb.get("why"), str) else None,
+        devices=[x for x in vb.get("devices", []) if isinstance(x, dict) and isinstance(x.get("name"), str)]
+        if isinstance(vb.get("devices"), list) else [],
+        count_wanted=i(r.get("count_wanted")) or 0,
+        notes=[n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
+    )

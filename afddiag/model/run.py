@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from afddiag.model.fabric import FabricFacts, QpFacts, RouteFacts
+from afddiag.model.fabric import FabricFacts, MemRegFacts, QpFacts, RouteFacts
 from afddiag.model.gpu import GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts
 
@@ -72,6 +72,7 @@ class Observation:
     baseline_why: str = ""
     route: RouteFacts | None = None  # None: not probed
     versions: dict[str, Any] | None = None  # kernel, bios, rdma_core; None: not read
+    memreg: MemRegFacts | None = None  # which memory the NIC can register; None: not probed
     notes: list[str] = field(default_factory=list)
 
 

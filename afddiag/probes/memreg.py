@@ -12,13 +12,16 @@ Reads, each part recording why it could not instead of raising:
   ``CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`` (124), ``CU_DEVICE_ATTRIBUTE_INTEGRATED`` (18); on the
   first device, a 2 MiB ``cuMemAlloc`` buffer exported as a dma-buf fd with
   ``cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)``;
-- verbs (pyverbs), per RDMA device: a 1 MiB host ``MR`` (``ibv_reg_mr``), the dma-buf fd registered as a
-  ``DmaBufMR`` (``ibv_reg_dmabuf_mr``) when the export worked, and a bounded count of N x 1 MiB host
-  registrations held at once (how far it got, and the errno that stopped it).
+- verbs (pyverbs), per RDMA device: a 1 MiB host ``MR`` (``ibv_reg_mr``), a bounded count of N x 1 MiB
+  host registrations held at once (how far it got, and the errno that stopped it), the CUDA buffer
+  registered by address (``ibv_reg_mr`` on a device pointer: the nvidia-peermem path, "Bad address"
+  EFAULT without GPUDirect RDMA) and its dma-buf fd as a ``DmaBufMR`` (``ibv_reg_dmabuf_mr``) when the
+  export worked.
 
 Every MR, PD and device context is closed in reverse order, the dma-buf fd closed, the CUDA buffer
 freed and the primary context released. EOPNOTSUPP (95) is recorded as "this device cannot", never as
-a breakage. The readings are plain JSON (``memreg.json`` in a capture); :func:`memreg_facts` makes facts.
+a breakage. The readings are plain JSON (``memreg.json`` in a capture);
+:func:`afddiag.model.fabric.memreg_facts` makes facts of them.
 
 ``python -m afddiag.probes.memreg`` prints the readings as JSON.
 """
@@ -26,13 +29,11 @@ a breakage. The readings are plain JSON (``memreg.json`` in a capture); :func:`m
 from __future__ import annotations
 
 import ctypes
-import errno as _errno
 import json
 import os
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +125,10 @@ def _cuda() -> Any:
 
 def read_cuda(export: bool = True, cuda_factory: Any = None) -> tuple[dict[str, Any], Any]:
     """CUDA attributes per device and, with ``export``, a dma-buf export of a 2 MiB ``cuMemAlloc``
-    buffer on device 0. Returns ``(readings, held)``: ``held`` is ``None`` or an object with ``fd``
-    (the exported dma-buf fd, still open), ``size`` and ``release()`` (closes the fd, frees the
-    buffer, releases the context); the caller registers the fd, then calls ``release()``.
+    buffer on device 0. Returns ``(readings, held)``: ``held`` is ``None`` or the live buffer with
+    ``ptr``, ``fd`` (the exported dma-buf fd, still open; -1 when the export was refused), ``size``
+    and ``release()`` (closes the fd, frees the buffer, releases the context); the caller registers
+    them, then calls ``release()``.
 
     ``readings``: ``{"devices": [{"ordinal", "name", "integrated", "gpu_direct_rdma_supported",
     "dma_buf_supported"}], "dmabuf_export": {"ordinal", "bytes", "ok", "error"} | None, "why"?}``.
@@ -197,6 +199,9 @@ class _Held:
 
 
 def _export(cu: Any, out: dict[str, Any]) -> _Held | None:
+    """Allocate the buffer on device 0 and export it as a dma-buf. Returns the held buffer (its
+    ``fd`` -1 when the export was refused: the buffer still serves the nvidia-peermem test), or
+    None when not even the allocation worked (everything already released)."""
     ex: dict[str, Any] = {"ordinal": 0, "bytes": EXPORT_BYTES, "ok": False, "error": None}
     out["dmabuf_export"] = ex
     held = _Held(cu, 0, None, 0, -1, EXPORT_BYTES)
@@ -208,24 +213,25 @@ def _export(cu: Any, out: dict[str, Any]) -> _Held | None:
         p = ctypes.c_uint64()
         cu("cuMemAlloc_v2", ctypes.byref(p), EXPORT_BYTES)
         held.ptr = p.value
-        if not cu.has("cuMemGetHandleForAddressRange"):
-            ex["error"] = "libcuda has no cuMemGetHandleForAddressRange (driver older than CUDA 11.7)"
-            held.release()
-            return None
-        fd = ctypes.c_int(-1)
-        cu("cuMemGetHandleForAddressRange", ctypes.byref(fd), p.value, EXPORT_BYTES,
-           CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
-        held.fd = fd.value
-        ex["ok"] = fd.value >= 0
-        if not ex["ok"]:
-            ex["error"] = f"cuMemGetHandleForAddressRange gave fd {fd.value}"
-    except Exception as e:  # noqa: BLE001 - CUDA_ERROR_NOT_SUPPORTED and the like are the fact
-        ex["error"] = str(e)
-    if not ex["ok"]:
+    except Exception as e:  # noqa: BLE001
+        ex["error"] = f"no buffer to export: {e}"
         failed = held.release()
         if failed:
             ex["release_failed"] = failed
         return None
+    try:
+        if not cu.has("cuMemGetHandleForAddressRange"):
+            ex["error"] = "libcuda has no cuMemGetHandleForAddressRange (driver older than CUDA 11.7)"
+            return held
+        fd = ctypes.c_int(-1)
+        cu("cuMemGetHandleForAddressRange", ctypes.byref(fd), p.value, EXPORT_BYTES,
+           CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
+        held.fd = fd.value if isinstance(fd.value, int) else -1
+        ex["ok"] = held.fd >= 0
+        if not ex["ok"]:
+            ex["error"] = f"cuMemGetHandleForAddressRange gave fd {fd.value}"
+    except Exception as e:  # noqa: BLE001 - CUDA_ERROR_NOT_SUPPORTED and the like are the fact
+        ex["error"] = str(e)
     return held
 
 
@@ -254,13 +260,15 @@ def _access(e: Any) -> int:
 
 
 def register_on_device(pv: dict[str, Any], name: str, count: int, deadline: float,
-                       dmabuf: _Held | None) -> dict[str, Any]:
-    """On RDMA device ``name``: a 1 MiB host MR, ``count`` x 1 MiB host MRs held at once (stops at
-    the first error or ``deadline``, a ``time.monotonic()`` value), and the dma-buf fd of ``dmabuf``
-    as a DmaBufMR. Everything created is closed in reverse order. Never raises."""
+                       gpu: _Held | None) -> dict[str, Any]:
+    """On RDMA device ``name``: a 1 MiB host MR (``host_mr``), ``count`` x 1 MiB host MRs held at once
+    (``host_mr_count``: stops at the first error or ``deadline``, a ``time.monotonic()`` value), the
+    GPU buffer of ``gpu`` registered by address (``gpu_mr``: the nvidia-peermem path; EFAULT without
+    GPUDirect RDMA) and its dma-buf fd as a DmaBufMR (``dmabuf_mr``, when the export worked).
+    Everything created is closed in reverse order. Never raises."""
     e = pv["enums"]
-    res: dict[str, Any] = {"name": name, "host_mr": None, "host_mr_count": None, "dmabuf_mr": None,
-                           "destroyed": False}
+    res: dict[str, Any] = {"name": name, "host_mr": None, "host_mr_count": None, "gpu_mr": None,
+                           "dmabuf_mr": None, "destroyed": False}
     created: list[Any] = []
     try:
         try:
@@ -303,7 +311,18 @@ def register_on_device(pv: dict[str, Any], name: str, count: int, deadline: floa
                     pass
             cnt["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
         res["host_mr_count"] = cnt if count else None
-        if dmabuf is not None:
+        if gpu is not None and gpu.ptr:
+            g: dict[str, Any] = {"gpu_ordinal": gpu.dev, "bytes": gpu.size}
+            try:  # what engines do with nvidia-peermem: ibv_reg_mr on a cuMemAlloc pointer
+                m = pv["mr"].MR(pd, gpu.size, acc, address=gpu.ptr)
+                m.close()
+                g["ok"] = True
+            except Exception as exc:  # noqa: BLE001 - EFAULT (14) "Bad address" without GPUDirect RDMA
+                n, text = _err(exc)
+                g.update(ok=False, errno=n, error=text)
+            res["gpu_mr"] = g
+        if gpu is not None and gpu.fd >= 0:
+            dmabuf = gpu
             d: dict[str, Any] = {"gpu_ordinal": dmabuf.dev, "bytes": dmabuf.size}
             try:
                 m = pv["mr"].DmaBufMR(pd, dmabuf.size, acc, dmabuf=dmabuf.fd, offset=0)
@@ -368,70 +387,6 @@ def read_memreg(root: str = "/", timeout_s: float = 10.0, count: int = COUNT_DEF
             if failed and out["cuda"] and out["cuda"].get("dmabuf_export"):
                 out["cuda"]["dmabuf_export"]["release_failed"] = failed
     return out
-
-
-# --- facts ---------------------------------------------------------------------------------------
-
-EOPNOTSUPP = _errno.EOPNOTSUPP
-
-
-@dataclass
-class MemRegFacts:
-    """What the memory-registration probe saw, normalised (units in names; None where unknown)."""
-
-    captured: bool = True
-    driver_version: str | None = None
-    open_kernel_module: bool | None = None
-    peermem_loaded: bool | None = None
-    cma_total_kb: int | None = None
-    cma_free_kb: int | None = None
-    kho_off: bool | None = None
-    kernel_release: str | None = None
-    memlock_soft_bytes: int | None = None  # -1 unlimited
-    cuda_why: str | None = None
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # ordinal, name, integrated, gpu_direct_rdma_supported, dma_buf_supported
-    dmabuf_export: dict[str, Any] | None = None  # ordinal, bytes, ok, error
-    verbs_why: str | None = None
-    devices: list[dict[str, Any]] = field(default_factory=list)  # per RDMA device: host_mr, host_mr_count, dmabuf_mr
-    count_wanted: int = 0
-    notes: list[str] = field(default_factory=list)
-    failed: str | None = None  # the probe timed out or crashed (fabric.mem-registration says ERROR)
-
-
-def memreg_facts(r: Any) -> MemRegFacts:
-    """:class:`MemRegFacts` from :func:`read_memreg` readings (live, or a capture's ``memreg.json``;
-    None: not captured). Odd values become None; never raises."""
-    if not isinstance(r, dict):
-        return MemRegFacts(captured=False, notes=["memory registration not captured (no memreg.json)"])
-
-    def d(x: Any) -> dict:
-        return x if isinstance(x, dict) else {}
-
-    def i(x: Any) -> int | None:
-        return x if isinstance(x, int) and not isinstance(x, bool) else None
-
-    def b(x: Any) -> bool | None:
-        return x if isinstance(x, bool) else None
-
-    drv, cma, cu, vb = d(r.get("driver")), d(r.get("cma")), d(r.get("cuda")), d(r.get("verbs"))
-    return MemRegFacts(
-        driver_version=drv.get("version") if isinstance(drv.get("version"), str) else None,
-        open_kernel_module=b(drv.get("open_kernel_module")),
-        peermem_loaded=b(drv.get("peermem_loaded")),
-        cma_total_kb=i(cma.get("cma_total_kb")), cma_free_kb=i(cma.get("cma_free_kb")),
-        kho_off=b(cma.get("kho_off")),
-        kernel_release=cma.get("kernel_release") if isinstance(cma.get("kernel_release"), str) else None,
-        memlock_soft_bytes=i(r.get("memlock_soft_bytes")),
-        cuda_why=(cu.get("why") if isinstance(cu.get("why"), str) else None) if r.get("cuda") is not None
-        else "CUDA not probed",
-        gpus=[g for g in cu.get("devices", []) if isinstance(g, dict)] if isinstance(cu.get("devices"), list) else [],
-        dmabuf_export=cu.get("dmabuf_export") if isinstance(cu.get("dmabuf_export"), dict) else None,
-        verbs_why=vb.get("why") if isinstance(vb.get("why"), str) else None,
-        devices=[x for x in vb.get("devices", []) if isinstance(x, dict) and isinstance(x.get("name"), str)]
-        if isinstance(vb.get("devices"), list) else [],
-        count_wanted=i(r.get("count_wanted")) or 0,
-        notes=[n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
-    )
 
 
 def main(argv: list[str] | None = None) -> None:

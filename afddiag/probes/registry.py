@@ -75,7 +75,7 @@ class Sources:
     ``root``: the filesystem root sysfs and procfs are read under (``<root>/sys/class/...``).
     ``device_order() -> (list[(name, index)] | None, source, notes)``; ``addresses() -> {netdev: Netdev}``
     (raises on failure); ``gpu() -> GPU readings dict``; ``limits() -> limits dict``; ``cpu() -> dict``;
-    ``route() -> ip -j route JSON`` (raises on failure); ``rdma_core() -> {"version", "source"}``;
+    ``route() -> ip -j route JSON`` (raises on failure); ``memreg() -> memreg.json readings``; ``rdma_core() -> {"version", "source"}``;
     ``environ``: the process environment (filtered by :func:`env_allowed`); ``hostname()``;
     ``reader(path) -> str`` reads one sysfs file (raises OSError as the kernel answers).
     """
@@ -84,6 +84,7 @@ class Sources:
     device_order: Any = LIVE
     addresses: Any = LIVE
     gpu: Any = LIVE
+    memreg: Any = LIVE
     limits: Any = LIVE
     cpu: Any = LIVE
     route: Any = LIVE
@@ -839,6 +840,44 @@ def _cpu_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     return {"cpu": raw if isinstance(raw, dict) else None}
 
 
+# ---------------------------------------------------------------------------------------------
+# which memory the NIC can register (pyverbs MRs, the CUDA dma-buf export, the CMA signature)
+
+
+def _memreg_wanted(run: Run) -> bool:
+    # --no-qp skips every verbs object a run would create; a capture records the registrations
+    return run.capturing or not run.live or run.inputs.run_qp
+
+
+def _memreg_bound(run: Run) -> float:
+    return run.inputs.timeout("qp_s") * 2 + 5.0  # CUDA initialisation takes seconds on a large GPU
+
+
+def _memreg_read(run: Run, progress: Any) -> dict[str, Any]:
+    src = run.host.memreg
+    if src is None:
+        return {"memreg.json": None}
+    progress.doing = "registering host and GPU memory (pyverbs MR, DmaBufMR; CUDA dma-buf export)"
+    if src is LIVE:
+        from afddiag.probes.memreg import read_memreg
+
+        return {"memreg.json": read_memreg(run.host.root, timeout_s=_memreg_bound(run) - 3.0)}
+    return {"memreg.json": src()}
+
+
+def _memreg_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.fabric import memreg_facts
+
+    return {"memreg": memreg_facts(r.get("memreg.json"))}
+
+
+def _memreg_failed(why: str) -> dict[str, Any]:
+    from afddiag.model.fabric import MemRegFacts
+
+    return {"memreg": MemRegFacts(captured=False, failed=why, notes=[why])}
+
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("host", "hostname", "limits_s", (Artifact("host", "text", 4096), Artifact("case.json")),
           _host_read, _host_facts, lambda why: {}),
@@ -861,6 +900,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("gpu", "GPU probe (NVML, CUDA driver)", _gpu_bound,
           (Artifact("gpu.json"),) + tuple(Artifact(n, "text", KERNEL_LOG_MAX_BYTES) for n in KERNEL_LOGS),
           _gpu_read, _gpu_facts, _gpu_failed, frozenset({"gpu"})),
+    Probe("memreg", "memory-registration probe (pyverbs MR, CUDA dma-buf)", _memreg_bound, (Artifact("memreg.json"),),
+          _memreg_read, _memreg_facts, _memreg_failed, frozenset({"fabric"}), _memreg_wanted),
     Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _cpu_read, _cpu_facts,
           lambda why: {"cpu": {"why": why, "failed": why}}, frozenset({"host"})),
     Probe("versions", "version probe (kernel, BIOS, rdma-core)", "fabric_s",
