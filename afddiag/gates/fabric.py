@@ -665,7 +665,7 @@ def mem_registration(ctx: Context) -> Verdict:
         return v
     if m is None or not m.captured:
         why = "; ".join(m.notes) if m is not None and m.notes else "memory registration not probed (--no-qp skips it)"
-        return Verdict(gid, SKIP, why, "run on the host without --no-qp, or capture memreg.json")
+        return Verdict(gid, SKIP, why, "run on the host without --no-qp, or replay a capture made with this afddiag (`afddiag capture`)")
     if not m.devices:
         return Verdict(gid, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
                        remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"))

@@ -315,10 +315,10 @@ class MemRegFacts:
 
 
 def memreg_facts(r: Any) -> MemRegFacts:
-    """:class:`MemRegFacts` from :func:`read_memreg` readings (:func:`afddiag.probes.memreg.read_memreg`, live, or a capture's ``memreg.json``;
+    """:class:`MemRegFacts` from :func:`afddiag.probes.memreg.read_memreg` readings (live, or a capture's;
     None: not captured). Odd values become None; never raises."""
     if not isinstance(r, dict):
-        return MemRegFacts(captured=False, notes=["memory registration not captured (no memreg.json)"])
+        return MemRegFacts(captured=False, notes=["memory registration not captured (the snapshot holds no memory-registration readings)"])
 
     def d(x: Any) -> dict:
         return x if isinstance(x, dict) else {}

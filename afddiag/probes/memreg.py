@@ -20,7 +20,7 @@ Reads, each part recording why it could not instead of raising:
 
 Every MR, PD and device context is closed in reverse order, the dma-buf fd closed, the CUDA buffer
 freed and the primary context released. EOPNOTSUPP (95) is recorded as "this device cannot", never as
-a breakage. The readings are plain JSON (``memreg.json`` in a capture);
+a breakage. The readings are plain JSON (a capture holds them as the registry names them);
 :func:`afddiag.model.fabric.memreg_facts` makes facts of them.
 
 ``python -m afddiag.probes.memreg`` prints the readings as JSON.
