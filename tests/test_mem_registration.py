@@ -147,5 +147,6 @@ def test_replay_and_capture_round_trip(tmp_path, readings, role, verdict):
 
 
 def test_snapshot_without_memreg_skips(tmp_path):
+    (tmp_path / "env").write_text("AFD_ROLE=expert\n")
     v = _gate(["fabric", "--json", "--snapshot", str(tmp_path)])
     assert v["verdict"] == "SKIP" and "not captured" in v["summary"]

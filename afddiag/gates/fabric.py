@@ -686,9 +686,12 @@ def mem_registration(ctx: Context) -> Verdict:
     if not k["host"]:
         d = next((d for d in m.devices if isinstance(d.get("host_mr"), dict) or d.get("open_error")), m.devices[0])
         r = d.get("host_mr") or d.get("open_error") or {}
+        limited = r.get("errno") == 12 and m.memlock_soft_bytes not in (None, -1)
         return Verdict(gid, FAIL, f"{names}: cannot register host memory ({d['name']}: "
                        f"{_words(r.get('errno'), r.get('error'))}); {gpu_txt}",
-                       "check RLIMIT_MEMLOCK (launch.memlock) and the RDMA driver (`ibv_devinfo`, dmesg)", facts)
+                       "raise RLIMIT_MEMLOCK to unlimited for the engine's user (launch.memlock)" if limited else
+                       "check the RDMA driver (`ibv_devinfo`, dmesg) and the device nodes (launch.uverbs-access)",
+                       facts, action="RAISE_LIMIT" if limited else "LOAD_DRIVER")
     if pb.engine_registers == "gpu" and not gpu_ok:
         return Verdict(gid, FAIL, f"{names}: {host_txt}, {gpu_txt}; {role}: its registrations will fail "
                        "(\"Failed to register memory ... Bad address [14]\")", remedy(gid), facts)
@@ -704,11 +707,12 @@ def mem_registration(ctx: Context) -> Verdict:
         verdict = FAIL if short and not by_limit else WARN
         got = f"; {count_txt} (ENOMEM)" if short else (f"; {count_txt}" if count_txt else "")
         return Verdict(gid, verdict, f"{names}: {sig}: large registrations fail with ENOMEM{got}",
-                       remedy(gid + ".cma"), facts)
+                       remedy(gid + ".cma"), facts, action="REBOOT")
     if short and not by_limit:
         return Verdict(gid, WARN, f"{names}: {host_txt} but only {count_txt} (ENOMEM with RLIMIT_MEMLOCK "
                        f"{'unlimited' if limit == -1 else f'{limit / MIB:.0f} MiB'}): pinned memory is short",
-                       "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) before launch", facts)
+                       "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) and stop it before launch",
+                       facts, action="STOP_PROCESSES")
     note = (f"; the count stopped at RLIMIT_MEMLOCK {limit / MIB:.0f} MiB (launch.memlock judges it)" if by_limit
             else (f" ({count_txt})" if count_txt else ""))
     return Verdict(gid, PASS, f"{names}: {host_txt}{note}; {gpu_txt}; {role}", "nothing to do", facts)

@@ -596,10 +596,12 @@ def headroom(ctx: Context) -> Verdict:
     summary = "; ".join(s for v, s, _ in results if v == worst)
     facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results)}
     facts["host_meminfo_kb"] = g.host_meminfo_kb
-    rem = {FAIL: remedy(gid), WARN: remedy(gid + ".cache") if any("page cache" in s for _, s, _ in results)
+    cache = worst == WARN and any("page cache" in s for v, s, _ in results if v == WARN)
+    rem = {FAIL: remedy(gid), WARN: remedy(gid + ".cache") if cache
            else "read /proc/meminfo and NVML memory on the host (`afddiag gpu`)",
            PASS: "nothing to do", SKIP: "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
-    return Verdict(gid, worst, summary, rem, facts)
+    action = "DROP_CACHES" if cache else ("RERUN" if worst == WARN else "")
+    return Verdict(gid, worst, summary, rem, facts, action=action)
 
 
 GATES = [
