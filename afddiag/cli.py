@@ -555,24 +555,20 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     Refuses (exit 2, saying why) when a GPU gate would FAIL on them, the GPU is busy with another job,
     no GPU gave figures, or a figure is below the reference table's floor for the model; --force
     records anyway and marks the record forced."""
-    import socket
-
     from afddiag import baseline as bl
-    from afddiag.probes.load import attach_load
-    from afddiag.probes.cpu import read_cpu
-    from afddiag.probes.gpu import read_gpu
+    from afddiag import runner
+    from afddiag.model.run import Inputs
 
-    from afddiag.collect import ProbeTimeout, bounded
-
-    try:
-        readings = read_gpu()  # bounded inside
-        if readings.get("devices"):
-            bounded(lambda: attach_load(readings, budget_s), budget_s * max(1, len(readings["devices"])) + 30,
-                    "load probe")
-        cpu = bounded(read_cpu, 30, "CPU probe")
-    except ProbeTimeout as e:
-        click.echo(f"afddiag baseline record: {e}: nothing recorded", err=True)
+    # the runner's GPU (with the load probe) and CPU probes, each under its time bound
+    obs = runner.gather(Inputs(load=True, load_budget_s=budget_s, run_qp=False, families=frozenset({"gpu", "host"})),
+                        only={"host", "gpu", "cpu"})
+    cpu = obs.cpu or {}
+    failed = [f for f in (obs.gpu.failed if obs.gpu else None, obs.gpu.load_failed if obs.gpu else None,
+                          cpu.get("failed")) if f]
+    if failed:
+        click.echo(f"afddiag baseline record: {'; '.join(failed)}: nothing recorded", err=True)
         return 3
+    readings = (obs.gpu.readings if obs.gpu else None) or {}
     cpu_fig = {k: cpu[k] for k in ("loop_mops", "under_load_mhz", "max_mhz") if cpu.get(k) is not None}
     refused = bl.refusals(readings)
     if refused and not force:
@@ -582,7 +578,7 @@ def baseline_record(baseline_path, budget_s, force) -> int:
         click.echo("  fix that and record again, or give --force to record them anyway (marked forced)", err=True)
         return 2
     try:
-        path = bl.record(readings, cpu_fig, socket.gethostname(), baseline_path, forced=refused if force else None)
+        path = bl.record(readings, cpu_fig, obs.host, baseline_path, forced=refused if force else None)
     except ValueError as e:
         click.echo(f"afddiag baseline record: {e}", err=True)
         return 2

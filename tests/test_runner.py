@@ -184,3 +184,31 @@ def test_endpoint_is_decided_in_one_place():
         for fn in ("def resolve_fabric_ip", "def choose_sgid", "def choose_port", "def launch_exports",
                    "def device_map"):
             assert fn not in text, (path, fn)
+
+
+def test_baseline_record_reads_through_the_runner(tmp_path, monkeypatch):
+    """`baseline record`: the registry's GPU probe (load probe attached by UUID) and CPU probe."""
+    from test_health import FIX, PROBE
+
+    idle = json.loads((FIX / "h200-live-idle" / "gpu.json").read_text())
+    probe = json.loads(json.dumps(PROBE))
+    probe["device"]["uuid"] = idle["devices"][0]["uuid"]
+    monkeypatch.setattr("afddiag.probes.gpu.read_gpu", lambda timeout_s=10.0, **kw: json.loads(json.dumps(idle)))
+    monkeypatch.setattr("afddiag.probes.load.run_load_probe", lambda i, budget_s=3.0: probe)
+    monkeypatch.setattr("afddiag.probes.cpu.read_cpu", lambda: {"loop_mops": 123.0, "max_mhz": 3000.0})
+    path = tmp_path / "b.json"
+    res = CliRunner().invoke(cli, ["baseline", "record", "--path", str(path)], standalone_mode=False,
+                             catch_exceptions=False)
+    assert res.return_value == 0, res.output
+    data = json.loads(path.read_text())
+    g = data["gpus"][idle["devices"][0]["uuid"]]
+    assert g["bf16_tflops"] == probe["achieved"]["bf16_tflops"] and data["cpu"]["loop_mops"] == 123.0
+
+    def boom():
+        raise RuntimeError("cpufreq exploded")
+
+    monkeypatch.setattr("afddiag.probes.cpu.read_cpu", boom)
+    res = CliRunner().invoke(cli, ["baseline", "record", "--path", str(tmp_path / "c.json")], standalone_mode=False,
+                             catch_exceptions=False)
+    assert res.return_value == 3 and "cpufreq exploded" in res.stderr and "nothing recorded" in res.stderr
+    assert not (tmp_path / "c.json").exists()
