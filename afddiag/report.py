@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 
 def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
           fabric: FabricFacts | None, notes: list[str] | None = None,
-          facts: dict[str, Any] | None = None) -> dict[str, Any]:
+          facts: dict[str, Any] | None = None, expectations: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1).
 
     Gates whose dependency failed are settled first and every verdict gets its typed action
@@ -48,6 +48,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "exit_code": exit_code(verdicts),
         "notes": list(notes or []),
         "facts": to_jsonable(facts or {}),
+        "expectations": to_jsonable(expectations or {}),
     }
 
 

@@ -139,8 +139,11 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
     from afddiag.endpoint import resolve_fabric_ip
     from afddiag.gates import Context, run_gates
 
+    from afddiag.expect import resolve
+
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
-    verdicts = run_gates(Context(obs, inputs, fip), set(inputs.families))
+    expect = resolve(inputs, obs)  # once, before any gate runs
+    verdicts = run_gates(Context(obs, inputs, fip, expect), set(inputs.families))
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
     return report.build(
         verdicts, obs.host, obs.source,
@@ -151,7 +154,8 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
         obs.fabric, notes,
         {"fabric": obs.fabric, "qp": obs.qp,
          "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
-         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions})
+         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions},
+        expectations={k: v for k, v in vars(expect).items() if v not in (None, {})})
 
 
 def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[dict[str, bytes], str, list[str]]:

@@ -212,3 +212,41 @@ def test_baseline_record_reads_through_the_runner(tmp_path, monkeypatch):
                              catch_exceptions=False)
     assert res.return_value == 3 and "cpufreq exploded" in res.stderr and "nothing recorded" in res.stderr
     assert not (tmp_path / "c.json").exists()
+
+
+def test_expectations_are_resolved_once_with_their_source(tmp_path):
+    """--expect-sm beats the launch env's AFD_IMAGE_SM_COUNT, which beats the image label and the
+    snapshot's expect; the capacity comes from --expect-capacity, else the other side's flag; the
+    report carries each with its source and the gates judge by it."""
+    from afddiag.expect import resolve
+    from afddiag.model.gpu import GpuFacts
+    from afddiag.model.host import ImageFacts
+    from afddiag.model.run import Observation
+
+    obs = Observation(host="h", source="t", gpu=GpuFacts(expect_image_sm_count=132),
+                      image=ImageFacts(ref="img:1", labels={"afd.export.sm_count": "170"}))
+    le = {"AFD_ROLE": "coordinator", "AFD_PREFILL_CAPACITY": "256", "AFD_EXPERT_CAPACITY": "128",
+          "AFD_IMAGE_SM_COUNT": "188", "AFD_IMAGE": "img:1"}
+    ex = resolve(Inputs(expect_sm=48, launch_env=le, launch_env_path="c.env"), obs)
+    assert (ex.sm_count.value, ex.sm_count.source) == (48, "--expect-sm")
+    ex = resolve(Inputs(launch_env=le, launch_env_path="c.env"), obs)
+    assert (ex.sm_count.value, ex.sm_count.source) == (188, "AFD_IMAGE_SM_COUNT in c.env")
+    assert (ex.capacity_key.value, ex.capacity.value, ex.capacity.source) == \
+        ("AFD_PREFILL_CAPACITY", 128, "AFD_EXPERT_CAPACITY in the same file")
+    assert ex.image.value == "img:1" and ex.role.value == "generic"
+    ex = resolve(Inputs(launch_env={"AFD_ROLE": "expert"}, launch_env_path="e.env", expect_capacity=64), obs)
+    assert (ex.sm_count.value, ex.sm_count.source) == (170, "image img:1 label afd.export.sm_count")
+    assert (ex.capacity_key.value, ex.capacity.value, ex.capacity.source) == ("AFD_EXPERT_CAPACITY", 64, "--expect-capacity")
+    ex = resolve(Inputs(), Observation(host="h", source="t", gpu=GpuFacts(expect_image_sm_count=132)))
+    assert (ex.sm_count.value, ex.sm_count.source) == (132, "snapshot expect.image_sm_count") and ex.capacity is None
+    # through the CLI: the report names what was expected, and the gate judged by it
+    case = CASES / "gpu" / "04-rtx5090-image-exported-for-188-sms"
+    rep, code = run_json(["gpu", "--snapshot", str(case), "--expect-sm", "170"])
+    assert rep["expectations"]["sm_count"] == {"value": 170, "source": "--expect-sm"}
+    sm = next(g for g in rep["gates"] if g["id"] == "gpu.sm-count")
+    assert sm["verdict"] == "PASS" and sm["facts"]["expected_from"] == "--expect-sm"
+    rep, _ = run_json(["gpu", "--snapshot", str(CASES / "gpu" / "01-gb10-healthy-unified-memory")])
+    base = rep["expectations"]["gpu_baselines"]["0"]
+    assert base["source"].startswith(("snapshot", "reference table")) and base["value"]
+    slow = next(g for g in rep["gates"] if g["id"] == "gpu.slow-state")
+    assert slow["facts"]["0"]["baseline_source"] == base["source"]

@@ -22,6 +22,16 @@ class Context:
     obs: Observation
     inputs: Inputs
     fabric_ip: FabricIp
+    expectations: Any = None  # afddiag.expect.Expectations; resolved on first use when not given
+
+    @property
+    def expect(self):
+        """What the gates judge against, each value with its source (:func:`afddiag.expect.resolve`)."""
+        if self.expectations is None:
+            from afddiag.expect import resolve
+
+            self.expectations = resolve(self.inputs, self.obs)
+        return self.expectations
 
     @property
     def playbook(self):

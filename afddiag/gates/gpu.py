@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from afddiag import baseline
 from afddiag.catalog import remedy
 from afddiag.model import to_jsonable
 from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names
@@ -67,25 +66,15 @@ def present(ctx: Context) -> Verdict:
                     "versions": g.versions, "notes": g.notes})
 
 
-SM_LABEL = "afd.export.sm_count"  # image label holding the SM count the AOT kernels were exported for
+from afddiag.expect import SM_LABEL  # noqa: E402,F401 - image label holding the exported SM count
 ARCH_LABEL = "afd.cuda_arch_list"  # image label; else the image's TORCH_CUDA_ARCH_LIST
 
 
 def expected_sm(ctx: Context) -> tuple[int | None, str]:
-    """The image's exported SM count and where it came from: --expect-sm, the launch env's
-    AFD_IMAGE_SM_COUNT, the image label ``afd.export.sm_count``, a snapshot's expect."""
-    if ctx.inputs.expect_sm is not None:
-        return ctx.inputs.expect_sm, "--expect-sm"
-    le = ctx.inputs.launch_env or {}
-    if le.get("AFD_IMAGE_SM_COUNT", "").isdigit():
-        return int(le["AFD_IMAGE_SM_COUNT"]), f"AFD_IMAGE_SM_COUNT in {ctx.inputs.launch_env_path}"
-    img = ctx.obs.image
-    if img is not None and img.labels.get(SM_LABEL, "").strip().isdigit():
-        return int(img.labels[SM_LABEL]), f"image {img.ref} label {SM_LABEL}"
-    g = ctx.obs.gpu
-    if g is not None and g.expect_image_sm_count is not None:
-        return int(g.expect_image_sm_count), "snapshot expect.image_sm_count"
-    return None, ""
+    """The image's exported SM count and where it came from (``ctx.expect.sm_count``:
+    :mod:`afddiag.expect` gives the precedence)."""
+    e = ctx.expect.sm_count
+    return (e.value, e.source) if e is not None else (None, "")
 
 
 def sm_count(ctx: Context) -> Verdict:
@@ -238,7 +227,8 @@ def slow_state(ctx: Context) -> Verdict:
         if ul is None or (ul.clock_sm_mhz is None and all(getattr(ul, k) is None for k, _ in THROUGHPUT)):
             verdicts.append((SKIP, f"{label}: no under-load readings (idle clocks are low by design)"))
             continue
-        base, src = baseline.for_gpu(d.uuid, d.name, ctx.obs.baseline, g.baseline)
+        eb = ctx.expect.gpu_baselines.get(d.index)  # host baseline, snapshot expect, reference table
+        base, src = (eb.value, eb.source) if eb is not None else ({}, "")
         f: dict = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "clock_sm_max_mhz": d.clock_sm_max_mhz,
                    "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct,
                    "baseline": base, "baseline_source": src or None}

@@ -19,7 +19,7 @@ def cpu_clock(ctx: Context) -> Verdict:
         return Verdict(gid, SKIP, "CPU not probed (or not in the snapshot)", "run on the host")
     if cpu.get("why"):
         return Verdict(gid, SKIP, cpu["why"], "run on the host")
-    base = ((ctx.obs.baseline or {}).get("cpu") or {})
+    base = ctx.expect.value("cpu_baseline") or {}
     clk, mx, rate = cpu.get("under_load_mhz"), cpu.get("max_mhz"), cpu.get("loop_mops")
     min_mhz = ctx.playbook.cpu_min_mhz
     facts = {"cpu": cpu, "baseline": base or None, "min_mhz": min_mhz or None}

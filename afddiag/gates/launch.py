@@ -7,8 +7,7 @@ from afddiag.catalog import remedy
 from afddiag.gates import Context, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
-CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
-OTHER_KEY = {"AFD_PREFILL_CAPACITY": "AFD_EXPERT_CAPACITY", "AFD_EXPERT_CAPACITY": "AFD_PREFILL_CAPACITY"}
+from afddiag.expect import CAPACITY_KEYS, OTHER_KEY  # noqa: E402,F401 - one table, with the expectations
 ENGINE_DEFAULT_CAPACITY = 1024
 OTHER_SIDE = {"AFD_PREFILL_CAPACITY": "ranks'", "AFD_EXPERT_CAPACITY": "coordinator's"}
 NO_ENV = "no launch env file given (--launch-env FILE)"
@@ -46,17 +45,15 @@ def capacity(ctx: Context) -> Verdict:
     le = ctx.inputs.launch_env
     if le is None:
         return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
-    key = ctx.playbook.capacity_key or CAPACITY_KEYS.get(le.get("AFD_ROLE", ""), "")
+    key = ctx.expect.value("capacity_key") or ""
     if not key:
         return Verdict(gid, SKIP, "role unknown: neither the playbook nor AFD_ROLE says which capacity flag is "
                        "this host's", "set AFD_ROLE=coordinator|expert in the launch env or pass --role")
     raw = le.get(key)
     own = int(raw) if raw else ENGINE_DEFAULT_CAPACITY
     own_txt = f"{key}={own}" + ("" if raw else " (not set: the engine default)")
-    want, src = ctx.inputs.expect_capacity, "--expect-capacity"
-    other = OTHER_KEY.get(key, "")
-    if want is None and le.get(other):
-        want, src = int(le[other]), f"{other} in the same file"
+    e = ctx.expect.capacity  # --expect-capacity, else the other side's flag in the same file
+    want, src = (e.value, e.source) if e is not None else (None, "--expect-capacity")
     facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None}
     if want is None:
         return Verdict(gid, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
@@ -164,7 +161,7 @@ def memory_plan(ctx: Context) -> Verdict:
         why = (g.why if g is not None and g.why else "no GPU memory reading")
         return Verdict(gid, SKIP, f"GPU memory unknown ({why}): nothing to plan against",
                        "run on the engine's host, or replay a capture of it (`afddiag capture`)")
-    key = pb.capacity_key or CAPACITY_KEYS.get(le.get("AFD_ROLE", ""), "")
+    key = ctx.expect.value("capacity_key") or ""
     raw = le.get(key) if key else None
     cap = int(raw) if raw else int(pb.plan.get("default_capacity", ENGINE_DEFAULT_CAPACITY))
     from afddiag.envvars import FLAG_WORDS

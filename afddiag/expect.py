@@ -1,0 +1,118 @@
+"""Expectations: what this host is judged against, resolved once before any gate runs, each with its source.
+
+Gates read :class:`Expectations` (``ctx.expect``), never work out their own precedence from raw
+inputs. Each value is an :class:`Expected` (value, source) or None when nothing gives one:
+
+- ``sm_count``: the SM count the image's kernels were exported for: ``--expect-sm``, else the launch
+  env's ``AFD_IMAGE_SM_COUNT``, else the image label ``afd.export.sm_count``, else a snapshot's
+  ``expect.image_sm_count``;
+- ``capacity_key`` / ``capacity``: this role's capacity flag (the playbook's, else by ``AFD_ROLE``) and
+  the other side's value: ``--expect-capacity``, else the other side's flag in the same launch env;
+- ``image``: the launch env's ``AFD_IMAGE``;
+- ``peers``: ``--peer``, else the launch env's ``AFD_PEER_FABRIC_IPS``;
+- ``role``: the playbook judged by (``--role``/``--playbook``, ``AFD_ROLE``, or generic) and its thresholds;
+- ``gpu_baselines``: per GPU index, the figures ``gpu.slow-state`` compares to (the host's recorded
+  baseline by UUID, a snapshot's ``expect.baseline``, the reference table by model:
+  :func:`afddiag.baseline.for_gpu`); ``cpu_baseline``: the host baseline's CPU figures.
+
+Pure: reads the inputs and the observation, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SM_LABEL = "afd.export.sm_count"  # image label holding the SM count the AOT kernels were exported for
+CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
+OTHER_KEY = {"AFD_PREFILL_CAPACITY": "AFD_EXPERT_CAPACITY", "AFD_EXPERT_CAPACITY": "AFD_PREFILL_CAPACITY"}
+
+
+@dataclass
+class Expected:
+    """One expectation and where it came from (``"--expect-sm"``, ``"AFD_IMAGE_SM_COUNT in rank.env"``)."""
+
+    value: Any
+    source: str
+
+
+@dataclass
+class Expectations:
+    """What the gates judge against (see the module docstring); None: nothing gave it."""
+
+    sm_count: Expected | None = None
+    capacity_key: Expected | None = None
+    capacity: Expected | None = None
+    image: Expected | None = None
+    peers: Expected | None = None
+    role: Expected | None = None
+    gpu_baselines: dict[int, Expected] = field(default_factory=dict)
+    cpu_baseline: Expected | None = None
+
+    def value(self, name: str) -> Any:
+        """The value of expectation ``name`` (None when unset)."""
+        e = getattr(self, name)
+        return e.value if isinstance(e, Expected) else None
+
+
+def _sm_count(inputs: Any, obs: Any) -> Expected | None:
+    if inputs.expect_sm is not None:
+        return Expected(int(inputs.expect_sm), "--expect-sm")
+    le = inputs.launch_env or {}
+    if le.get("AFD_IMAGE_SM_COUNT", "").isdigit():
+        return Expected(int(le["AFD_IMAGE_SM_COUNT"]), f"AFD_IMAGE_SM_COUNT in {inputs.launch_env_path}")
+    img = obs.image
+    if img is not None and img.labels.get(SM_LABEL, "").strip().isdigit():
+        return Expected(int(img.labels[SM_LABEL]), f"image {img.ref} label {SM_LABEL}")
+    g = obs.gpu
+    if g is not None and g.expect_image_sm_count is not None:
+        return Expected(int(g.expect_image_sm_count), "snapshot expect.image_sm_count")
+    return None
+
+
+def _capacity(inputs: Any, pb: Any) -> tuple[Expected | None, Expected | None]:
+    le = inputs.launch_env
+    if le is None:
+        return None, None
+    key = None
+    if pb is not None and pb.capacity_key:
+        key = Expected(pb.capacity_key, f"playbook {pb.name}")
+    elif CAPACITY_KEYS.get(le.get("AFD_ROLE", "")):
+        key = Expected(CAPACITY_KEYS[le["AFD_ROLE"]], f"AFD_ROLE in {inputs.launch_env_path}")
+    if inputs.expect_capacity is not None:
+        return key, Expected(int(inputs.expect_capacity), "--expect-capacity")
+    other = OTHER_KEY.get(key.value, "") if key else ""
+    if other and str(le.get(other, "")).isdigit():
+        return key, Expected(int(le[other]), f"{other} in the same file")
+    return key, None
+
+
+def resolve(inputs: Any, obs: Any) -> Expectations:
+    """Every expectation of one run (``inputs``: :class:`~afddiag.model.run.Inputs`, ``obs``: its
+    :class:`~afddiag.model.run.Observation`), each with its source. Never raises on odd inputs."""
+    from afddiag import baseline
+
+    pb = inputs.playbook
+    le = inputs.launch_env or {}
+    ex = Expectations()
+    ex.sm_count = _sm_count(inputs, obs)
+    ex.capacity_key, ex.capacity = _capacity(inputs, pb)
+    if le.get("AFD_IMAGE"):
+        ex.image = Expected(le["AFD_IMAGE"], f"AFD_IMAGE in {inputs.launch_env_path}")
+    if inputs.peers:
+        given = [p for p in le.get("AFD_PEER_FABRIC_IPS", "").replace(",", " ").split() if p]
+        ex.peers = Expected(list(inputs.peers), f"AFD_PEER_FABRIC_IPS in {inputs.launch_env_path}"
+                            if given == list(inputs.peers) else "--peer")
+    if pb is not None:
+        ex.role = Expected(pb.name, f"playbook {getattr(pb, 'path', None) or pb.name}")
+    else:
+        ex.role = Expected("generic", "default (no --role, --playbook or AFD_ROLE)")
+    g = obs.gpu
+    for d in (g.devices if g is not None else []):
+        figures, src = baseline.for_gpu(d.uuid, d.name, obs.baseline, g.baseline)
+        if src:
+            ex.gpu_baselines[d.index] = Expected(figures, src)
+    cpu = (obs.baseline or {}).get("cpu")
+    if isinstance(cpu, dict) and cpu:
+        ex.cpu_baseline = Expected(cpu, f"host baseline {(obs.baseline or {}).get('path')}")
+    return ex
