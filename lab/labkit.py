@@ -174,3 +174,105 @@ def run_cli(name: str, args: list[str], env_map: object = UNCHANGED) -> dict:
     return {"name": name, "args": list(args), "map": None if env_map is UNCHANGED else env_map, "rc": rc,
             "elapsed_s": round(elapsed, 3), "json": parsed, "stdout": None if parsed is not None else text[-4000:],
             "stderr": err.getvalue()[-4000:], "exception": exc}
+
+
+# ---------------------------------------------------------------- namespace hosts (Linux ≥ 6.x rxe)
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+_MS_REC, _MS_SLAVE, _MNT_DETACH = 0x4000, 0x80000, 2
+
+
+def enter_netns(ns: str) -> None:
+    """Move this process into network namespace ``ns`` (/run/netns/<ns>) as ``ip netns exec`` does: also a
+    private mount namespace with sysfs mounted again, so /sys/class/net shows that namespace's netdevs,
+    and a UTS namespace whose hostname is ``ns`` (reports name their host). Raises OSError naming the call
+    that failed."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({ns})")
+    finally:
+        os.close(fd)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rslave /")
+    libc.umount2(b"/sys", _MNT_DETACH)
+    if libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount sysfs")
+    if libc.unshare(CLONE_NEWUTS) != 0 or libc.sethostname(ns.encode(), len(ns.encode())) != 0:
+        raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWUTS) / sethostname({ns})")
+
+
+def fork_in_netns(ns: str, outpath: str, fn, *args) -> int:
+    """Fork; the child enters ``ns`` (:func:`enter_netns`), runs ``fn(*args)`` and writes its result (or
+    the traceback under ``exception``) as JSON to ``outpath``, its log lines to ``outpath``.log. Returns
+    the child's pid (collect it with :func:`join_forked`)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    rc = 99
+    try:
+        enter_netns(ns)
+        res = fn(*args)
+        rc = 0
+    except BaseException:
+        res = {"exception": traceback.format_exc()}
+    try:
+        with open(outpath, "w") as f:
+            json.dump(res, f, indent=2, default=str)
+        with open(outpath + ".log", "w") as f:
+            f.write("\n".join(LOG) + "\n")
+    finally:
+        os._exit(rc)
+
+
+def join_forked(pid: int, outpath: str, timeout_s: float) -> dict:
+    """Wait up to ``timeout_s`` for a :func:`fork_in_netns` child (killed past it) and return what it
+    wrote, with ``child_exit`` added."""
+    t = time.monotonic()
+    code = None
+    while time.monotonic() - t < timeout_s:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    try:
+        with open(outpath) as f:
+            res = json.load(f)
+    except (OSError, ValueError) as e:
+        res = {"exception": f"{outpath}: {e}"}
+    res["child_exit"] = code
+    return res
+
+
+def hw_counters() -> dict[str, dict[str, int]]:
+    """Every RDMA device's port-1 hw_counters (/sys/class/infiniband/<dev>/ports/1/hw_counters/*) as
+    integers: rxe's sent_pkts, rcvd_pkts, retry_exceeded_err, rcvd_seq_err, out_of_seq_request,
+    link_downed, ... (all devices are visible in the RDMA subsystem's shared netns mode)."""
+    out: dict[str, dict[str, int]] = {}
+    base = "/sys/class/infiniband"
+    for dev in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        d = f"{base}/{dev}/ports/1/hw_counters"
+        vals = {}
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            v = read(f"{d}/{name}")
+            if v is not None and v.lstrip("-").isdigit():
+                vals[name] = int(v)
+        out[dev] = vals
+    return out
+
+
+def counter_deltas(before: dict, after: dict) -> dict[str, dict[str, int]]:
+    """``after - before`` per device and counter, non-zero deltas only."""
+    return {dev: {k: v - before.get(dev, {}).get(k, 0) for k, v in vals.items()
+                  if v != before.get(dev, {}).get(k, 0)} for dev, vals in after.items()}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh Debian 12 machine (as root, or with sudo): installs afddiag
-# (scripts/setup.sh), sets up the soft-RoCE lab (lab/setup.sh: QEMU, Debian's 6.1 kernel with
-# rdma_rxe, virtme-ng), then runs pytest, the lab test included. Extra arguments go to pytest.
+# (scripts/setup.sh), sets up the soft-RoCE lab (lab/setup.sh: QEMU, Debian's 6.1 kernel and
+# trixie-backports' newest kernel with rdma_rxe, virtme-ng), then runs pytest, the lab tests included
+# (one guest boot per lab test module). Extra arguments go to pytest.
 #
 #   sudo ./scripts/test.sh
 set -euo pipefail

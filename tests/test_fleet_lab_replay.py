@@ -1,0 +1,92 @@
+"""`afddiag merge` replays the fleet the multi-host lab collected over SSH (lab/scenario-hosts.py on the
+trixie-backports kernel; tests/test_lab_hosts.py). The fixtures under tests/fixtures/lab-fleet/ are that
+run's `afddiag fleet --json` outputs, per-host reports embedded, and its inventory:
+
+- fleet-healthy:   coord, spark-a, spark-b as built (capacity 256, each host's own device map);
+- fleet-faults:    spark-a's f0 at MTU 9000, spark-b's AFD_EXPERT_CAPACITY 128, spark-b's map cloned from spark-a;
+- fleet-link-down: faults undone, spark-b's f0 down.
+
+The same reports through `merge` (files, as Slurm or Ansible would collect them) must give the verdicts
+the live `fleet` gave.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from afddiag import cli
+
+FIX = Path(__file__).parent / "fixtures" / "lab-fleet"
+RUNS = ["fleet-healthy", "fleet-faults", "fleet-link-down"]
+
+
+def _live(run: str) -> dict:
+    return json.loads((FIX / f"{run}.json").read_text())
+
+
+def _merge(capsys, tmp_path: Path, run: str, per_host_files: bool = False) -> tuple[int, dict]:
+    live = _live(run)
+    if per_host_files:
+        files = []
+        for h in live["hosts"]:
+            f = tmp_path / f"{h['name']}.json"
+            f.write_text(json.dumps(live["reports"][h["name"]]))
+            files.append(str(f))
+    else:
+        f = tmp_path / "reports.json"
+        f.write_text(json.dumps([live["reports"][h["name"]] for h in live["hosts"]]))
+        files = [str(f)]
+    capsys.readouterr()
+    rc = cli.run(["merge", *files, "--inventory", str(FIX / "inventory.toml"), "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_merge_gives_the_live_fleet_verdicts(run, capsys, tmp_path):
+    live = _live(run)
+    rc, fr = _merge(capsys, tmp_path, run)
+    assert rc == fr["exit_code"] == live["exit_code"]
+    assert [h["name"] for h in fr["hosts"]] == [h["name"] for h in live["hosts"]] == ["coord", "spark-a", "spark-b"]
+    assert [(h["role"], h["fabric_ip"], h["exit_code"]) for h in fr["hosts"]] == \
+        [(h["role"], h["fabric_ip"], h["exit_code"]) for h in live["hosts"]]
+    assert {g["id"]: g["verdict"] for g in fr["gates"]} == {g["id"]: g["verdict"] for g in live["gates"]}
+
+
+def test_merge_per_host_files_names_hosts_by_their_reports(capsys, tmp_path):
+    """One file per host (named after the host): the report's own hostname names the row."""
+    rc, fr = _merge(capsys, tmp_path, "fleet-faults", per_host_files=True)
+    assert rc == 2
+    assert [h["name"] for h in fr["hosts"]] == ["coord", "spark-a", "spark-b"]
+
+
+def _gate(fr: dict, gid: str) -> dict:
+    return next(g for g in fr["gates"] if g["id"] == gid)
+
+
+def test_healthy_fleet_agrees(capsys, tmp_path):
+    _, fr = _merge(capsys, tmp_path, "fleet-healthy")
+    for gid in ("fleet.capacity", "fleet.fabric-ip", "fleet.mtu", "fleet.devicemap"):
+        assert _gate(fr, gid)["verdict"] == "PASS", _gate(fr, gid)
+    assert _gate(fr, "fleet.mtu")["facts"]["roce_mtu"] == {"coord": 1024, "spark-a": 1024, "spark-b": 1024}
+
+
+def test_faults_are_each_named_once(capsys, tmp_path):
+    _, fr = _merge(capsys, tmp_path, "fleet-faults")
+    mtu, cap, dm = (_gate(fr, g) for g in ("fleet.mtu", "fleet.capacity", "fleet.devicemap"))
+    assert mtu["verdict"] == "FAIL" and mtu["summary"].startswith("spark-a RoCE MTU 4096 (f0 MTU 9000)"), mtu
+    assert cap["verdict"] == "FAIL" and cap["summary"].startswith("spark-b AFD_EXPERT_CAPACITY=128"), cap
+    assert "the inventory's capacity 256" in cap["summary"]
+    assert dm["verdict"] == "FAIL" and dm["summary"].startswith("spark-b"), dm
+    assert dm["facts"]["maps"]["spark-b"] == "10.9.0.11=rxsa0"
+    assert "spark-a" not in dm["summary"].split(":")[0]
+
+
+def test_link_down_fails_that_host_only(capsys, tmp_path):
+    _, fr = _merge(capsys, tmp_path, "fleet-link-down")
+    rows = {h["name"]: h for h in fr["hosts"]}
+    assert "fabric.link" in rows["spark-b"]["failing"]
+    assert "fabric.link" not in rows["coord"]["failing"] + rows["spark-a"]["failing"]
+    assert _gate(fr, "fleet.capacity")["verdict"] == _gate(fr, "fleet.mtu")["verdict"] == "PASS"
