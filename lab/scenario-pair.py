@@ -20,12 +20,9 @@ Scenarios:
   pair-netns   the forked server enters netns peer (setns) and runs ``afddiag fabric --serve --json
                --fabric-ip 10.9.0.1``; this process runs ``afddiag fabric --pair 10.9.0.1:18515 --json
                --fabric-ip 10.9.0.2``. Handshake and RTS work; no RoCE packet reaches rxb on Linux 6.1
-               (rxe's UDP socket and route lookups are in init_net only), so it times out (25 s).
-  pair-wire    pb moved into the initial namespace (rxb re-created on it), policy routing (local table
-               moved to pref 1000, ``iif lo to <other address>`` rules to tables routing by pa / pb,
-               accept_local=1, rp_filter=0) so rxa ↔ rxb traffic crosses the veth instead of lo; the
-               same pair test, SEND and WRITE 64 B … 64 KiB.
-  pair-loop    only when pair-wire fails: both ends on rxa (rxe loopback), to tell the code from the wire.
+               (rxe's UDP socket and route lookups are in init_net only), so it times out (25 s): what
+               a 6.1 host shows. The pair test with data across namespaces runs on the trixie-backports
+               kernel (lab/scenario-hosts.py), whose rxe has per-namespace sockets.
 
 Writes OUTDIR/results.json (exit codes, JSON outputs, captures of ``rdma -j resource`` after the
 runs and after cleanup) and OUTDIR/run.log. Exit 0 when every step ran (whatever the verdicts).
@@ -150,31 +147,13 @@ def pair_run(results: dict, outdir: str, tag: str, server_ip: str, client_ip: st
         results["errors"].append(f"pair-{tag}-server.json: {e}")
 
 
-def wire_in_init_net() -> None:
-    """Bring pb (10.9.0.1) into the initial namespace with rxb on it, and make traffic between the two
-    local addresses cross the veth instead of lo: Linux 6.1's rxe opens its UDP socket and looks up
-    routes in init_net only, so an rxe device in another namespace never receives."""
-    sh(["rdma", "link", "delete", "rxb"])
-    sh(["ip", "-n", "peer", "link", "set", "pb", "netns", "1"])
-    sh(["ip", "-batch", "-"], stdin="\n".join([
-        f"addr add {PEER_IP}/24 dev pb", "link set pb up",
-        "rule add pref 1000 lookup local", "rule del pref 0 lookup local",
-        f"rule add pref 100 iif lo to {PEER_IP} lookup 101", f"rule add pref 101 iif lo to {HOST_IP} lookup 102",
-        f"route add {PEER_IP} dev pa src {HOST_IP} table 101", f"route add {HOST_IP} dev pb src {PEER_IP} table 102",
-    ]) + "\n")
-    for nd in ("all", "pa", "pb"):
-        for k, v in (("accept_local", 1), ("rp_filter", 0)):
-            with open(f"/proc/sys/net/ipv4/conf/{nd}/{k}", "w") as f:
-                f.write(f"{v}\n")
-    sh(["rdma", "link", "add", "rxb", "type", "rxe", "netdev", "pb"])
-
-
 def main() -> int:
     outdir = sys.argv[1] if len(sys.argv) > 1 else "/tmp/afddiag-lab"
     os.makedirs(outdir, exist_ok=True)
     results: dict = {"pid": os.getpid(), "kernel": os.uname().release, "scenarios": {}, "captures": {},
                      "errors": []}
-    fabric_args = ["fabric", "--json", "--fabric-ip", HOST_IP, "--peer", PEER_IP, "--no-qp"]
+    # --timeout 60: under TCG on a busy machine the first read of rxe's GID tables can outrun the 10 s default
+    fabric_args = ["fabric", "--json", "--timeout", "60", "--fabric-ip", HOST_IP, "--peer", PEER_IP, "--no-qp"]
     try:
         build()
         results["ready"] = wait_ready()
@@ -190,17 +169,9 @@ def main() -> int:
         results["captures"]["route_get_fixed"] = sh_json(["ip", "-j", "route", "get", PEER_IP, "from", HOST_IP])
         results["scenarios"]["route-fixed"] = run_cli("route-fixed", fabric_args)
 
-        # 1. server in netns peer (rxb on pb there): handshake and RTS work; on Linux 6.1 no packet reaches
-        #    rxb (rxe's UDP socket lives in init_net only), so this one is expected to time out.
+        # Server in netns peer (rxb on pb there): handshake and RTS work; on Linux 6.1 no packet reaches
+        # rxb (rxe's UDP socket lives in init_net only), so this one is expected to time out.
         pair_run(results, outdir, "netns", PEER_IP, HOST_IP, PORT, 25, "peer")
-        # 2. over the wire in init_net: rxa on pa <-veth-> rxb on pb, policy routing keeps it off lo.
-        wire_in_init_net()
-        results["ready_wire"] = wait_ready()
-        results["captures"]["route_get_wire"] = sh_json(["ip", "-j", "route", "get", PEER_IP, "from", HOST_IP])
-        pair_run(results, outdir, "wire", PEER_IP, HOST_IP, PORT + 1, 150, None)
-        wire = results["scenarios"]["pair-wire-client"].get("json") or {}
-        if wire.get("error"):  # 3. to tell our code from the topology: both ends on rxa (rxe loopback)
-            pair_run(results, outdir, "loop", HOST_IP, HOST_IP, PORT + 2, 60, None)
         results["captures"]["resource_qp_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "qp"])
         results["captures"]["resource_pd_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "pd"])
         results["captures"]["resource_mr_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "mr"])
@@ -209,10 +180,10 @@ def main() -> int:
         results["errors"].append(traceback.format_exc())
         log(traceback.format_exc())
     finally:
-        for dev in ("rxa", "rxc", "rxb"):  # rxb may be gone already
+        for dev in ("rxa", "rxc", "rxb"):
             sh(["rdma", "link", "delete", dev], check=False)
         sh(["ip", "netns", "del", "peer"], check=False)
-        for nd in ("pa", "pb", "pc"):
+        for nd in ("pa", "pc"):
             if os.path.exists(f"/sys/class/net/{nd}"):
                 sh(["ip", "link", "del", nd], check=False)
         results["captures"]["rdma_dev_after_cleanup"] = sh_json(["rdma", "-j", "dev", "show"])

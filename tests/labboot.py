@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("AFDDIAG_LAB_CACHE", REPO / ".lab-cache"))
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 BOOT_TIMEOUT_S = 600
+LOCK_WAIT_S = 1800  # boots are serialised (flock in lab/boot.sh): another worktree's boot may go first
 
 
 KERNEL_KEYS = {"6.1": ("LAB_KVER", "LAB_VMLINUZ"), "bpo": ("LAB_KVER_BPO", "LAB_VMLINUZ_BPO")}
@@ -72,9 +73,9 @@ def boot(tmp_path_factory, name: str, script: str | None = None, kernel: str = "
     t0 = time.monotonic()
     try:
         p = subprocess.run(["bash", str(REPO / "lab" / "boot.sh"), str(out)], capture_output=True, text=True,
-                           timeout=timeout_s + 60, env=env)
+                           timeout=timeout_s + 60 + LOCK_WAIT_S, env=env)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"lab boot did not finish in {timeout_s + 60}s")
+        pytest.fail(f"lab boot did not finish in {timeout_s + 60 + LOCK_WAIT_S}s (lock wait included)")
     results = out / "results.json"
     if not results.is_file():
         console = (out / "console.log").read_text()[-6000:] if (out / "console.log").exists() else ""

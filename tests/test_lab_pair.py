@@ -1,23 +1,19 @@
-"""The soft-RoCE lab, pair-test boot (lab/scenario-pair.py; one boot for the whole module): the route
-and ARP gates with a deliberately wrong route and two rails on one subnet, and the pair test with real
-RC QPs: once with the server in another network namespace (handshake and RTS only: Linux 6.1's rxe
-receives in the initial namespace only), once rxa <-veth-> rxb in the initial namespace with policy
-routing keeping the traffic on the wire (SEND and WRITE 64 B … 64 KiB, verified).
+"""The soft-RoCE lab, pair-test boot on Linux 6.1 (lab/scenario-pair.py; one boot for the whole module):
+the route and ARP gates with a deliberately wrong route and two rails on one subnet, and the pair test
+with real RC QPs and the server in another network namespace: handshake and RTS, but no data (6.1's rxe
+receives in the initial namespace only). The pair test with data across namespaces runs on the
+trixie-backports kernel: tests/test_lab_hosts.py.
 
 Needs lab/setup.sh to have run (as root); outside CI a missing lab skips, under CI it fails.
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 import labboot
 
 pytestmark = pytest.mark.lab
-
-SIZES = [64, 512, 1024, 4096, 65536]
 
 
 @pytest.fixture(scope="module")
@@ -57,39 +53,11 @@ def test_fixed_route_and_arp_pass(pairlab):
     assert g["fabric.arp"]["facts"]["effective"]["pa"] == {"arp_ignore": 1, "arp_announce": 2, "rp_filter": 2}
 
 
-def _pair(lab: dict, side: str, tag: str = "wire") -> dict:
+def _pair(lab: dict, side: str, tag: str = "netns") -> dict:
     sc = lab["scenarios"][f"pair-{tag}-{side}"]
     assert sc.get("exception") is None, sc
     assert isinstance(sc["json"], dict), (sc.get("stdout"), sc.get("stderr"))
     return sc
-
-
-def test_pair_moves_send_and_write_past_the_mtu(pairlab):
-    sc = _pair(pairlab, "client")
-    f = sc["json"]
-    assert f["error"] is None, f
-    assert sc["rc"] == 0
-    assert (f["device"], f["fabric_ip"], f["peer"]) == ("rxa", "10.9.0.2", "10.9.0.1:18516")
-    assert f["path_mtu"] == 1024  # 1500-byte veth
-    assert [(p["op"], p["size"]) for p in f["phases"]] == [(op, s) for s in SIZES for op in ("send", "write")]
-    for p in f["phases"]:
-        assert p["verified"], p
-        assert p["rtt_us_median"] > 0 and p["rtt_us_min"] <= p["rtt_us_median"]
-        assert p["bw_gbps"] > 0
-    big = [p for p in f["phases"] if p["size"] == 65536]
-    assert all(p["size"] > 4 * f["path_mtu"] for p in big)  # multi-packet messages moved
-    print("\n" + "\n".join(f"{p['op']:<5} {p['size']:>6} B  rtt median {p['rtt_us_median']} µs  "
-                           f"bw {p['bw_gbps']} GB/s" for p in f["phases"]), file=sys.stderr)
-
-
-def test_server_side_saw_the_client_and_exited(pairlab):
-    sc = _pair(pairlab, "server")
-    f = sc["json"]
-    assert f["error"] is None and sc["rc"] == 0, f
-    assert f["device"] == "rxb" and f["fabric_ip"] == "10.9.0.1"
-    client = pairlab["scenarios"]["pair-wire-client"]["json"]
-    assert f["peer_qp_num"] == client["qp_num"] and client["peer_qp_num"] == f["qp_num"]
-    assert pairlab["pair-wire-server_exit"] == 0
 
 
 def test_across_namespaces_handshake_and_rts(pairlab):
@@ -100,11 +68,13 @@ def test_across_namespaces_handshake_and_rts(pairlab):
     assert c["peer_qp_num"] == s["qp_num"] and s["peer_qp_num"] == c["qp_num"]
     assert c["path_mtu"] == s["path_mtu"] == 1024
     assert c["destroyed"] and s["destroyed"]
+    # Linux 6.1: rxe's UDP socket is in the initial namespace only, nothing reaches rxb: no phase verified
+    assert c["error"] is not None and not any(p["verified"] for p in c["phases"]), c
 
 
 def test_pair_destroys_everything(pairlab):
     for side in ("client", "server"):
-        assert pairlab["scenarios"][f"pair-wire-{side}"]["json"]["destroyed"] is True
+        assert pairlab["scenarios"][f"pair-netns-{side}"]["json"]["destroyed"] is True
     caps = pairlab["captures"]
     for kind in ("resource_qp_after_runs", "resource_pd_after_runs", "resource_mr_after_runs"):
         rows = caps[kind]
