@@ -75,7 +75,9 @@ class Sources:
     ``root``: the filesystem root sysfs and procfs are read under (``<root>/sys/class/...``).
     ``device_order() -> (list[(name, index)] | None, source, notes)``; ``addresses() -> {netdev: Netdev}``
     (raises on failure); ``gpu() -> GPU readings dict``; ``limits() -> limits dict``; ``cpu() -> dict``;
-    ``route() -> ip -j route JSON`` (raises on failure); ``memreg() -> memreg.json readings``; ``rdma_core() -> {"version", "source"}``;
+    ``route() -> ip -j route JSON`` (raises on failure); ``rules() -> ip -j rule JSON`` (None: read live
+    with the routes when ``route`` is LIVE, else not captured); ``memreg() -> memreg.json readings``;
+    ``rdma_core() -> {"version", "source"}``;
     ``environ``: the process environment (filtered by :func:`env_allowed`); ``hostname()``;
     ``reader(path) -> str`` reads one sysfs file (raises OSError as the kernel answers).
     """
@@ -88,6 +90,7 @@ class Sources:
     limits: Any = LIVE
     cpu: Any = LIVE
     route: Any = LIVE
+    rules: Any = None
     rdma_core: Any = LIVE
     environ: Mapping[str, str] | None = None
     hostname: Callable[[], str] = socket.gethostname
@@ -587,7 +590,7 @@ def _fabric_netdevs(run: Run) -> list[str]:
 def _route_read(run: Run, progress: Any) -> dict[str, Any]:
     """``ip -j route get <peer> from <fabric-ip>`` per peer (as ``{peer: output}``; a failure as
     ``{"error": why}``), the whole table when capturing (peers are not known then), the ARP sysctls' root."""
-    from afddiag.probes.route import route_get, route_table
+    from afddiag.probes.route import route_get, route_table, rule_table
 
     ip = run.fabric_ip()
     peers = list(run.inputs.peers)
@@ -596,21 +599,31 @@ def _route_read(run: Run, progress: Any) -> dict[str, Any]:
     for p in peers:
         progress.doing = f"ip route get {p}"
         got[p] = route_get(p, ip, t)
-    table = None
+    table = rules = None
     src = run.host.route
     if run.capturing and src is not None:
         progress.doing = "ip route show table all"
         table = route_table(t) if src is LIVE else src()
-    return {"ip-route-get.json": got if peers else None, "ip-route.json": table, "proc/sys/net/ipv4/conf": run.host.root,
-            "route_source": "ip route get"}
+        progress.doing = "ip rule show"  # a replay redoes the lookup: rules decide which table it reads
+        rules = rule_table(t) if src is LIVE and run.host.rules is None else (
+            run.host.rules() if callable(run.host.rules) else None)
+    return {"ip-route-get.json": got if peers else None, "ip-route.json": table, "ip-rule.json": rules,
+            "proc/sys/net/ipv4/conf": run.host.root, "route_source": "ip route get"}
 
 
 def _route_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
-    from afddiag.probes.route import read_sysctls, route_from_get_json, routes_from_table
+    from afddiag.probes.route import lookup_policy, read_sysctls, route_from_get_json, routes_from_table
 
     facts = RouteFacts(fabric_ip=run.fabric_ip())
     peers = list(run.inputs.peers)
     got, table = r.get("ip-route-get.json"), r.get("ip-route.json")
+    rules = r.get("ip-rule.json") if isinstance(r.get("ip-rule.json"), list) else None
+
+    def from_tables(ps: list[str]) -> list:
+        if rules is not None and isinstance(table, list):
+            return [lookup_policy(p, run.fabric_ip(), rules, table, "ip-rule.json + ip-route.json") for p in ps]
+        return routes_from_table(ps, table, "ip-route.json (longest prefix)")
+
     if got is not None:
         src = r.get("route_source") or "ip-route-get.json"
         by_peer: dict[str, Any] = {}
@@ -625,13 +638,15 @@ def _route_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
             if p in by_peer:
                 facts.routes.append(route_from_get_json(p, by_peer[p], src))
             elif table is not None:
-                facts.routes += routes_from_table([p], table, "ip-route.json (longest prefix)")
+                facts.routes += from_tables([p])
             else:
                 facts.routes.append(route_from_get_json(p, {"error": "not captured in ip-route-get.json"}, src))
         facts.routes_captured = bool(peers)
     elif table is not None:
-        facts.routes = routes_from_table(peers, table, "ip-route.json (longest prefix)")
-        facts.notes.append("routes looked up in ip-route.json (main table; policy rules not seen)")
+        facts.routes = from_tables(peers)
+        facts.notes.append("routes looked up in ip-route.json through the policy rules of ip-rule.json" if rules
+                           is not None else "routes looked up in ip-route.json (main table; no ip-rule.json: "
+                           "policy rules not seen)")
         facts.routes_captured = bool(peers)
     elif peers and not run.live:
         facts.notes.append("routes not captured (no ip-route-get.json or ip-route.json in the snapshot)")
@@ -895,7 +910,8 @@ PROBES: tuple[Probe, ...] = (
           lambda why: {"qp": QpFacts(ran=False, why=why, failed=why)}, frozenset({"fabric"}), live_only=True,
           replay=lambda run: {"qp": QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")}),
     Probe("route", "route probe (ip route get, ARP sysctls)", "fabric_s",
-          (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("proc/sys/net/ipv4/conf", "tree")),
+          (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("ip-rule.json"),
+           Artifact("proc/sys/net/ipv4/conf", "tree")),
           _route_read, _route_facts, _route_failed, frozenset({"fabric"}), copy=_route_copy),
     Probe("gpu", "GPU probe (NVML, CUDA driver)", _gpu_bound,
           (Artifact("gpu.json"),) + tuple(Artifact(n, "text", KERNEL_LOG_MAX_BYTES) for n in KERNEL_LOGS),

@@ -6,16 +6,20 @@ Facts for ``fabric.route`` (the route to each peer leaves by the netdev of the s
 and ``fleet.versions`` (kernel, BIOS, rdma-core).
 
 Sources, live (root ``/``):
-- ``ip -j route get <peer> from <fabric-ip>`` (iproute2; the kernel's FIB lookup, policy rules
-  included), one bounded subprocess per peer;
+- the kernel's FIB lookup for ``<peer> from <fabric-ip>`` (policy rules included): over rtnetlink
+  through pyroute2 (``RTM_GETROUTE``), else ``ip -j route get`` (iproute2), one bounded call per peer;
+- for a capture, the routing tables (``ip -j route show table all`` form) and the policy rules
+  (``ip -j rule show`` form) through pyroute2, else iproute2;
 - ``/proc/sys/net/ipv4/conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` (the kernel uses
   the larger of "all" and the interface's value for each: Documentation/networking/ip-sysctl.rst);
 - ``/proc/sys/kernel/osrelease``, ``/sys/class/dmi/id/bios_version``, the rdma-core version from the
   ``libibverbs.so.1.<abi>.<rdma-core>.0`` file name.
 
 In a replay the same readings come from the snapshot (:mod:`afddiag.probes.registry` knows its
-layout); a table lookup there is done by longest prefix then lowest metric (policy routing not
-seen). Never raises: what cannot be read is None with a note.
+layout); without a recorded ``ip route get`` the lookup is redone from the tables: the policy rules
+in priority order (:func:`lookup_policy`, as the kernel's ``fib_rules_lookup``), each rule's table
+by longest prefix then lowest metric; without recorded rules, the main table alone. Never raises:
+what cannot be read is None with a note.
 """
 
 from __future__ import annotations
@@ -57,6 +61,195 @@ def _read_int(path: str, root: str = "/") -> int | None:
         return None
 
 
+RT_TABLES = {253: "default", 254: "main", 255: "local"}  # /etc/iproute2/rt_tables' reserved names
+RTN_TYPES = {1: "unicast", 2: "local", 3: "broadcast", 4: "anycast", 5: "multicast", 6: "blackhole",
+             7: "unreachable", 8: "prohibit", 9: "throw", 10: "nat"}  # linux/rtnetlink.h RTN_*
+FR_ACTIONS = {1: "lookup", 2: "goto", 3: "nop", 6: "blackhole", 7: "unreachable", 8: "prohibit"}  # FR_ACT_*
+FIB_RULE_INVERT = 0x2
+_REFUSE = ("blackhole", "unreachable", "prohibit")
+
+
+def table_name(v: Any) -> str:
+    """A routing table id or name as ``ip -j`` prints it: 254/"254"/"main" → "main", 255 → "local",
+    253 → "default", others as the number's text."""
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        return str(v) if v not in (None, "") else "main"
+    return RT_TABLES.get(n, str(n))
+
+
+def _iproute():
+    """pyroute2's ``IPRoute`` class, or None when pyroute2 is not installed (iproute2 is used then)."""
+    try:
+        from pyroute2 import IPRoute
+    except Exception:  # noqa: BLE001 - ImportError, or a broken install
+        return None
+    return IPRoute
+
+
+def _ifnames(ipr: Any) -> dict[int, str]:
+    return {link["index"]: link.get("ifname") for link in ipr.get_links()}
+
+
+def _prefix(addr: Any, length: int, host_len: int = 32) -> str:
+    return "default" if not addr or (not length and addr in ("0.0.0.0", None)) else (
+        str(addr) if length == host_len else f"{addr}/{length}")
+
+
+def netlink_routes() -> list[dict[str, Any]] | None:
+    """Every IPv4 route of every table over rtnetlink (pyroute2 ``RTM_GETROUTE`` dump), as
+    ``ip -j route show table all`` prints them (``dst``, ``dev``, ``gateway``, ``prefsrc``,
+    ``metric``, ``table``, ``type``); None without pyroute2. Raises OSError (NetlinkError) on failure."""
+    import socket
+
+    IPRoute = _iproute()
+    if IPRoute is None:
+        return None
+    out = []
+    with IPRoute() as ipr:
+        names = _ifnames(ipr)
+        for r in ipr.route("dump", family=socket.AF_INET):
+            row = {"dst": _prefix(r.get("dst"), r["dst_len"]), "table": table_name(r.get("table") or r["table"]),
+                   "type": RTN_TYPES.get(r["type"], str(r["type"]))}
+            if r.get("oif") is not None:
+                row["dev"] = names.get(r.get("oif"), str(r.get("oif")))
+            for key, attr in (("gateway", "gateway"), ("prefsrc", "prefsrc"), ("metric", "priority")):
+                if r.get(attr) is not None:
+                    row[key] = r.get(attr)
+            out.append(row)
+    return out
+
+
+def netlink_rules() -> list[dict[str, Any]] | None:
+    """The IPv4 policy rules over rtnetlink (pyroute2 ``RTM_GETRULE``), as ``ip -j rule show``
+    prints them (``priority``, ``src``/``srclen``, ``dst``/``dstlen``, ``iif``, ``oif``, ``fwmark``,
+    ``not``, ``table`` or ``action``); None without pyroute2. Raises OSError on failure."""
+    import socket
+
+    IPRoute = _iproute()
+    if IPRoute is None:
+        return None
+    out = []
+    with IPRoute() as ipr:
+        for r in ipr.get_rules(family=socket.AF_INET):
+            row: dict[str, Any] = {"priority": r.get("priority") or 0,
+                                   "src": r.get("src") or "all"}
+            if r.get("src") and r["src_len"] != 32:
+                row["srclen"] = r["src_len"]
+            if r.get("dst"):
+                row["dst"] = r.get("dst")
+                if r["dst_len"] != 32:
+                    row["dstlen"] = r["dst_len"]
+            for key, attr in (("iif", "iifname"), ("oif", "oifname"), ("fwmark", "fwmark")):
+                if r.get(attr):
+                    row[key] = r.get(attr)
+            if r["flags"] & FIB_RULE_INVERT:
+                row["not"] = True
+            action = FR_ACTIONS.get(r["action"], str(r["action"]))
+            if action == "lookup":
+                row["table"] = table_name(r.get("table") or r["table"])
+            else:
+                row["action"] = action
+            out.append(row)
+    return out
+
+
+def netlink_route_get(peer: str, fabric_ip: str | None) -> Any:
+    """The kernel's route to ``peer`` from ``fabric_ip`` (``RTM_GETROUTE`` with ``RTA_DST``/``RTA_SRC``,
+    what ``ip route get <peer> from <fabric-ip>`` asks) as ``ip -j route get`` prints it, or
+    ``{"error": why}``; None without pyroute2. Never raises."""
+    IPRoute = _iproute()
+    if IPRoute is None:
+        return None
+    try:
+        with IPRoute() as ipr:
+            kw = {"dst": peer} | ({"src": fabric_ip} if fabric_ip else {})
+            r = ipr.route("get", **kw)[0]
+            dev = _ifnames(ipr).get(r.get("oif")) if r.get("oif") is not None else None
+    except Exception as e:  # noqa: BLE001 - NetlinkError(101, 'Network is unreachable') and the like
+        code = getattr(e, "code", None)
+        return {"error": os.strerror(code) if isinstance(code, int) and code > 0 else str(e)}
+    return [{"dst": peer, "dev": dev, "gateway": r.get("gateway"), "prefsrc": r.get("prefsrc")}]
+
+
+def _in(addr: ipaddress.IPv4Address, prefix: Any, length: Any) -> bool:
+    if prefix in (None, "", "all", "default"):
+        return True
+    try:
+        text = str(prefix) if "/" in str(prefix) else f"{prefix}/{int(length) if length is not None else 32}"
+        return addr in ipaddress.IPv4Network(text, strict=False)
+    except ValueError:
+        return False
+
+
+def rule_matches(rule: dict[str, Any], peer: str, src: str | None) -> bool:
+    """Does a policy rule (``ip -j rule show`` form) select a locally sent packet to ``peer`` from
+    ``src``? ``from``/``to`` by prefix; a rule naming an input interface other than ``lo``, an
+    output interface or a fwmark selects nothing here (the engine's packets carry no mark and are not
+    bound to an interface); ``not`` inverts the selectors."""
+    dst = ipaddress.IPv4Address(peer)
+    sel = True
+    if rule.get("src") not in (None, "all"):
+        sel = src is not None and _in(ipaddress.IPv4Address(src), rule.get("src"), rule.get("srclen"))
+    if sel and rule.get("dst") not in (None, "all"):
+        sel = _in(dst, rule.get("dst"), rule.get("dstlen"))
+    if rule.get("iif") not in (None, "lo") or rule.get("oif") or rule.get("fwmark"):
+        sel = False
+    return (not sel) if rule.get("not") else sel
+
+
+def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table: list[dict[str, Any]],
+                  label: str = "policy rules + route tables") -> RouteResult:
+    """The route to ``peer`` from ``src`` the way the kernel finds it (``fib_rules_lookup``): rules
+    by priority; the first selecting rule whose table holds a unicast route to ``peer`` (longest
+    prefix, lowest metric) gives it; a blackhole/unreachable/prohibit rule or route ends the lookup
+    with that error; ``nop``, ``goto`` and ``throw`` go on. ``label`` names the source."""
+    try:
+        ipaddress.IPv4Address(peer)
+    except ValueError:
+        return RouteResult(peer, error=f"{peer!r} is not IPv4", source=label)
+    ordered = sorted((r for r in rules if isinstance(r, dict)), key=lambda r: int(r.get("priority") or 0))
+    for r in ordered:
+        if not rule_matches(r, peer, src):
+            continue
+        action = r.get("action") or "lookup"
+        where = f"{label}: rule {r.get('priority', 0)}"
+        if action in _REFUSE:
+            return RouteResult(peer, error=f"policy rule {r.get('priority', 0)} says {action}", source=where)
+        if action != "lookup":
+            continue
+        name = table_name(r.get("table"))
+        rows = [x for x in table if isinstance(x, dict) and table_name(x.get("table", "main")) == name]
+        hit = _longest_prefix(peer, rows, types=("unicast",) + _REFUSE)
+        if hit is None:
+            continue
+        if hit.get("type", "unicast") in _REFUSE:
+            return RouteResult(peer, error=f"{hit['type']} route in table {name}", source=f"{where} → table {name}")
+        return RouteResult(peer, dev=hit.get("dev"), src=hit.get("prefsrc"), via=hit.get("gateway"),
+                           source=f"{where} → table {name}")
+    return RouteResult(peer, error="Network is unreachable (no policy rule's table has a route)", source=label)
+
+
+def _longest_prefix(peer: str, rows: list[dict[str, Any]], types: tuple[str, ...] = ("unicast",)) -> dict[str, Any] | None:
+    addr = ipaddress.IPv4Address(peer)
+    best: tuple[int, int, dict[str, Any]] | None = None
+    for r in rows:
+        if not isinstance(r, dict) or r.get("type", "unicast") not in types:
+            continue
+        dst = r.get("dst", "")
+        try:
+            net = ipaddress.IPv4Network("0.0.0.0/0" if dst == "default" else dst, strict=False)
+        except ValueError:
+            continue
+        if addr not in net:
+            continue
+        key = (net.prefixlen, -int(r.get("metric", 0) or 0))
+        if best is None or key > best[:2]:
+            best = (key[0], key[1], r)
+    return best[2] if best else None
+
+
 def route_from_get_json(peer: str, obj: Any, source: str) -> RouteResult:
     """One ``ip -j route get`` output (a list holding one object, or the object) → :class:`RouteResult`."""
     if isinstance(obj, list):
@@ -75,33 +268,24 @@ def lookup_table(peer: str, table: list[dict[str, Any]], src: str = "route table
     tie); unicast routes of the main table only (``type`` absent or "unicast", ``table`` absent or main).
     ``src`` labels the result's source."""
     try:
-        addr = ipaddress.IPv4Address(peer)
+        ipaddress.IPv4Address(peer)
     except ValueError:
         return RouteResult(peer, error=f"{peer!r} is not IPv4", source=src)
-    best: tuple[int, int, dict[str, Any]] | None = None
-    for r in table:
-        if not isinstance(r, dict) or r.get("type", "unicast") != "unicast" or \
-                str(r.get("table", "main")) not in ("main", "254"):
-            continue  # `ip -j route show table all` also lists local, broadcast and policy tables
-        dst = r.get("dst", "")
-        try:
-            net = ipaddress.IPv4Network("0.0.0.0/0" if dst == "default" else dst, strict=False)
-        except ValueError:
-            continue
-        if addr not in net:
-            continue
-        key = (net.prefixlen, -int(r.get("metric", 0) or 0))
-        if best is None or key > best[:2]:
-            best = (key[0], key[1], r)
-    if best is None:
+    # `ip -j route show table all` also lists local, broadcast and policy tables: the main table only
+    r = _longest_prefix(peer, [x for x in table if isinstance(x, dict) and table_name(x.get("table", "main")) == "main"])
+    if r is None:
         return RouteResult(peer, error="Network is unreachable (no matching route)", source=src)
-    r = best[2]
     return RouteResult(peer, dev=r.get("dev"), src=r.get("prefsrc"), via=r.get("gateway"), source=src)
 
 
 def route_get(peer: str, fabric_ip: str | None, timeout_s: float) -> Any:
-    """``ip -j route get <peer> [from <fabric-ip>]`` output (a list of one route object), or
-    ``{"error": why}`` (no iproute2, a timeout, "Network is unreachable"). Never raises."""
+    """The kernel's route to ``peer`` from ``fabric_ip`` in ``ip -j route get`` form (a list of one
+    route object), or ``{"error": why}`` ("Network is unreachable", no iproute2, a timeout): over
+    rtnetlink with pyroute2 (:func:`netlink_route_get`), else ``ip -j route get <peer> [from <ip>]``.
+    Never raises."""
+    got = netlink_route_get(peer, fabric_ip)
+    if got is not None:
+        return got
     cmd = ["ip", "-j", "route", "get", peer] + (["from", fabric_ip] if fabric_ip else [])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -119,8 +303,11 @@ def route_get(peer: str, fabric_ip: str | None, timeout_s: float) -> Any:
 
 
 def route_table(timeout_s: float = 5.0) -> Any:
-    """``ip -j route show table all`` (a list of route objects); None without iproute2. Raises
-    OSError when ``ip`` fails."""
+    """Every route of every table in ``ip -j route show table all`` form: pyroute2
+    (:func:`netlink_routes`), else iproute2; None with neither. Raises OSError when the read fails."""
+    got = netlink_routes()
+    if got is not None:
+        return got
     exe = shutil.which("ip")
     if not exe:
         return None
@@ -128,6 +315,21 @@ def route_table(timeout_s: float = 5.0) -> Any:
                        timeout=timeout_s)
     if p.returncode != 0:
         raise OSError(f"ip -j route show table all: rc {p.returncode}: {p.stderr.strip()[:200]}")
+    return json.loads(p.stdout or "[]")
+
+
+def rule_table(timeout_s: float = 5.0) -> Any:
+    """The IPv4 policy rules in ``ip -j rule show`` form: pyroute2 (:func:`netlink_rules`), else
+    ``ip -j rule show``; None with neither. Raises OSError when the read fails."""
+    got = netlink_rules()
+    if got is not None:
+        return got
+    exe = shutil.which("ip")
+    if not exe:
+        return None
+    p = subprocess.run([exe, "-j", "-4", "rule", "show"], capture_output=True, text=True, timeout=timeout_s)
+    if p.returncode != 0:
+        raise OSError(f"ip -j rule show: rc {p.returncode}: {p.stderr.strip()[:200]}")
     return json.loads(p.stdout or "[]")
 
 
