@@ -233,7 +233,7 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
 
         preinit_cuda()  # the CUDA driver initialises while the rest of the pipeline is imported
     rep, _ = _diagnose(cmd, make_inputs(**kw))
-    record_run(rep, cmd, enabled=not no_history)
+    record_run(rep, cmd, enabled=not no_history, busy_s=kw.get("timeout_s"))
     if output or fmt == "prometheus":
         from afddiag.prometheus import write_report
 
@@ -431,8 +431,11 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
                                "another host's data: give one of them")
     if prom_path:
         need_prometheus()
+    from afddiag.termsafe import cleaned
+
     rep, obs = _diagnose("preflight", make_inputs(**kw))
-    record_run(rep, "preflight", enabled=not no_history)
+    record_run(rep, "preflight", enabled=not no_history, busy_s=kw.get("timeout_s"))
+    shown = cleaned({"diagnosis": rep.get("diagnosis", []), "host": rep["host"], "gates": rep["gates"]})
     code = rep["exit_code"]
     if code == 1 and not strict:
         code = 0
@@ -440,17 +443,17 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
     role = rep["inputs"]["role"]
     if code == 0:
         warned = [g["id"] for g in rep["gates"] if g["verdict"] == "WARN"]
-        line = (f"afddiag preflight: {role} on {rep['host']}: OK ({c['PASS']} pass, {c['WARN']} warn, "
+        line = (f"afddiag preflight: {role} on {shown['host']}: OK ({c['PASS']} pass, {c['WARN']} warn, "
                 f"{c['SKIP']} skip)" + (f"; warn: {', '.join(warned)}" if warned else ""))
         click.echo(line, err=export)
         if resume:
             from afddiag.slurm import resume_node
 
-            resume_node()
+            resume_node(timeout_s=kw.get("timeout_s") or 30.0)
     else:
-        faults = [d for d in rep.get("diagnosis", []) if d["verdict"] in ("FAIL", "ERROR")
+        faults = [d for d in shown["diagnosis"] if d["verdict"] in ("FAIL", "ERROR")
                   or (strict and d["verdict"] == "WARN")]
-        click.echo(f"afddiag preflight: {role} on {rep['host']}: NOT FIT (exit {code})", err=True)
+        click.echo(f"afddiag preflight: {role} on {shown['host']}: NOT FIT (exit {code})", err=True)
         for d in faults:
             click.echo(f"  {d['verdict']} {d['gate']}: {d['summary']}", err=True)
             click.echo(f"       remedy: {d['remedy']} [{d['action']}]", err=True)
@@ -460,7 +463,7 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         if drain and needs:
             from afddiag.slurm import drain_node
 
-            drain_node([d["gate"] for d in needs])
+            drain_node([d["gate"] for d in needs], timeout_s=kw.get("timeout_s") or 30.0)
         elif drain:
             click.echo("afddiag preflight --drain: not drained: no fault's action needs the node drained ("
                        + ", ".join(sorted({d["action"] for d in faults})) + "): fix the launch settings", err=True)

@@ -364,9 +364,13 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
 def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
     """The fleet table: one row per host (status, exit, counts, failing gates or the error), then
     one row per fleet gate with its remedy. Plain full-width text when ``out`` is not a terminal;
-    on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing."""
-    out = out or sys.stdout
+    on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing. Names
+    and a remote's stderr are shown with control characters escaped (:mod:`afddiag.termsafe`)."""
     from afddiag.render import COLORS, console_for, gate_table, write_gate_lines
+    from afddiag.termsafe import cleaned
+
+    fr = cleaned(fr)
+    out = out or sys.stdout
 
     con = console_for(out, width)
     w = max([len(r["name"]) for r in fr["hosts"]] + [4])
@@ -455,7 +459,10 @@ class Progress:
     def __call__(self, host: str, state: str) -> None:
         """Write ``[  12.3s] host: state`` (nothing with ``quiet``)."""
         if not self.quiet:
-            self.stream.write(f"[{time.monotonic() - self.t0:6.1f}s] {host}: {state}\n")
+            from afddiag.termsafe import clean
+
+            self.stream.write(clean(f"[{time.monotonic() - self.t0:6.1f}s] {host}: {state}", keep_newlines=False)
+                              + "\n")
             self.stream.flush()
 
 

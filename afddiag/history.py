@@ -70,19 +70,22 @@ def _limit(env: str, default: int, scale: int = 1) -> int:
         return default
 
 
-def connect(path: str | os.PathLike | None = None, create: bool = True) -> sqlite3.Connection:
-    """Open the store (made with its folder when ``create``), in WAL mode with a busy timeout, in
-    autocommit mode (callers ``BEGIN IMMEDIATE`` themselves). Raises sqlite3.Error or OSError."""
+def connect(path: str | os.PathLike | None = None, create: bool = True,
+            busy_s: float | None = None) -> sqlite3.Connection:
+    """Open the store (made with its folder when ``create``), in WAL mode with a busy timeout
+    (``busy_s``, default :data:`BUSY_TIMEOUT_S`: how long a held lock is waited for), in autocommit
+    mode (callers ``BEGIN IMMEDIATE`` themselves). Raises sqlite3.Error or OSError."""
+    busy = BUSY_TIMEOUT_S if busy_s is None else max(0.05, min(BUSY_TIMEOUT_S, busy_s))
     p = Path(path) if path else default_path()
     if create:
         p.parent.mkdir(parents=True, exist_ok=True)
     elif not p.exists():
         raise FileNotFoundError(f"no history yet ({p})")
-    con = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    con = sqlite3.connect(str(p), timeout=busy, isolation_level=None)
     try:
-        con.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        con.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
         if create:
-            deadline = time.monotonic() + BUSY_TIMEOUT_S
+            deadline = time.monotonic() + busy
             while True:  # switching to WAL needs a moment alone with the file
                 try:
                     con.execute("PRAGMA journal_mode = WAL")
@@ -143,10 +146,12 @@ def prune(con: sqlite3.Connection, max_runs: int | None = None, max_bytes: int |
     return len(rows) - keep
 
 
-def append(report: dict[str, Any], command: str, path: str | os.PathLike | None = None) -> int:
-    """Append one run to the store and prune it, in one transaction → the run id.
-    Raises sqlite3.Error or OSError when the store cannot be written."""
-    con = connect(path)
+def append(report: dict[str, Any], command: str, path: str | os.PathLike | None = None,
+           busy_s: float | None = None) -> int:
+    """Append one run to the store and prune it, in one transaction → the run id. ``busy_s``: how
+    long a lock held by another run is waited for. Raises sqlite3.Error or OSError when the store
+    cannot be written."""
+    con = connect(path, busy_s=busy_s)
     try:
         con.execute("BEGIN IMMEDIATE")
         try:
@@ -154,25 +159,35 @@ def append(report: dict[str, Any], command: str, path: str | os.PathLike | None 
             prune(con)
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            try:  # a full disk can end the transaction itself: the original error is the one to say
+                con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
             raise
         return rid
     finally:
         con.close()
 
 
-def record_run(report: dict[str, Any], command: str, enabled: bool = True) -> int | None:
+def record_run(report: dict[str, Any], command: str, enabled: bool = True,
+               busy_s: float | None = None) -> int | None:
     """:func:`append`, never raising: the run id, or None when disabled or the store could not be
-    written (said on stderr the first time in this process)."""
+    written (said on stderr the first time in this process). ``busy_s`` (the run's --timeout) bounds
+    the wait for a lock another run holds."""
     global _warned
     if not enabled:
         return None
     try:
-        return append(report, command)
+        return append(report, command, busy_s=busy_s)
     except (sqlite3.Error, OSError) as e:
         if not _warned:
             _warned = True
-            print(f"afddiag: history not written ({default_path()}: {e}); the report is unaffected "
+            why = str(e)
+            if (isinstance(e, sqlite3.OperationalError) and "full" in why) or getattr(e, "errno", None) == 28:
+                why = "no space left on the device"
+            elif isinstance(e, sqlite3.OperationalError) and "locked" in why:
+                why = f"held by another run for over {busy_s if busy_s is not None else BUSY_TIMEOUT_S:g} s"
+            print(f"afddiag: history not written ({default_path()}: {why}); the report is unaffected "
                   "(--no-history skips it)", file=sys.stderr)
         return None
 

@@ -167,7 +167,10 @@ def render(report: dict[str, Any], command: str = "all") -> str:
     that made it (a label). Raises :class:`PrometheusUnavailable` without prometheus_client."""
     from prometheus_client import generate_latest
 
-    return generate_latest(registry_for(report, command)).decode("utf-8")
+    from afddiag.termsafe import cleaned
+
+    # label values from the host (device names: a non-UTF-8 one is a lone surrogate) as escapes
+    return generate_latest(registry_for(cleaned(report), command)).decode("utf-8")
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -29,6 +29,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from afddiag import proc
+
 REASON_MAX_CHARS = 200  # Slurm keeps long reasons, but `sinfo -R` shows the first few dozen characters
 REASON_PREFIX = "afddiag:"
 _OUT_OF_SERVICE = ("drain", "down", "fail", "maint", "reboot")  # sinfo %T words of a node taken out
@@ -105,7 +107,7 @@ def node_state(node: str | None = None, timeout_s: float = 30.0) -> NodeState:
     if os.sep not in argv[0] and shutil.which(argv[0]) is None:
         return NodeState(why=f"{argv[0]} not found (install Slurm's client or set AFDDIAG_SINFO)")
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        p = proc.run(argv, timeout_s)
     except (OSError, subprocess.SubprocessError) as e:
         return NodeState(why=f"{shlex.join(argv)}: {e}")
     if p.returncode != 0:
@@ -124,7 +126,7 @@ def _scontrol(what: str, argv: list[str], timeout_s: float) -> bool:
         _say(what, f"{argv[0]} not found: the node was NOT {done} (install Slurm's client or set AFDDIAG_SCONTROL)")
         return False
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        p = proc.run(argv, timeout_s)
     except (OSError, subprocess.SubprocessError) as e:
         _say(what, f"{shlex.join(argv)}: {e}: the node was NOT {done}")
         return False
@@ -138,11 +140,15 @@ def _scontrol(what: str, argv: list[str], timeout_s: float) -> bool:
 def drain_node(failing: list[str], node: str | None = None, timeout_s: float = 30.0) -> bool:
     """Drain ``node`` with reason ``afddiag: <failing>`` unless someone else's drain is on it; say on
     stderr what was done or why not. Returns True when the node is drained by afddiag afterwards (now
-    or already, with this reason). Never raises."""
+    or already, with this reason). Never raises. ``timeout_s`` bounds the whole: sinfo and scontrol
+    together (each child killed with its process group at the bound)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
     node = node or node_name()
     argv = drain_command(failing, node)
     reason = argv[-1].split("=", 1)[1]
-    st = node_state(node, timeout_s)
+    st = node_state(node, timeout_s / 2)
     if st.why:
         _say("drain", f"node {node}'s state not read ({st.why}): the node was NOT drained (an admin's reason "
              "could be on it; afddiag never overwrites one)")
@@ -154,7 +160,7 @@ def drain_node(failing: list[str], node: str | None = None, timeout_s: float = 3
     if st.out_of_service and st.reason == reason:
         _say("drain", f"node {node} stays drained ({reason})")
         return True
-    if not _scontrol("drain", argv, timeout_s):
+    if not _scontrol("drain", argv, max(0.1, deadline - time.monotonic())):
         return False
     _say("drain", f"drained {node} (reason={reason})")
     return True
@@ -162,9 +168,13 @@ def drain_node(failing: list[str], node: str | None = None, timeout_s: float = 3
 
 def resume_node(node: str | None = None, timeout_s: float = 30.0) -> bool:
     """Resume ``node`` when it is out of service with an ``afddiag:`` reason (afddiag drained it and it
-    is fit now); leave any other state alone. Returns True when it was resumed. Never raises."""
+    is fit now); leave any other state alone. Returns True when it was resumed. Never raises.
+    ``timeout_s`` bounds sinfo and scontrol together."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
     node = node or node_name()
-    st = node_state(node, timeout_s)
+    st = node_state(node, timeout_s / 2)
     if st.why:
         _say("resume", f"node {node}'s state not read ({st.why}): the node was NOT resumed")
         return False
@@ -174,7 +184,7 @@ def resume_node(node: str | None = None, timeout_s: float = 30.0) -> bool:
         _say("resume", f"node {node} is {st.state} (reason: {st.reason or 'none'}), not drained by afddiag: "
              "left as it is")
         return False
-    if not _scontrol("resume", resume_command(node), timeout_s):
+    if not _scontrol("resume", resume_command(node), max(0.1, deadline - time.monotonic())):
         return False
     _say("resume", f"resumed {node} (was {st.state}: {st.reason})")
     return True

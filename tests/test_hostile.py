@@ -568,3 +568,188 @@ def test_8_example_launchers_never_run_a_line_afddiag_refused(tmp_path, script, 
     assert p.returncode == 64, p.stderr
     assert "refusing to start" in p.stderr and "metacharacter ';'" in p.stderr
     assert not flag.exists()  # the launcher did not source the file before afddiag read it
+
+
+# 5. a probe that timed out or could not read is ERROR, never SKIP ---------------------------------
+
+def test_5_a_timed_out_route_probe_is_error_not_skip(monkeypatch, capsys):
+    import dataclasses
+    import time
+
+    from afddiag.probes import registry
+
+    def hang(probe):
+        real = probe.facts
+
+        def facts(run_, r, progress):
+            time.sleep(4)  # ip route get / the sysctls hung
+            return real(run_, r, progress)
+
+        return dataclasses.replace(probe, facts=facts) if probe.name == "route" else probe
+
+    monkeypatch.setattr(registry, "PROBES", tuple(hang(p) for p in registry.PROBES))
+    fip = json.loads((FAB / "case.json").read_text())["fabric_ip"]
+    code = run(["fabric", "--snapshot", str(FAB), "--fabric-ip", fip, "--peer", "10.0.0.9", "--json", "--no-history",
+                "--timeout", "1"])
+    rep = json.loads(capsys.readouterr().out)
+    route = next(g for g in rep["gates"] if g["id"] == "fabric.route")
+    assert route["verdict"] == "ERROR" and "route" in route["summary"], route
+    assert code in (2, 3)
+
+
+def test_5_a_route_lookup_that_timed_out_is_error_not_no_route():
+    from afddiag.probes.route import route_from_get_json
+
+    r = route_from_get_json("10.0.0.9", {"error": "ip route get did not answer within 1 s", "failed": True}, "ip")
+    assert r.failed
+    from afddiag.gates.fabric import route as route_gate
+    from afddiag.model.fabric import RouteFacts
+
+    from afddiag.collect import Inputs, Observation
+    from afddiag.gates import Context, resolve_fabric_ip
+    from afddiag.probes.sysfs import probe_fabric
+
+    fab = probe_fabric(str(FAB))
+    case = json.loads((FAB / "case.json").read_text())
+    obs = Observation(host="h", source="t", fabric=fab,
+                      route=RouteFacts(fabric_ip=case["fabric_ip"], routes=[r], routes_captured=True))
+    inputs = Inputs(fabric_ip=case["fabric_ip"], peers=["10.0.0.9"])
+    v = route_gate(Context(obs, inputs, resolve_fabric_ip(fab, inputs.fabric_ip)))
+    assert v.verdict == "ERROR" and "did not answer" in v.summary
+
+
+def test_5_an_unreadable_infiniband_class_is_error_not_no_device(tmp_path, monkeypatch):
+    import errno as _errno
+
+    from afddiag.probes import sysfs
+
+    real = os.listdir
+
+    def denied(path="."):
+        if str(path).endswith("sys/class/infiniband"):
+            raise PermissionError(_errno.EACCES, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(sysfs.os, "listdir", denied)
+    facts = sysfs.probe_fabric(str(FAB))
+    assert facts.failed and "Permission denied" in facts.failed
+    from afddiag.gates.fabric import rdma_present  # noqa: F401 - the gate below reads facts.failed
+    from afddiag.gates import probe_failed
+
+    assert probe_failed("fabric.rdma-present", facts).verdict == "ERROR"
+
+
+# 9. / 10. children in their own process group; fixed delays inside --timeout ----------------------
+
+def _hung_tool(tmp_path, name):
+    """A fake ``name`` that starts a grandchild (pid in tmp_path/child.pid) and hangs."""
+    tool = tmp_path / name
+    tool.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path}/child.pid\nsleep 300\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def _gone(pid: int, within_s: float = 3.0) -> bool:
+    import time
+
+    t = time.monotonic() + within_s
+    while time.monotonic() < t:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1].startswith("Z"):
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_9_a_hung_ip_leaves_no_orphan(tmp_path, monkeypatch):
+    import time
+
+    from afddiag.probes.route import route_get
+
+    _hung_tool(tmp_path, "ip")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    t0 = time.monotonic()
+    got = route_get("10.0.0.9", None, 0.5)
+    assert time.monotonic() - t0 < 3 and got.get("failed") and "did not answer" in got["error"]
+    pid = int((tmp_path / "child.pid").read_text())
+    assert _gone(pid), f"grandchild {pid} outlived the bound"
+
+
+def test_10_drain_with_a_hung_scontrol_stays_inside_its_bound(tmp_path, monkeypatch, capsys):
+    import time
+
+    from afddiag import slurm
+
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'idle|none'\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("AFDDIAG_SINFO", str(sinfo))
+    monkeypatch.setenv("AFDDIAG_SCONTROL", str(_hung_tool(tmp_path, "scontrol")))
+    t0 = time.monotonic()
+    assert slurm.drain_node(["fabric.link"], "n1", timeout_s=1.0) is False
+    assert time.monotonic() - t0 < 2.5
+    assert _gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_10_a_held_history_lock_waits_no_longer_than_the_timeout(tmp_path, monkeypatch, capsys):
+    import sqlite3
+    import time
+
+    from afddiag import history
+
+    rep = {"gates": [], "host": "h", "exit_code": 0, "counts": {}}
+    history.record_run(rep, "all")  # the store exists
+    holder = sqlite3.connect(str(history.default_path()), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        t0 = time.monotonic()
+        assert history.record_run(rep, "all", busy_s=0.5) is None
+        assert time.monotonic() - t0 < 2
+        assert "held by another run" in capsys.readouterr().err
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+# 10. escape sequences from untrusted text never reach the terminal --------------------------------
+
+def test_10_device_name_escape_sequences_are_escaped_in_table_and_output(tmp_path, capsys):
+    snap = _snap(tmp_path)
+    ib = snap / "sys/class/infiniband"
+    victim = sorted(os.listdir(ib))[0]
+    evil = victim + "\x1b]0;pwned\x07\x1b[2J"
+    os.rename(ib / victim, ib / evil)
+    code = run(["fabric", "--snapshot", str(snap), "--no-history"])
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "\\x1b]0;pwned" in out
+    assert code in (0, 1, 2, 3)
+
+
+def test_10_a_non_utf8_device_name_with_output_is_written_not_a_traceback(tmp_path, capsys):
+    snap = _snap(tmp_path)
+    ib = snap / "sys/class/infiniband"
+    victim = sorted(os.listdir(ib))[0]
+    os.rename(os.fsencode(ib / victim), os.fsencode(ib) + b"/" + os.fsencode(victim) + b"\xff")
+    for fmt in (["--json"], [], ["--format", "prometheus"]):
+        out = tmp_path / "r.out"
+        code = run(["fabric", "--snapshot", str(snap), "--no-history", "--output", str(out)] + fmt)
+        err = capsys.readouterr().err
+        assert code in (0, 1, 2, 3) and "Traceback" not in err, (fmt, err)
+        assert out.stat().st_size > 0
+
+
+def test_10_remote_stderr_escapes_are_escaped_in_the_fleet_table():
+    import io
+
+    from afddiag.fleet import judge, write_fleet_table
+    from afddiag.gates.fleet import HostResult
+
+    fr = judge([HostResult(name="h\x1b[31m", target="t", error="exit 1: not JSON; stderr: \x1b[2J\x9bboom")])
+    buf = io.StringIO()
+    write_fleet_table(fr, buf)
+    assert "\x1b" not in buf.getvalue() and "\x9b" not in buf.getvalue() and "\\x1b[2J" in buf.getvalue()

@@ -491,9 +491,16 @@ def route(ctx: Context) -> Verdict:
     if isinstance(e, Verdict):
         return e
     rf = ctx.obs.route
+    if (v := probe_failed(gid, rf)) is not None:  # timed out or crashed: not evidence of "no route"
+        return v
     if rf is None or not rf.captured or not rf.routes_captured:
         why = "; ".join(rf.notes) if rf is not None and rf.notes else "route probe not run"
         return Verdict(gid, SKIP, f"routes not captured: {why}", remedy("snapshot.route"))
+    lost = [r for r in rf.routes if r.failed]
+    if lost:
+        why = "; ".join(f"peer {r.peer}: {r.error}" for r in lost)
+        return Verdict(gid, ERROR, f"not judged: route lookup failed ({why})", PROBE_FAILED_REMEDY,
+                       {"probe_failed": why})
     ip = ctx.fabric_ip.ip
     rows = [{"peer": r.peer, "dev": r.dev, "src": r.src, "via": r.via, "error": r.error, "source": r.source}
             for r in rf.routes]
@@ -549,6 +556,8 @@ def arp(ctx: Context) -> Verdict:
                        for n, v in sorted(nets.items())) or "no IPv4 on the RDMA netdevs") + "): ARP replies "
                        "leave by the port the request came in on", "nothing to do", facts)
     rf = ctx.obs.route
+    if (v := probe_failed(gid, rf)) is not None:
+        return v
     if rf is None or not rf.sysctl_captured:
         why = "; ".join(rf.notes) if rf is not None and rf.notes else "not probed"
         return Verdict(gid, SKIP, f"{', '.join(f'{n} share {k}' for k, n in ((k, ' and '.join(v)) for k, v in shared.items()))}"

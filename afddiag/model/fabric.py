@@ -274,6 +274,7 @@ class RouteResult:
     via: str | None = None  # gateway, None when on-link
     error: str | None = None  # why there is no route ("Network is unreachable", ...)
     source: str = ""  # "ip route get", or the snapshot file it came from
+    failed: bool = False  # the lookup itself failed (ip timed out, not installed): no evidence either way
 
 
 @dataclass
@@ -289,6 +290,7 @@ class RouteFacts:
     effective: dict[str, dict[str, int | None]] = field(default_factory=dict)
     sysctl_captured: bool = False
     notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the route probe timed out or crashed (fabric.route/fabric.arp say ERROR)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import resource
 import shutil
 import subprocess
 
+from afddiag import proc
+
 from afddiag.facts import DeviceNode, HostLimits, ImageFacts
 
 
@@ -46,7 +48,7 @@ def run_inspect(ref: str | None, timeout_s: float = 10.0) -> tuple[object | None
         if not exe:
             continue
         try:
-            p = subprocess.run([exe, "image", "inspect", ref], capture_output=True, text=True, timeout=timeout_s)
+            p = proc.run([exe, "image", "inspect", ref], timeout_s)
         except subprocess.TimeoutExpired:
             return None, engine, f"{engine} image inspect timed out after {timeout_s:g} s"
         except OSError as e:

@@ -104,9 +104,12 @@ def rdma_devices_iproute(timeout_s: float = 3.0) -> list[tuple[str, int]]:
     exe = shutil.which("rdma")
     if not exe:
         raise OSError("the rdma command (iproute2) is not installed")
-    out = subprocess.run(
-        [exe, "-j", "dev", "show"], capture_output=True, text=True, timeout=timeout_s, check=True
-    ).stdout
+    from afddiag import proc
+
+    p = proc.run([exe, "-j", "dev", "show"], timeout_s)
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)
+    out = p.stdout
     return parse_rdma_dev_json(json.loads(out or "[]"))
 
 

@@ -674,7 +674,7 @@ def _route_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: lis
 
 
 def _route_failed(why: str) -> dict[str, Any]:
-    return {"route": RouteFacts(captured=False, notes=[why])}
+    return {"route": RouteFacts(captured=False, notes=[why], failed=why)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 from typing import Any
 
+from afddiag import proc
 from afddiag.model.fabric import RouteFacts, RouteResult
 
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
@@ -257,7 +258,7 @@ def route_from_get_json(peer: str, obj: Any, source: str) -> RouteResult:
     if not isinstance(obj, dict):
         return RouteResult(peer, error=f"no route object for {peer}", source=source)
     if obj.get("error"):
-        return RouteResult(peer, error=str(obj["error"]), source=source)
+        return RouteResult(peer, error=str(obj["error"])[:300], source=source, failed=obj.get("failed") is True)
     return RouteResult(peer, dev=obj.get("dev"), src=obj.get("prefsrc") or obj.get("from"),
                        via=obj.get("gateway"), error=None if obj.get("dev") else "route has no device",
                        source=source)
@@ -288,11 +289,11 @@ def route_get(peer: str, fabric_ip: str | None, timeout_s: float) -> Any:
         return got
     cmd = ["ip", "-j", "route", "get", peer] + (["from", fabric_ip] if fabric_ip else [])
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        p = proc.run(cmd, timeout_s)
     except FileNotFoundError:
-        return {"error": "ip (iproute2) not installed"}
+        return {"error": "ip (iproute2) not installed", "failed": True}
     except subprocess.TimeoutExpired:
-        return {"error": f"ip route get did not answer within {timeout_s:g} s"}
+        return {"error": f"ip route get did not answer within {timeout_s:g} s", "failed": True}
     if p.returncode != 0:
         msg = (p.stderr.strip().splitlines() or [f"rc {p.returncode}"])[-1]
         return {"error": msg.replace("RTNETLINK answers: ", "")}
@@ -311,8 +312,7 @@ def route_table(timeout_s: float = 5.0) -> Any:
     exe = shutil.which("ip")
     if not exe:
         return None
-    p = subprocess.run([exe, "-j", "route", "show", "table", "all"], capture_output=True, text=True,
-                       timeout=timeout_s)
+    p = proc.run([exe, "-j", "route", "show", "table", "all"], timeout_s)
     if p.returncode != 0:
         raise OSError(f"ip -j route show table all: rc {p.returncode}: {p.stderr.strip()[:200]}")
     return json.loads(p.stdout or "[]")
@@ -390,8 +390,7 @@ def rdma_core_version(timeout_s: float = 5.0) -> dict[str, str | None]:
     if exe:
         for pkg in ("rdma-core", "libibverbs1"):
             try:
-                p = subprocess.run([exe, "-W", "-f=${Version}", pkg], capture_output=True, text=True,
-                                   timeout=timeout_s)
+                p = proc.run([exe, "-W", "-f=${Version}", pkg], timeout_s)
             except (OSError, subprocess.SubprocessError):
                 break
             if p.returncode == 0 and p.stdout.strip():

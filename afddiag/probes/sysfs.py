@@ -149,8 +149,9 @@ def probe_fabric(
         names = sorted(os.listdir(ib_dir))
     except OSError as e:
         names = []
-        if e.errno != errno.ENOENT:
-            facts.notes.append(f"{ib_dir}: {os.strerror(e.errno)}")
+        if e.errno != errno.ENOENT:  # EACCES, EIO: not "no RDMA device", a probe that could not read
+            facts.failed = f"fabric probe could not list {ib_dir} ({os.strerror(e.errno) if e.errno else e})"
+            facts.notes.append(facts.failed)
         else:
             facts.notes.append(f"{ib_dir} does not exist: no RDMA driver loaded")
     index = {n: i for n, i in (device_order or [])}
