@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +92,7 @@ class Sources:
     rules: Any = None
     rdma_core: Any = LIVE
     environ: Mapping[str, str] | None = None
-    hostname: Callable[[], str] = socket.gethostname
+    hostname: Callable[[], str] | None = None  # None: socket.gethostname()
     reader: Callable[[str], str] | None = None
 
 
@@ -245,6 +244,10 @@ def _root(run: Run) -> str:
 
 def _host_read(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "gethostname"
+    if run.host.hostname is None:
+        import socket
+
+        return {"host": socket.gethostname().strip() or "unknown"}
     return {"host": (run.host.hostname() or "").strip() or "unknown"}
 
 
