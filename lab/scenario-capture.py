@@ -7,7 +7,8 @@ Builds the incident host of lab/run-scenario.py (rxe ``zrxe0`` on va without IPv
 ``arxe1`` on vc 10.9.0.2/24; the peer 10.9.0.1 in netns ``peer``), then, in this one process:
 
 1. ``afddiag all --json --fabric-ip 10.9.0.2 --peer 10.9.0.1`` live (device map unset: the incident);
-2. ``afddiag capture -o OUTDIR/capture.tar.gz`` (the bundle the host side replays);
+2. ``afddiag capture -o OUTDIR/capture.tar.gz --fabric-ip 10.9.0.2 --peer 10.9.0.1`` (the bundle the
+   host side replays: every registered probe's readings, the route to the peer included);
 3. ``afddiag fabric --no-qp --format prometheus --output OUTDIR/afddiag.prom``;
 4. ``afddiag history --json``.
 
@@ -42,7 +43,8 @@ def main() -> int:
         live = ["all", "--json", "--timeout", "60", "--fabric-ip", FABRIC_IP, "--peer", PEER_IP]
         results["runs"]["live"] = run_cli("live", live)
         bundle = os.path.join(outdir, "capture.tar.gz")
-        results["runs"]["capture"] = run_cli("capture", ["capture", "--timeout", "60", "-o", bundle])
+        results["runs"]["capture"] = run_cli("capture", ["capture", "--timeout", "60", "-o", bundle,
+                                                         "--fabric-ip", FABRIC_IP, "--peer", PEER_IP])
         results["runs"]["prometheus"] = run_cli("prometheus", ["fabric", "--no-qp", "--fabric-ip", FABRIC_IP,
                                                                "--format", "prometheus", "--output",
                                                                os.path.join(outdir, "afddiag.prom")])

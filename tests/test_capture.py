@@ -418,3 +418,43 @@ def test_devicemap_reads_a_bundle_like_a_folder(tmp_path):
         outs.append(json.loads(res.stdout))
     assert outs[0] == outs[1] == {"192.168.100.10": "rocep1s0f1", "192.168.101.10": "roceP2p1s0f1"}
     assert set(Path(tempfile.gettempdir()).glob("afddiag-bundle-*")) == before  # extraction folder removed
+
+
+def _comparable_facts(rep: dict) -> dict:
+    """A report's facts without what names where they came from (netlink vs the bundle's file, ip
+    route get vs the captured answer), without the QP walk (live only) and without the CPU loop's
+    figures (measured again by the capture, so they differ by run)."""
+    f = json.loads(json.dumps(rep["facts"]))
+    f.pop("qp", None)
+    fab = f.get("fabric") or {}
+    for k in ("order_source", "addresses_source", "notes"):
+        fab.pop(k, None)
+    route = f.get("route") or {}
+    route.pop("notes", None)
+    for r in route.get("routes") or []:
+        r.pop("source", None)
+    cpu = f.get("cpu") or {}
+    f["cpu"] = sorted(cpu)  # which readings the CPU probe gave, not the re-measured values
+    return f
+
+
+@pytest.mark.lab
+def test_lab_every_probe_live_capture_replay_same_facts(capture_lab):
+    """Parity in the soft-RoCE lab: every registered probe ran live in the guest, the capture holds
+    what each read, the replay here turns it into the same facts and verdicts (the QP walk aside)."""
+    from afddiag.probes.registry import PROBES
+
+    live = capture_lab["runs"]["live"]["json"]
+    bundle = capture_lab["outdir"] / "capture.tar.gz"
+    replay, _ = run_json(["all", "--json", "--snapshot", str(bundle), "--fabric-ip", "10.9.0.2", "--peer", "10.9.0.1"])
+    a, b = _comparable_facts(live), _comparable_facts(replay)
+    assert a["fabric"]["devices"] and a["route"]["routes"] and a["versions"]["kernel"]  # the probes did read
+    assert a == b
+    lv = {g["id"]: g["verdict"] for g in live["gates"] if g["id"] != "fabric.qp-rtr"}
+    assert lv == {g["id"]: g["verdict"] for g in replay["gates"] if g["id"] != "fabric.qp-rtr"}
+    with tarfile.open(bundle) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    for p in PROBES:  # every probe that can be captured left its artifacts (the image probe: no AFD_IMAGE here)
+        if p.live_only or p.name == "image":
+            continue
+        assert any(n == a.name or n.startswith(a.name + "/") for a in p.artifacts for n in names), p.name
