@@ -324,6 +324,7 @@ def test_nccl_hca_port_without_ipv4_or_link_local_fails_named():
 def test_nccl_hca_rail_on_its_own_subnet_is_fine_on_the_host():
     v = fabric.devicemap_env(nccl_host("=fab:1,rail:1,dead:1"))
     assert v.verdict == PASS and "rails: rail:1 10.9.1.2 on 10.9.1.0/24" in v.summary
+    assert v.facts["rails"] == [{"port": "rail:1", "ip": "10.9.1.2", "subnet": "10.9.1.0/24", "gid_index": 3}]
 
 
 def test_link_local_fabric_ip_accepts_link_local_rails():
@@ -479,3 +480,50 @@ def test_forced_baseline_is_named_where_it_is_used(monkeypatch, tmp_path):
     rep, _ = report(["gpu", "--snapshot", str(snap), "--baseline", str(tmp_path / "b.json")])
     slow = gates(rep)["gpu.slow-state"]
     assert "FORCED over" in json.dumps(slow["facts"])
+
+
+# --- fleet: rails need a peer; a busy host is no outlier ------------------------------------------
+
+def _host(name, addrs, rails=(), slow=None, figures=None, role="expert"):
+    from afddiag.gates.fleet import HostResult
+
+    gates_ = [{"id": "fabric.devicemap-env", "verdict": PASS, "summary": "x", "remedy": "", "facts": {
+        "rails": [{"port": p, "ip": ip, "subnet": net, "gid_index": 3} for p, ip, net in rails]}}]
+    if slow is not None:
+        gates_.append({"id": "gpu.slow-state", "verdict": slow[0], "summary": slow[1], "remedy": "", "facts": slow[2]})
+    rep = {"inputs": {"role": role, "fabric_ip": addrs[0].split("/")[0]}, "gates": gates_,
+           "facts": {"fabric": {"netdevs": {"n0": {"ipv4": list(addrs)}}},
+                     "gpu": {"devices": [{"under_load": figures}]} if figures else None}}
+    return HostResult(name, report=rep)
+
+
+def test_fleet_rail_without_a_peer_on_its_subnet_fails_named():
+    from afddiag.gates.fleet import rails
+
+    a = _host("spark-a", ["192.168.100.10/24", "192.168.101.10/24"], [("roceP2p1s0f1:1", "192.168.101.10",
+                                                                        "192.168.101.0/24")])
+    b = _host("spark-b", ["192.168.100.11/24", "192.168.102.11/24"], [("roceP2p1s0f1:1", "192.168.102.11",
+                                                                        "192.168.102.0/24")])
+    v = rails([a, b], {})
+    assert v.verdict == FAIL
+    assert "spark-a roceP2p1s0f1:1 (192.168.101.10 on 192.168.101.0/24)" in v.summary
+    assert "spark-b roceP2p1s0f1:1 (192.168.102.11 on 192.168.102.0/24)" in v.summary
+    b2 = _host("spark-b", ["192.168.100.11/24", "192.168.101.11/24"], [("roceP2p1s0f1:1", "192.168.101.11",
+                                                                         "192.168.101.0/24")])
+    assert rails([a, b2], {}).verdict == PASS
+    assert rails([_host("x", ["10.0.0.1/24"])], {}).verdict == SKIP
+
+
+def test_fleet_gpu_busy_host_is_no_outlier_and_no_power_cycle():
+    from afddiag.diagnosis import fill_actions
+    from afddiag.gates.fleet import gpu as fleet_gpu
+
+    ok = (PASS, "fine", {"0": {}})
+    busy = (WARN, "GPU 0: inconclusive: GPU busy (pid 1, torch)", {"0": {"busy": ["pid 1, torch"]}})
+    fig = {"clock_sm_mhz": 1980, "bf16_tflops": 648.0}
+    hosts = [_host(f"h{i}", [f"10.0.0.{i}/24"], slow=ok, figures=fig) for i in range(3)]
+    hosts.append(_host("h9", ["10.0.0.9/24"], slow=busy, figures={"clock_sm_mhz": 1980, "bf16_tflops": 350.0}))
+    v = fleet_gpu(hosts, {})
+    fill_actions([v])
+    assert v.verdict == WARN and "h9" in v.summary and not v.facts["outliers"]
+    assert v.action == "RERUN" and "power" not in v.remedy

@@ -3,6 +3,8 @@ launch-environment device selection, and the QP walk to RTR."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from afddiag.catalog import remedy
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
 from afddiag.model import to_jsonable
@@ -290,9 +292,10 @@ def first_device(ctx: Context) -> Verdict:
     return Verdict(gid, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action)
 
 
-def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, str | None]:
+def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, Any]:
     """What NCCL gets from one selected ACTIVE port: ("fabric", None) when it carries the fabric IP as
-    RoCE v2, ("rail", subnet) when it carries its own routable IPv4 RoCE v2 GID, else ("fail", why)."""
+    RoCE v2, ("rail", {port, ip, subnet, gid_index}) when it carries its own routable IPv4 RoCE v2
+    GID (fleet.rails checks a peer is on that subnet), else ("fail", why)."""
     import ipaddress
 
     mine = [e for e in rocev2_carriers(fab) if e.device == d.name and e.port == p.num]
@@ -307,7 +310,7 @@ def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, str | None]:
             net = str(ipaddress.IPv4Interface(pre).network)
         except ValueError:
             net = pre
-        return "rail", f"{e.ip} on {net} (GID {e.gid_index})"
+        return "rail", {"port": f"{d.name}:{p.num}", "ip": e.ip, "subnet": net, "gid_index": e.gid_index}
     if mine:
         return "fail", (f"{d.name}:{p.num} has only the link-local IPv4 {mine[0].ip} (169.254/16), which no peer "
                         f"off that link reaches while the fabric IP {ip} is routable")
@@ -377,7 +380,7 @@ def devicemap_env(ctx: Context) -> Verdict:
                         continue
                     kind, why = _nccl_port_problem(fab, d, p, ip)
                     if kind == "rail":
-                        rails.append(f"{d.name}:{p.num} {why}")
+                        rails.append(why)
                     elif kind == "fail":
                         bad.append(why)
                 facts["rails"] = rails
@@ -414,7 +417,8 @@ def devicemap_env(ctx: Context) -> Verdict:
     if facts.get("not_judged"):
         return Verdict(gid, SKIP, f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} not judged: {facts['not_judged']}",
                        "see fabric.rocev2-ipv4", facts)
-    rail_txt = f"; rails: {', '.join(facts['rails'])}" if facts.get("rails") else ""
+    rail_txt = ("; rails: " + ", ".join(f"{r['port']} {r['ip']} on {r['subnet']}" for r in facts["rails"])
+                if facts.get("rails") else "")
     return Verdict(gid, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
                    + (f" ({target[0].device} GID {target[0].gid_index})" if target else "") + rail_txt,
                    "nothing to do", facts)

@@ -18,6 +18,7 @@ Where each fact comes from, in a per-host report:
 - device map: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` in ``inputs.env``, the ``fabric.devicemap-env``
   verdict, and the host's own ``device_map``;
 - GPU: the ``gpu.slow-state`` verdict and ``facts.gpu.devices[*].under_load`` figures;
+- rails: the ``fabric.devicemap-env`` gate's facts ``rails`` ``[{port, ip, subnet, gid_index}]``;
 - versions: ``facts.fabric.devices[*].fw_ver``, ``facts.gpu.driver_version``, ``facts.versions``
   (kernel, BIOS, rdma-core; older reports: ``facts.gpu.versions``) and ``afddiag_version``.
 """
@@ -402,6 +403,11 @@ def _load_figures(h: HostResult) -> dict[str, float]:
     return out
 
 
+def _busy(h: HostResult) -> bool:
+    """True when the host's gpu.slow-state found its GPU busy with another job (facts ``busy``)."""
+    return any(isinstance(v, dict) and v.get("busy") for v in h.gate_facts("gpu.slow-state").values())
+
+
 def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """One slow GPU slows every rank in lockstep: name the host whose ``gpu.slow-state`` is
     FAIL/WARN, or whose under-load figure (SM clock, TFLOP/s, GB/s) is below 80 % of its role's
@@ -419,7 +425,7 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         elif g.get("verdict") == WARN:
             warn.append(f"{h.name} ({str(g.get('summary', ''))[:160]})")
         f = _load_figures(h)
-        if f:
+        if f and not _busy(h):  # a GPU shared with another job is no outlier: its figures are a share
             figs[h.name] = f
     roles = {h.name: h.host_role for h in fleet if h.ok}
     outliers: list[str] = []
@@ -442,7 +448,9 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         return Verdict(gid, FAIL, f"{_names(parts)}: one slow GPU slows every rank in lockstep" + _tail(fleet),
                        remedy(gid), facts)
     if warn:
-        return Verdict(gid, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet), remedy(gid), facts)
+        return Verdict(gid, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet),
+                       "re-run `afddiag gpu --load` on the named hosts when their GPUs are idle: nothing is proven "
+                       "wrong with them", facts, action="RERUN")
     judged = [h.name for h in fleet if h.ok and h.gate("gpu.slow-state").get("verdict") == PASS]
     if not judged and not figs:
         return Verdict(gid, SKIP, "no host reported GPU load figures (run with --load, or the expert role)"
@@ -503,6 +511,47 @@ def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
                    + _tail(fleet), "nothing to do", facts)
 
 
+# ---------------------------------------------------------------- fleet.rails
+
+def rails(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """Every rail a host's NCCL_IB_HCA selects (a port with its own routable IPv4 RoCE v2 GID, the
+    ``fabric.devicemap-env`` facts ``rails``) must have a peer: some other host holds an address on
+    its subnet (``facts.fabric.netdevs[*].ipv4`` or its fabric IP). A rail on a subnet no other host
+    has is a port NCCL uses and nobody answers on: FAIL, named."""
+    gid = "fleet.rails"
+    subnets: dict[str, set[str]] = defaultdict(set)  # subnet -> hosts with an address on it
+    for h in fleet:
+        if not h.ok:
+            continue
+        addrs = [a for nd in ((h.facts.get("fabric") or {}).get("netdevs") or {}).values() if isinstance(nd, dict)
+                 for a in nd.get("ipv4") or [] if isinstance(a, str)]
+        for a in addrs:
+            try:
+                subnets[str(ipaddress.IPv4Interface(a).network)].add(h.name)
+            except ValueError:
+                continue
+    seen, lonely = [], []
+    for h in fleet:
+        if not h.ok:
+            continue
+        for r in h.gate_facts("fabric.devicemap-env").get("rails") or []:
+            if not isinstance(r, dict) or not r.get("subnet"):
+                continue
+            seen.append(f"{h.name} {r.get('port')} {r.get('subnet')}")
+            if not subnets.get(r["subnet"], set()) - {h.name}:
+                lonely.append(f"{h.name} {r.get('port')} ({r.get('ip')} on {r['subnet']})")
+    facts = {"rails": seen, "lonely": lonely, "subnets": {k: sorted(v) for k, v in subnets.items()},
+             "not_judged": _not_judged(fleet)}
+    if lonely:
+        return Verdict(gid, FAIL, f"{_names(lonely)}: NCCL_IB_HCA selects a rail on a subnet no other host has "
+                       "an address on: NCCL's connections over it time out" + _tail(fleet), remedy(gid), facts)
+    if not seen:
+        return Verdict(gid, SKIP, "no host reported a rail beside its fabric port (NCCL_IB_HCA selecting a second "
+                       "addressed port)" + _tail(fleet), "nothing to judge", facts)
+    return Verdict(gid, PASS, f"{len(seen)} rail(s), each with a peer on its subnet" + _tail(fleet),
+                   "nothing to do", facts)
+
+
 GATES: list[tuple[str, FleetGate]] = [
     ("fleet.capacity", capacity),
     ("fleet.fabric-ip", fabric_ip),
@@ -511,6 +560,7 @@ GATES: list[tuple[str, FleetGate]] = [
     ("fleet.devicemap", devicemap),
     ("fleet.gpu", gpu),
     ("fleet.versions", versions),
+    ("fleet.rails", rails),
 ]
 
 
@@ -525,4 +575,7 @@ def run_fleet_gates(fleet: Fleet, expect: dict[str, Any] | None = None) -> list[
         except Exception as e:  # noqa: BLE001 - one broken gate must not hide the others
             out.append(Verdict(gid, ERROR, f"{gid}: gate failed on these reports ({type(e).__name__}: {e})",
                                "report this as an afddiag bug with the per-host reports attached"))
+    from afddiag.diagnosis import fill_actions
+
+    fill_actions(out)  # every remedy carries its typed action
     return out
