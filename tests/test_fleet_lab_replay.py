@@ -52,7 +52,10 @@ def test_merge_gives_the_live_fleet_verdicts(run, capsys, tmp_path):
     assert [h["name"] for h in fr["hosts"]] == [h["name"] for h in live["hosts"]] == ["coord", "spark-a", "spark-b"]
     assert [(h["role"], h["fabric_ip"], h["exit_code"]) for h in fr["hosts"]] == \
         [(h["role"], h["fabric_ip"], h["exit_code"]) for h in live["hosts"]]
-    assert {g["id"]: g["verdict"] for g in fr["gates"]} == {g["id"]: g["verdict"] for g in live["gates"]}
+    got, want = {g["id"]: g["verdict"] for g in fr["gates"]}, {g["id"]: g["verdict"] for g in live["gates"]}
+    assert {k: got.get(k) for k in want} == want
+    # gates added after the recording (fleet.rails, issue 12) judge what these reports hold: no rail here
+    assert {k: v for k, v in got.items() if k not in want} == {"fleet.rails": "SKIP"}
 
 
 def test_merge_per_host_files_names_hosts_by_their_reports(capsys, tmp_path):
