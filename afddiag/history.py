@@ -315,6 +315,44 @@ def format_text(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_history(summary: dict[str, Any], out: Any = None, width: int | None = None) -> None:
+    """:func:`summarize`'s result for people: on a terminal (or at ``width``) one rich table per host
+    (gate, verdict, since, first run, runs; cells fold at the width), the drift lines under it;
+    elsewhere :func:`format_text`'s plain lines."""
+    import sys
+
+    from afddiag.render import COLORS, console_for
+
+    out = out or sys.stdout
+    con = console_for(out, width)
+    if con is None:
+        out.write(format_text(summary) + "\n")
+        return
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    con.print(f"history {summary['path']}", highlight=False, overflow="fold")
+    if not summary["hosts"]:
+        con.print("no runs recorded")
+    for h, hs in summary["hosts"].items():
+        t = Table(title=f"host {h}: {hs['runs']} run(s), {hs['first']} .. {hs['last']}", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+        t.add_column("gate", overflow="fold")
+        t.add_column("verdict", no_wrap=True)
+        t.add_column("since", overflow="fold")
+        t.add_column("first run", justify="right")
+        t.add_column("runs", justify="right")
+        for g, segs in hs["gates"].items():
+            for i, seg in enumerate(segs):
+                t.add_row(g if i == 0 else "", Text(seg["verdict"], style=COLORS.get(seg["verdict"], "")),
+                          str(seg["since"]), str(seg["first_run"]), str(seg["runs"]))
+        con.print(t)
+        text = format_text({"path": "", "hosts": {h: {**hs, "gates": {}}}}).splitlines()[2:]  # the drift lines
+        for line in text:
+            con.print(Text(line, overflow="fold"))
+
+
 @click.command()
 @click.option("--gate", help="Only this gate (an id, or a glob such as 'fabric.*').")
 @click.option("--host", help="Only runs of this host (a replayed bundle records under its own host).")
@@ -340,6 +378,6 @@ def history(gate, host, as_json, path) -> int:
     if as_json:
         click.echo(json.dumps(s, indent=2))
     else:
-        click.echo(format_text(s))
+        write_history(s)
     return 0 if s["hosts"] else 1
 

@@ -170,3 +170,23 @@ def test_fleet_output_uses_schema_version_and_validates(tmp_path):
     g.write_text(r.stdout)
     fr2 = json.loads(invoke(["merge", "--json", str(g)]).stdout)
     assert fr2["hosts"][0]["status"] == "ERROR" and "fleet report" in fr2["hosts"][0]["error"]
+
+
+def test_history_table_at_80_columns():
+    from afddiag.history import summarize, write_history
+
+    for c, ip in ((C01, "192.168.100.10"), (C02, "192.168.100.11")):  # recorded in the test's state dir
+        assert run(["fabric", "--json", "--snapshot", c, "--fabric-ip", ip]) in (0, 1, 2)
+    s = summarize(None)
+    assert s["hosts"]
+    buf = io.StringIO()
+    write_history(s, buf, width=80)
+    text = buf.getvalue()
+    assert "…" not in text and all(len(ln) <= 80 for ln in text.splitlines())
+    squashed = "".join(text.split())
+    for hs in s["hosts"].values():
+        for gid, segs in hs["gates"].items():
+            assert gid in squashed and segs[0]["verdict"] in text
+    plain = io.StringIO()
+    write_history(s, plain)  # not a terminal: the plain lines
+    assert plain.getvalue().startswith("history ") and "host " in plain.getvalue()
