@@ -303,34 +303,29 @@ def route_get(peer: str, fabric_ip: str | None, timeout_s: float) -> Any:
         return {"error": f"ip route get printed no JSON: {p.stdout[:80]!r}"}
 
 
+def _ip_json(args: list[str], timeout_s: float) -> Any:
+    """``ip -j <args>`` parsed; None without iproute2. Raises OSError when ``ip`` fails."""
+    exe = shutil.which("ip")
+    if not exe:
+        return None
+    p = proc.run([exe, "-j", *args], timeout_s)
+    if p.returncode != 0:
+        raise OSError(f"ip -j {' '.join(args)}: rc {p.returncode}: {p.stderr.strip()[:200]}")
+    return json.loads(p.stdout or "[]")
+
+
 def route_table(timeout_s: float = 5.0) -> Any:
     """Every route of every table in ``ip -j route show table all`` form: pyroute2
     (:func:`netlink_routes`), else iproute2; None with neither. Raises OSError when the read fails."""
     got = netlink_routes()
-    if got is not None:
-        return got
-    exe = shutil.which("ip")
-    if not exe:
-        return None
-    p = proc.run([exe, "-j", "route", "show", "table", "all"], timeout_s)
-    if p.returncode != 0:
-        raise OSError(f"ip -j route show table all: rc {p.returncode}: {p.stderr.strip()[:200]}")
-    return json.loads(p.stdout or "[]")
+    return got if got is not None else _ip_json(["route", "show", "table", "all"], timeout_s)
 
 
 def rule_table(timeout_s: float = 5.0) -> Any:
     """The IPv4 policy rules in ``ip -j rule show`` form: pyroute2 (:func:`netlink_rules`), else
-    ``ip -j rule show``; None with neither. Raises OSError when the read fails."""
+    ``ip -j -4 rule show``; None with neither. Raises OSError when the read fails."""
     got = netlink_rules()
-    if got is not None:
-        return got
-    exe = shutil.which("ip")
-    if not exe:
-        return None
-    p = subprocess.run([exe, "-j", "-4", "rule", "show"], capture_output=True, text=True, timeout=timeout_s)
-    if p.returncode != 0:
-        raise OSError(f"ip -j rule show: rc {p.returncode}: {p.stderr.strip()[:200]}")
-    return json.loads(p.stdout or "[]")
+    return got if got is not None else _ip_json(["-4", "rule", "show"], timeout_s)
 
 
 def routes_from_table(peers: list[str], table: Any, src: str = "route table (longest prefix)") -> list[RouteResult]:
