@@ -1,4 +1,5 @@
-"""Host gates: the CPU clock under a short fixed-work load (Sparks were seen stuck below 2 GHz)."""
+"""Host gates: the CPU clock under a short fixed-work load (Sparks were seen stuck below 2 GHz); the
+PCIe links of the RDMA NICs and GPUs."""
 
 from __future__ import annotations
 
@@ -46,4 +47,50 @@ def cpu_clock(ctx: Context) -> Verdict:
     return Verdict(gid, PASS, f"{model}: " + ", ".join(parts), "nothing to do", facts)
 
 
-GATES = [("host.cpu-clock", cpu_clock)]
+def judge_pcie_link(link) -> tuple[str, str | None]:
+    """``(verdict, finding)`` for one :class:`~afddiag.model.host.PcieLink`: FAIL when it trained
+    fewer lanes than its maximum (a NIC or GPU capped at a fraction of its bandwidth); WARN when a
+    NIC trained below its maximum speed (GPUs lower the link speed at idle by design: not judged);
+    SKIP when a figure is unreadable; else PASS. ``finding`` names the device. Pure."""
+    who = f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf}" + (f" ({', '.join(link.names)})" if link.kind == "nic" and link.names else "")
+    if None in (link.current_width, link.max_width, link.current_speed_gts, link.max_speed_gts):
+        return SKIP, f"{who}: link figures not readable"
+    now = f"x{link.current_width} at {link.current_speed_gts:g} GT/s"
+    cap = f"x{link.max_width} at {link.max_speed_gts:g} GT/s"
+    if link.current_width < link.max_width:
+        return FAIL, f"{who}: PCIe link trained {now}, capable of {cap}"
+    if link.kind == "nic" and link.current_speed_gts < link.max_speed_gts:
+        return WARN, f"{who}: PCIe link trained {now}, capable of {cap}"
+    return PASS, None
+
+
+def pcie(ctx: Context) -> Verdict:
+    gid = "host.pcie"
+    p = ctx.obs.pcie
+    if (v := probe_failed(gid, p)) is not None:
+        return v
+    if p is None or not p.captured:
+        why = "; ".join(p.notes) if p is not None and p.notes else "PCIe links not probed"
+        return Verdict(gid, SKIP, why, "run on the host, or replay a capture made with this afddiag")
+    if not p.links:
+        return Verdict(gid, SKIP, "no PCI RDMA NIC or NVIDIA GPU found through sysfs device links"
+                       + (f" ({'; '.join(p.notes[:2])})" if p.notes else ""), "nothing to check", {"notes": p.notes})
+    judged = [(link, *judge_pcie_link(link)) for link in p.links]
+    facts = {"links": [vars(link) for link in p.links], "notes": p.notes}
+    for worst in (FAIL, WARN):
+        found = [f for _, v, f in judged if v == worst]
+        if found:
+            return Verdict(gid, worst, "; ".join(found), remedy(gid), facts)
+    ok = [link for link, v, _ in judged if v == PASS]
+    if not ok:
+        return Verdict(gid, SKIP, "; ".join(f for _, _, f in judged), "run on the host as a user that can read "
+                       "/sys/bus/pci/devices/*/current_link_*", facts)
+    idle = [link for link in ok if link.kind == "gpu" and link.current_speed_gts < link.max_speed_gts]
+    text = ", ".join(f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf} x{link.current_width} "
+                     f"{link.current_speed_gts:g} GT/s" for link in ok)
+    return Verdict(gid, PASS, f"{len(ok)} link(s) at their maximum width: {text}"
+                   + (" (GPU link speed below its maximum at idle: power saving, not judged)" if idle else ""),
+                   "nothing to do", facts)
+
+
+GATES = [("host.cpu-clock", cpu_clock), ("host.pcie", pcie)]

@@ -41,3 +41,69 @@ class HostLimits:
     user: str | None = None
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # the limits probe timed out or crashed (launch.memlock/uverbs-access say ERROR)
+
+
+@dataclass
+class PcieLink:
+    """One PCI function's negotiated link (``/sys/bus/pci/devices/<bdf>/``; ``lspci -vv`` LnkSta/LnkCap)."""
+
+    bdf: str
+    kind: str  # "nic" (an RDMA device's function) or "gpu" (bound to the nvidia driver)
+    names: list[str] = field(default_factory=list)  # HCA and netdev names, or "nvidia"
+    current_speed_gts: float | None = None  # GT/s per lane (2.5, 5, 8, 16, 32, 64)
+    current_width: int | None = None  # lanes
+    max_speed_gts: float | None = None
+    max_width: int | None = None
+    vendor: str | None = None  # "0x15b3" Mellanox, "0x10de" NVIDIA
+    device: str | None = None
+
+
+@dataclass
+class PcieFacts:
+    """The PCIe links of the host's RDMA NICs and GPUs (None where unreadable, notes say why)."""
+
+    captured: bool = True
+    links: list[PcieLink] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the PCIe probe timed out or crashed (host.pcie says ERROR)
+
+
+def _gts(text: object) -> float | None:
+    """``"16.0 GT/s PCIe"`` / ``"8 GT/s"`` → 16.0 / 8.0; ``"Unknown"`` and garbage → None."""
+    if not isinstance(text, str):
+        return None
+    head = text.strip().split(" ", 1)[0]
+    try:
+        v = float(head)
+    except ValueError:
+        return None
+    return v if v > 0 else None
+
+
+def _lanes(text: object) -> int | None:
+    """``"16"`` (or ``"x16"``) → 16; ``"0"``, garbage → None."""
+    if not isinstance(text, str):
+        return None
+    t = text.strip().lstrip("xX")
+    return int(t) if t.isdigit() and int(t) > 0 else None
+
+
+def pcie_facts(r: object) -> PcieFacts:
+    """:class:`PcieFacts` from :func:`afddiag.probes.pcie.read_pcie` readings (live, or a capture's;
+    None: not captured). Odd values become None; never raises."""
+    if not isinstance(r, dict):
+        return PcieFacts(captured=False, notes=["PCIe links not captured (the snapshot holds no PCIe readings)"])
+    links = []
+    devs = r.get("devices") if isinstance(r.get("devices"), dict) else {}
+    for bdf, d in sorted(devs.items()):
+        if not isinstance(d, dict) or d.get("kind") not in ("nic", "gpu"):
+            continue
+        names = [n for n in d.get("names", []) if isinstance(n, str)] if isinstance(d.get("names"), list) else []
+        links.append(PcieLink(bdf=str(bdf), kind=d["kind"], names=names,
+                              current_speed_gts=_gts(d.get("current_link_speed")),
+                              current_width=_lanes(d.get("current_link_width")),
+                              max_speed_gts=_gts(d.get("max_link_speed")), max_width=_lanes(d.get("max_link_width")),
+                              vendor=d.get("vendor") if isinstance(d.get("vendor"), str) else None,
+                              device=d.get("device") if isinstance(d.get("device"), str) else None))
+    notes = [n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else []
+    return PcieFacts(links=links, notes=notes)

@@ -896,6 +896,29 @@ def _memreg_failed(why: str) -> dict[str, Any]:
 
 
 
+# ---------------------------------------------------------------------------------------------
+# PCIe links of the RDMA NICs and GPUs
+
+
+def _pcie_read(run: Run, progress: Any) -> dict[str, Any]:
+    from afddiag.probes.pcie import read_pcie
+
+    progress.doing = "reading PCIe links (/sys/bus/pci/devices/<bdf>/*_link_*)"
+    return {"pcie.json": read_pcie(run.host.root, reader=lambda p: _sysread(run, p))}
+
+
+def _pcie_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.host import pcie_facts
+
+    return {"pcie": pcie_facts(r.get("pcie.json"))}
+
+
+def _pcie_failed(why: str) -> dict[str, Any]:
+    from afddiag.model.host import PcieFacts
+
+    return {"pcie": PcieFacts(captured=False, failed=why, notes=[why])}
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("host", "hostname", "limits_s", (Artifact("host", "text", 4096), Artifact("case.json")),
           _host_read, _host_facts, lambda why: {}),
@@ -921,6 +944,8 @@ PROBES: tuple[Probe, ...] = (
           _gpu_read, _gpu_facts, _gpu_failed, frozenset({"gpu"})),
     Probe("memreg", "memory-registration probe (pyverbs MR, CUDA dma-buf)", _memreg_bound, (Artifact("memreg.json"),),
           _memreg_read, _memreg_facts, _memreg_failed, frozenset({"fabric"}), _memreg_wanted),
+    Probe("pcie", "PCIe link probe (sysfs)", "fabric_s", (Artifact("pcie.json"),), _pcie_read, _pcie_facts,
+          _pcie_failed, frozenset({"host"})),
     Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _cpu_read, _cpu_facts,
           lambda why: {"cpu": {"why": why, "failed": why}}, frozenset({"host"})),
     Probe("versions", "version probe (kernel, BIOS, rdma-core)", "fabric_s",
