@@ -66,7 +66,7 @@ def case_sources(case: Path, **over) -> Sources:
     gpu = j("gpu.json")
     kw = dict(root=str(case), device_order=lambda: (order, "netlink (fake)", []), addresses=addresses,
               gpu=(lambda: gpu) if gpu is not None else (lambda: {"devices": [], "why": "no NVIDIA GPU seen: test"}),
-              limits=None, cpu=None, memreg=None, route=(lambda: j("ip-route.json")) if j("ip-route.json") is not None else None,
+              limits=None, cpu=None, memreg=None, pcie=None, route=(lambda: j("ip-route.json")) if j("ip-route.json") is not None else None,
               rdma_core=lambda: {"version": "50.0", "source": "test"}, environ={**env, "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "nope",
                                                          "AFD_ROLE": "expert", "NCCL_SOCKET_IFNAME": "enp1"},
               hostname=lambda: meta.get("host", case.name), reader=einval_reader(case))

@@ -86,6 +86,7 @@ class Sources:
     addresses: Any = LIVE
     gpu: Any = LIVE
     memreg: Any = LIVE
+    pcie: Any = LIVE  # LIVE: read the PCIe links under ``root``; None: not captured
     limits: Any = LIVE
     cpu: Any = LIVE
     route: Any = LIVE
@@ -903,6 +904,10 @@ def _memreg_failed(why: str) -> dict[str, Any]:
 def _pcie_read(run: Run, progress: Any) -> dict[str, Any]:
     from afddiag.probes.pcie import read_pcie
 
+    if run.host.pcie is None:
+        return {"pcie.json": None}
+    if run.host.pcie is not LIVE:
+        return {"pcie.json": run.host.pcie()}
     progress.doing = "reading PCIe links (/sys/bus/pci/devices/<bdf>/*_link_*)"
     return {"pcie.json": read_pcie(run.host.root, reader=lambda p: _sysread(run, p))}
 
