@@ -753,3 +753,21 @@ def test_10_remote_stderr_escapes_are_escaped_in_the_fleet_table():
     buf = io.StringIO()
     write_fleet_table(fr, buf)
     assert "\x1b" not in buf.getvalue() and "\x9b" not in buf.getvalue() and "\\x1b[2J" in buf.getvalue()
+
+
+# 7. the fuzzer runs from any clone and working directory ----------------------------------------
+
+def test_7_run_fuzz_finds_the_cases_from_any_working_directory(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    script = REPO / "tests" / "fuzz" / "run_fuzz.py"
+    env = {k: v for k, v in os.environ.items() if k != "AFDDIAG_CASES"}
+    p = subprocess.run([sys.executable, str(script), "--seconds", "1", "--targets", "inventory"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and "inventory:" in p.stdout, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, str(script), "--seconds", "1"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**env, "AFDDIAG_CASES": str(tmp_path / "nowhere")}, timeout=120)
+    assert p.returncode == 2 and "set AFDDIAG_CASES" in p.stderr and "Traceback" not in p.stderr

@@ -35,7 +35,25 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
-CASES = Path(os.environ.get("AFDDIAG_CASES", REPO.parent / "shared" / "cases"))
+
+
+def find_cases() -> Path:
+    """The shared cases, found from this file (never the working directory): ``$AFDDIAG_CASES``, else
+    ``shared/cases`` beside this clone, else beside the main checkout of a git worktree (``.git`` is
+    then a file naming ``<main>/.git/worktrees/<name>``). The first candidate when none exists."""
+    if os.environ.get("AFDDIAG_CASES"):
+        return Path(os.environ["AFDDIAG_CASES"])
+    candidates = [REPO.parent / "shared" / "cases"]
+    git = REPO / ".git"
+    if git.is_file():
+        line = git.read_text(errors="replace").strip()
+        if line.startswith("gitdir:"):
+            common = Path(line[7:].strip()).resolve().parents[1]  # <main>/.git
+            candidates.append(common.parent.parent / "shared" / "cases")
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+CASES = find_cases()
 CORPUS = Path(__file__).resolve().parent / "corpus"
 BASE_FABRIC_CASE = "01-spark-fabric-ip-on-nonfirst-device"
 BASE_GPU_CASE = "01-gb10-healthy-unified-memory"
@@ -288,6 +306,131 @@ def target_snapshot(data: bytes) -> None:
                 raise Finding(f"{g['id']} raised inside the gate: {g['summary']}")
 
 
+def _cli_promise(argv: list[str]) -> int:
+    """``afddiag argv`` in-process: exit 0-3, or 64 with a one-line ``afddiag:`` message; never a traceback."""
+    from afddiag import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.run(argv)
+    e = err.getvalue()
+    if "Traceback" in e:
+        raise Finding(f"traceback on stderr: {e[-500:]!r}")
+    if rc == 64:
+        lines = e.strip().splitlines()
+        if not lines or not lines[0].startswith("afddiag:") or len(lines) > 2:
+            raise Finding(f"usage error without a one-line message: {e[-500:]!r}")
+    elif rc not in (0, 1, 2, 3):
+        raise Finding(f"exit code {rc!r}; stderr {e[-500:]!r}")
+    return rc
+
+
+_BUNDLE: list[bytes] = []
+
+
+def base_bundle() -> bytes:
+    """A real capture-format bundle of the base fabric case plus a GPU reading (built once)."""
+    if not _BUNDLE:
+        from afddiag.bundle import write_tar_gz
+
+        files = {}
+        for d, _, names in os.walk(CASES / "fabric" / BASE_FABRIC_CASE):
+            for n in names:
+                p = Path(d) / n
+                files[str(p.relative_to(CASES / "fabric" / BASE_FABRIC_CASE))] = p.read_bytes()
+        files["gpu.json"] = (CASES / "gpu" / BASE_GPU_CASE / "gpu.json").read_bytes()
+        with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
+            _BUNDLE.append(write_tar_gz(Path(tmp) / "b.tar.gz", files, top="afddiag-capture-h").read_bytes())
+    return _BUNDLE[0]
+
+
+def _no_leftovers(tmpdir: str) -> None:
+    left = os.listdir(tmpdir)
+    if left:
+        raise Finding(f"temporary tree left behind: {left[:3]}")
+
+
+def target_bundle(data: bytes) -> None:
+    """Bytes of a ``.tar.gz`` (byte flips of a real capture) → ``afddiag all --snapshot X.tar.gz``:
+    the promise of the CLI, and no ``afddiag-bundle-*`` left in TMPDIR."""
+    with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
+        b = Path(tmp) / "x.tar.gz"
+        b.write_bytes(data)
+        t = Path(tmp) / "t"
+        t.mkdir()
+        old = tempfile.tempdir
+        tempfile.tempdir = str(t)
+        try:
+            _cli_promise(["all", "--json", "--no-history", "--snapshot", str(b), "--timeout", "20"])
+        finally:
+            tempfile.tempdir = old
+        _no_leftovers(str(t))
+
+
+def target_tar(data: bytes) -> None:
+    """A JSON list of hostile tar members ``[name, type, size, data, long]`` (types: file, dir, sym,
+    lnk, chr, fifo; sizes that lie; GNU long names) → a .tar.gz → :func:`target_bundle`."""
+    import tarfile
+
+    spec = _json_or_none(data)
+    if not isinstance(spec, list):
+        spec = []
+    buf = io.BytesIO()
+    kinds = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "lnk": tarfile.LNKTYPE,
+             "chr": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE}
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.GNU_FORMAT) as tar:
+        for m in spec[:200]:
+            if not isinstance(m, list) or len(m) < 2:
+                continue
+            name = str(m[0])[:5000] or "x"
+            ti = tarfile.TarInfo(name)
+            ti.type = kinds.get(str(m[1]), tarfile.REGTYPE)
+            body = str(m[3] if len(m) > 3 else "").encode("utf-8", "replace")[:100000]
+            ti.size = len(body) if ti.type == tarfile.REGTYPE else 0
+            if ti.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+                ti.linkname = str(m[2]) if len(m) > 2 else "/etc/passwd"
+            try:
+                tar.addfile(ti, io.BytesIO(body) if ti.type == tarfile.REGTYPE else None)
+            except (ValueError, OverflowError, UnicodeError):
+                continue
+    target_bundle(buf.getvalue())
+
+
+def target_nested(data: bytes) -> None:
+    """Bytes as one snapshot JSON part (the first byte picks which) and as a merge input: deep
+    nesting, huge numbers, odd UTF-8 → the bounded reader; the CLI keeps its promise."""
+    parts = ["gpu.json", "rdma-dev.json", "ip-addr.json", "limits.json", "image.json", "versions.json",
+             "ip-route-get.json", "cpu.json", "case.json"]
+    part = parts[data[0] % len(parts)] if data else parts[0]
+    body = data[1:]
+    with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
+        root = Path(tmp) / "case"
+        shutil.copytree(CASES / "fabric" / BASE_FABRIC_CASE, root, symlinks=True)
+        (root / part).write_bytes(body)
+        _cli_promise(["all", "--json", "--no-history", "--snapshot", str(root), "--peer", "10.0.0.9", "--timeout", "20"])
+        m = Path(tmp) / "merge.json"
+        m.write_bytes(body)
+        _cli_promise(["merge", "--json", str(m)])
+
+
+def target_inventory(data: bytes) -> None:
+    """Bytes as a fleet inventory → ``load_inventory``: an Inventory or InventoryError naming the
+    file, never another exception; then ``afddiag merge --inventory`` keeps the CLI's promise."""
+    from afddiag.fleet import InventoryError, load_inventory
+
+    with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
+        inv = Path(tmp) / "inv.toml"
+        inv.write_bytes(data)
+        try:
+            load_inventory(str(inv))
+        except InventoryError as e:
+            if str(inv) not in str(e) or "\n" in str(e):
+                raise Finding(f"inventory error not one line naming the file: {e!r}")
+        rep = Path(tmp) / "r.json"
+        rep.write_text("[]")
+        _cli_promise(["merge", "--json", "--inventory", str(inv), str(rep)])
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "ip_addr": target_ip_addr,
     "rdma_dev": target_rdma_dev,
@@ -295,6 +438,10 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "gpu": target_gpu,
     "sysfs": target_sysfs,
     "snapshot": target_snapshot,
+    "bundle": target_bundle,
+    "tar": target_tar,
+    "nested": target_nested,
+    "inventory": target_inventory,
 }
 
 
@@ -314,6 +461,21 @@ def seeds(target: str) -> list[bytes]:
         out += [p.read_bytes() for c in fab if (p := c / "env").is_file()]
     elif target == "gpu":
         out += [p.read_bytes() for c in gpu if (p := c / "gpu.json").is_file()]
+    elif target == "bundle":
+        out.append(base_bundle())
+    elif target == "tar":
+        out += [json.dumps(x).encode() for x in (
+            [["top/sys/x", "file", 0, "1"], ["top/" + "d/" * 40 + "f", "file", 0, "x"]],
+            [["top/a", "sym", "/etc/passwd"], ["top/a/b", "file", 0, "x"]],
+            [["../../escape", "file", 0, "x"], ["top/dev", "chr"], ["top/p", "fifo"], ["top/h", "lnk", "top/x"]],
+            [["top/" + "n" * 3000, "file", 0, "x"], ["top/x", "file", 0, "1"], ["top/x", "file", 0, "2"]])]
+    elif target == "nested":
+        out += [bytes([i]) + b for i, b in enumerate([b"[" * 1000 + b"]" * 1000, b'{"a":' * 500 + b"1" + b"}" * 500,
+                                                      b"9" * 5000, b'"\ud800"', b"\xff\xfe", b"[1e999, -0.0]"])]
+    elif target == "inventory":
+        out += [b"fleet = 5\n", b"host = 5\n", b'[expect]\nmtu = 4096.5\n[[host]]\nname = "a"\n',
+                b'[fleet]\nconcurrency = "abc"\n[[host]]\nname = "a"\n', b'[[host]]\nname = "\xff"\n',
+                b'[fleet]\ntimeout_s = 1e999\n[[host]]\nname = "a"\nfabric_ip = "1.2.3.4"\n']
     else:
         out.append(b"[]")
     d = CORPUS / target
@@ -391,6 +553,13 @@ def mutate(target: str, data: bytes, rng: random.Random) -> bytes:
         if rng.random() < 0.5 or not base:
             return json.dumps(base + _random_edits(rng, target == "snapshot")).encode()
         return json.dumps(_random_edits(rng, target == "snapshot")).encode()
+    if target == "nested" and rng.random() < 0.3:
+        depth = rng.choice([63, 64, 65, 200, 5000])
+        return bytes([rng.randrange(9)]) + (b"[" * depth + b"]" * depth if rng.random() < 0.5 else b'{"a":' * depth + b"0" + b"}" * depth)
+    if target == "tar" and rng.random() < 0.7:
+        raw = _json_or_none(data)
+        if isinstance(raw, list):
+            return json.dumps(_mutate_json(raw, rng)).encode()
     if target in ("ip_addr", "rdma_dev", "gpu") and rng.random() < 0.7:
         raw = _json_or_none(data)
         if raw is not None:

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--save", action="store_true", help="keep findings in tests/fuzz/corpus")
     a = ap.parse_args(argv)
+    if not (fuzzlib.CASES / "fabric").is_dir():
+        print(f"run_fuzz: shared cases not found at {fuzzlib.CASES}: set AFDDIAG_CASES to the cases folder",
+              file=sys.stderr)
+        return 2
     state = tempfile.TemporaryDirectory(prefix="afddiag-fuzz-state-")  # removed when main returns
     os.environ.setdefault("AFDDIAG_STATE_DIR", state.name)
     rng = random.Random(a.seed)
