@@ -100,17 +100,21 @@ def test_busy_gpu_does_not_drain_in_the_health_check(tmp_path, monkeypatch, caps
     assert "GPU busy (pid 1, torch)" in err and "not drained" in err
 
 
-def fake_busy(util, procs):
-    return lambda uuid, index, window_s=0.5, own_pids=(): {"utilization_pct": util if window_s else None,
-                                                           "processes": procs, "own_pid": 1, "window_s": window_s}
+def fake_load(monkeypatch, util, procs=()):
+    """The busy check answering ``util`` % and ``procs``, and a load probe that records the ordinals it
+    ran on; returns (those ordinals, readings of one GPU)."""
+    ran: list[int] = []
+    monkeypatch.setattr("afddiag.probes.gpu.read_busy",
+                        lambda uuid, index, window_s=0.5, own_pids=(): {
+                            "utilization_pct": util if window_s else None, "processes": list(procs), "own_pid": 1,
+                            "window_s": window_s})
+    monkeypatch.setattr("afddiag.probes.load.run_load_probe",
+                        lambda o, b: ran.append(o) or {"device": {"uuid": "GPU-a"}, "achieved": {}})
+    return ran, {"devices": [{"index": 0, "uuid": "GPU-a", "cuda_ordinal": 0}]}
 
 
 def test_playbook_load_skips_a_busy_gpu_unless_forced(monkeypatch):
-    ran = []
-    monkeypatch.setattr("afddiag.probes.gpu.read_busy", fake_busy(95, []))
-    monkeypatch.setattr("afddiag.probes.load.run_load_probe",
-                        lambda o, b: ran.append(o) or {"device": {"uuid": "GPU-a"}, "achieved": {}})
-    readings = {"devices": [{"index": 0, "uuid": "GPU-a", "cuda_ordinal": 0}]}
+    ran, readings = fake_load(monkeypatch, 95)
     attach_load(readings, 1.0, skip_busy=True)
     ul = readings["devices"][0]["under_load"]
     assert ran == [] and ul["why"].startswith("not run: GPU busy (utilization 95 %")
@@ -129,11 +133,7 @@ def test_skipped_busy_load_probe_reads_as_inconclusive():
 
 
 def test_idle_gpu_load_probe_runs_under_the_playbook(monkeypatch):
-    ran = []
-    monkeypatch.setattr("afddiag.probes.gpu.read_busy", fake_busy(0, []))
-    monkeypatch.setattr("afddiag.probes.load.run_load_probe",
-                        lambda o, b: ran.append(o) or {"device": {"uuid": "GPU-a"}, "achieved": {}})
-    readings = {"devices": [{"index": 0, "uuid": "GPU-a", "cuda_ordinal": 0}]}
+    ran, readings = fake_load(monkeypatch, 0)
     attach_load(readings, 1.0, skip_busy=True)
     assert ran == [0] and "why" not in readings["devices"][0]["under_load"]
 
@@ -527,3 +527,11 @@ def test_fleet_gpu_busy_host_is_no_outlier_and_no_power_cycle():
     fill_actions([v])
     assert v.verdict == WARN and "h9" in v.summary and not v.facts["outliers"]
     assert v.action == "RERUN" and "power" not in v.remedy
+
+
+def test_xid_event_recorded_by_hand_is_judged_alike():
+    from afddiag.gates.gpu import xid_judgment
+
+    assert xid_judgment({"xid": "154", "message": XID_REBOOT})[0::2] == (FAIL, "REBOOT")
+    assert xid_judgment({"xid": 48})[0::2] == (FAIL, "RESET_GPU")
+    assert xid_judgment({"xid": 43, "line": "NVRM: Xid (PCI:0000:01:00): 43, pid=9"})[0::2] == (WARN, "NONE")

@@ -397,7 +397,9 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
     NVIDIA's Xid catalog: reset/reboot → FAIL with RESET_GPU/REBOOT; application-caused → WARN;
     an Xid not in the catalog → WARN quoting the line."""
     xid = ev.get("xid")
-    text = str(ev.get("text") or "")
+    if isinstance(xid, str) and xid.strip().isdigit():  # a hand-written snapshot may quote it
+        xid = int(xid)
+    text = str(ev.get("text") or ev.get("message") or ev.get("line") or "")
     where = ev.get("pci") or "a GPU"
     low = text.lower()
     # the action the GPU is in now: the last "to ..." of a "changed from X to Y" line
