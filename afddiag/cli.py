@@ -420,8 +420,8 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
     Exit codes as `afddiag all`, except that WARN exits 0 unless --strict. With --drain a host that
     is not fit also drains its Slurm node (Slurm ignores a HealthCheckProgram's exit code), only when
     a fault's typed action needs it (a launch-setting fix or a busy GPU never drains) and unless
-    someone else drained it; with --resume a fit host's node is resumed when afddiag drained it
-    (afddiag/slurm.py). --prom FILE writes the same run's metrics.
+    someone else drained it; with --resume the node is resumed when afddiag drained it and no fault
+    left needs a drain (afddiag/slurm.py). --prom FILE writes the same run's metrics.
     """
     from afddiag import report
     from afddiag.history import record_run
@@ -467,6 +467,10 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         elif drain:
             click.echo("afddiag preflight --drain: not drained: no fault's action needs the node drained ("
                        + ", ".join(sorted({d["action"] for d in faults})) + "): fix the launch settings", err=True)
+        if resume and not needs:  # what is left does not take the node out: an afddiag drain is lifted
+            from afddiag.slurm import resume_node
+
+            resume_node(timeout_s=kw.get("timeout_s") or 30.0)
         if exit_for == "drain" and not needs:
             code = 0
     if export and code == 0:

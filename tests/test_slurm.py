@@ -171,9 +171,21 @@ def test_resume_only_what_afddiag_drained(slurm_node, line, resumed):
     assert calls(log) == ([["update", "nodename=gpu-node-7", "state=resume"]] if resumed else [])
 
 
-def test_unfit_node_is_not_resumed(slurm_node):
-    log = slurm_node("01-", "drained|afddiag: fabric.first-device")
-    assert run(["preflight", "--resume", "--no-history"]) == 2
+def test_a_fault_that_needs_a_drain_keeps_the_node_out(slurm_node, down):
+    log = slurm_node(down, "drained|afddiag: fabric.link")
+    assert run(["preflight", "--drain", "--resume", "--no-history"]) == 2
+    assert calls(log) == []  # same reason, still drained, not resumed
+
+
+def test_a_fault_that_needs_no_drain_lifts_afddiags_drain(slurm_node):
+    """Case 01's fault is the launcher's map (SET_ENV): not a reason to keep the node out, so an
+    earlier afddiag drain (the link was down then) is lifted; an admin's drain is not."""
+    log = slurm_node("01-", "drained|afddiag: fabric.link")
+    assert run(["preflight", "--drain", "--resume", "--no-history"]) == 2
+    assert calls(log) == [["update", "nodename=gpu-node-7", "state=resume"]]
+    log.unlink()
+    log = slurm_node("01-", "drained|bad DIMM")
+    assert run(["preflight", "--drain", "--resume", "--no-history"]) == 2
     assert calls(log) == []
 
 
