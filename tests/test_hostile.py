@@ -668,8 +668,10 @@ def _gone(pid: int, within_s: float = 3.0) -> bool:
 def test_9_a_hung_ip_leaves_no_orphan(tmp_path, monkeypatch):
     import time
 
+    from afddiag.probes import route
     from afddiag.probes.route import route_get
 
+    monkeypatch.setattr(route, "_iproute", lambda: None)  # the iproute2 fallback (no pyroute2) is what hangs
     _hung_tool(tmp_path, "ip")
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     t0 = time.monotonic()
