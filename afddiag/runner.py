@@ -151,7 +151,7 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
     expect = resolve(inputs, obs)  # once, before any gate runs
     verdicts = run_gates(Context(obs, inputs, fip, expect), set(inputs.families))
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
-    return report.build(
+    rep = report.build(
         verdicts, obs.host, obs.source,
         {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
@@ -162,6 +162,10 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
          "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
          "cpu": obs.cpu, "route": obs.route, "versions": obs.versions},
         expectations={k: v for k, v in vars(expect).items() if v not in (None, {})})
+    from afddiag import summary
+
+    rep["summary"] = summary.from_report(rep)  # what the fleet compares (schema: summary)
+    return rep
 
 
 def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[dict[str, bytes], str, list[str]]:

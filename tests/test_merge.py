@@ -124,7 +124,7 @@ def test_gid_index_warns_only_when_a_stack_forces_one():
     hosts = [_host("a", gid_index=3), _host("b", gid_index=3), _host("c", gid_index=1)]
     v = fg.gid_index(hosts, {})
     assert v.verdict == "PASS" and "nothing forces one index" in v.summary
-    hosts[0].report["inputs"]["env"] = {"NCCL_IB_GID_INDEX": "3"}
+    hosts[0] = _host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"})  # a report that forces the index
     v = fg.gid_index(hosts, {})
     assert v.verdict == "WARN" and v.summary.startswith("c GID index 1: the fabric GID index differs from 3")
     assert "NCCL_IB_GID_INDEX is set on a=3" in v.summary

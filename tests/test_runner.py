@@ -250,3 +250,29 @@ def test_expectations_are_resolved_once_with_their_source(tmp_path):
     assert base["source"].startswith(("snapshot", "reference table")) and base["value"]
     slow = next(g for g in rep["gates"] if g["id"] == "gpu.slow-state")
     assert slow["facts"]["0"]["baseline_source"] == base["source"]
+
+
+def test_host_report_carries_a_summary_the_fleet_reads(report_schema):
+    """Each host report carries its summary (schema-checked); the fleet gates read it, not gate facts:
+    a report whose gate facts lack the keys still compares by its summary."""
+    import jsonschema
+
+    from afddiag.gates import fleet as fg
+
+    case = CASES / "fabric" / "02-spark-map-set-healthy"
+    rep, _ = run_json(["all", "--snapshot", str(case), "--fabric-ip", "192.168.100.11"])
+    jsonschema.validate(rep, report_schema)
+    s = rep["summary"]
+    assert (s["fabric_ip"], s["rdma_device"], s["engine_device"], s["gid_index"], s["roce_mtu_bytes"]) == \
+        ("192.168.100.11", "rocep1s0f1", "rocep1s0f1", 3, 4096)
+    assert s["ipv4_prefixlen"]["192.168.100.11"] and s["versions"]["afddiag"]
+    other = json.loads(json.dumps(rep))
+    other["host"] = "other"
+    other["summary"]["roce_mtu_bytes"] = 1024
+    other["summary"]["netdev_mtu_bytes"] = 1500
+    for g in rep["gates"] + other["gates"]:
+        g["facts"] = {}  # the fleet never looks here
+    hosts = [fg.HostResult(name=r["host"], report=r) for r in (rep, other)]
+    v = fg.mtu(hosts, {})
+    assert v.verdict == "FAIL" and "other RoCE MTU 1024" in v.summary, v
+    assert sorted(fg.gid_index(hosts, {}).facts["gid_index"].values()) == [3, 3]

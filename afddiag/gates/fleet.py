@@ -5,22 +5,12 @@ collected (``afddiag fleet`` over SSH, or ``afddiag merge`` over files from Slur
 clush). They never touch a host. Each gate returns one :class:`~afddiag.verdict.Verdict` for the
 fleet; the summary names the host(s) first.
 
-Where each fact comes from, in a per-host report:
-
-- role: ``inputs.role`` (the playbook's name; the inventory's role wins when given);
-- fabric IP: ``inputs.fabric_ip`` (the inventory's when the report has none); its prefix length
-  from ``facts.fabric.netdevs[*].ipv4`` ("a.b.c.d/len");
-- capacity flag: the ``launch.capacity`` gate's facts ``{key, value}`` (``inputs.launch_env`` names
-  the file it was read from);
-- RoCE MTU: the ``fabric.mtu`` gate's facts ``roce_mtu`` (bytes);
-- GID index: the ``fabric.rocev2-ipv4`` gate's facts ``entry.gid_index``; a forced index from
-  ``NCCL_IB_GID_INDEX`` in ``inputs.env``;
-- device map: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` in ``inputs.env``, the ``fabric.devicemap-env``
-  verdict, and the host's own ``device_map``;
-- GPU: the ``gpu.slow-state`` verdict and ``facts.gpu.devices[*].under_load`` figures;
-- rails: the ``fabric.devicemap-env`` gate's facts ``rails`` ``[{port, ip, subnet, gid_index}]``;
-- versions: ``facts.fabric.devices[*].fw_ver``, ``facts.gpu.driver_version``, ``facts.versions``
-  (kernel, BIOS, rdma-core; older reports: ``facts.gpu.versions``) and ``afddiag_version``.
+What each gate compares comes from the per-host summary of each report (``summary``,
+:mod:`afddiag.summary`, with its schema; built from an older report that has none): role, fabric
+IP and its prefix length, capacity flag, RoCE MTU, GID index (and a forced ``NCCL_IB_GID_INDEX``),
+the device maps and ``fabric.devicemap-env``'s verdict, the GPUs' under-load figures and
+``gpu.slow-state``'s verdict, the
+rails (``[{port, ip, subnet, gid_index}]``), versions. The gates never read another gate's free-form facts.
 """
 
 from __future__ import annotations
@@ -61,6 +51,7 @@ class HostResult:
     error: str | None = None
     elapsed_s: float | None = None
     _gates: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -98,14 +89,24 @@ class HostResult:
         return e if isinstance(e, dict) else {}
 
     @property
+    def summary(self) -> dict[str, Any]:
+        """The report's per-host summary (:mod:`afddiag.summary`; built from an older report that has
+        none); {} without a report. The fleet gates read only this."""
+        if self._summary is None:
+            from afddiag import summary
+
+            self._summary = summary.of(self.report)
+        return self._summary
+
+    @property
     def host_role(self) -> str:
-        """The inventory's role, else the report's ``inputs.role``, else "generic"."""
-        return self.role or self.inputs.get("role") or "generic"
+        """The inventory's role, else the report's role, else "generic"."""
+        return self.role or self.summary.get("role") or "generic"
 
     @property
     def fip(self) -> str | None:
-        """The fabric IP the report judged (``inputs.fabric_ip``), else the inventory's."""
-        return self.inputs.get("fabric_ip") or self.fabric_ip
+        """The fabric IP the report judged, else the inventory's."""
+        return self.summary.get("fabric_ip") or self.fabric_ip
 
 
 Fleet = list[HostResult]
@@ -159,10 +160,10 @@ def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        f = h.gate_facts("launch.capacity")
+        f = h.summary.get("capacity") or {}
         val = _int(f.get("value"))
         if f.get("key") in CAPACITY_KEYS and val is not None:
-            flags[h.name] = (f["key"], val, bool(f.get("set")), h.inputs.get("launch_env") or "?")
+            flags[h.name] = (f["key"], val, bool(f.get("set")), h.summary.get("launch_env") or "?")
         else:
             unknown.append(h.name)
     facts = {"flags": {n: {"key": k, "value": v, "set": s, "launch_env": p} for n, (k, v, s, p) in flags.items()},
@@ -197,14 +198,8 @@ def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 # ---------------------------------------------------------------- fleet.fabric-ip
 
 def _prefix(h: HostResult, ip: str) -> int | None:
-    """The prefix length of ``ip`` on the netdev holding it (facts.fabric.netdevs), None if unseen."""
-    nds = ((h.facts.get("fabric") or {}).get("netdevs") or {})
-    for nd in nds.values() if isinstance(nds, dict) else []:
-        for a in (nd or {}).get("ipv4") or []:
-            addr, _, plen = str(a).partition("/")
-            if addr == ip and plen.isdigit():
-                return int(plen)
-    return None
+    """The prefix length of ``ip`` on the netdev holding it (summary ``ipv4_prefixlen``), None if unseen."""
+    return _int((h.summary.get("ipv4_prefixlen") or {}).get(ip))
 
 
 def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
@@ -218,12 +213,12 @@ def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        rep_ip = h.inputs.get("fabric_ip")
+        rep_ip = h.summary.get("fabric_ip")
         if h.fabric_ip and rep_ip and rep_ip != h.fabric_ip:
             fails.append(f"{h.name}: inventory says {h.fabric_ip} but the host judged {rep_ip}")
         ip = h.fip
         if not ip:
-            src = h.inputs.get("fabric_ip_source") or "none"
+            src = h.summary.get("fabric_ip_source") or "none"
             missing.append(f"{h.name} ({src})")
             continue
         ips[h.name] = ip
@@ -267,13 +262,13 @@ def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        f = h.gate_facts("fabric.mtu")
-        m = _int(f.get("roce_mtu"))
+        s = h.summary
+        m = _int(s.get("roce_mtu_bytes"))
         if m is None:
             unknown.append(h.name)
             continue
         mtus[h.name] = m
-        netdev[h.name] = f"{f.get('netdev')} MTU {f.get('netdev_mtu')}"
+        netdev[h.name] = f"{s.get('netdev')} MTU {s.get('netdev_mtu_bytes')}"
     facts = {"roce_mtu": mtus, "netdev": netdev, "unknown": unknown, "not_judged": _not_judged(fleet)}
     if not mtus:
         return Verdict(gid, SKIP, "no host reported a RoCE MTU (fabric.mtu did not judge: fabric IP unknown or "
@@ -304,10 +299,9 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        if NCCL_GID_VAR in h.env:
-            forced[h.name] = h.env[NCCL_GID_VAR]
-        e = h.gate_facts("fabric.rocev2-ipv4").get("entry")
-        i = _int(e.get("gid_index")) if isinstance(e, dict) else None
+        if h.summary.get("gid_index_env") is not None:
+            forced[h.name] = h.summary["gid_index_env"]
+        i = _int(h.summary.get("gid_index"))
         if i is None:
             unknown.append(h.name)
         else:
@@ -354,19 +348,20 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        val = h.env.get(MAP_VAR)
+        val = h.summary.get("device_map_env")
         if val is None:
             unset.append(h.name)
             continue
         maps[h.name] = val
-        if h.gate("fabric.devicemap-env").get("verdict") == FAIL:
-            bad_local.append(f"{h.name} ({h.gate('fabric.devicemap-env').get('summary', '')[:160]})")
+        dm_env = h.summary.get("devicemap_env") or {}
+        if dm_env.get("verdict") == FAIL:
+            bad_local.append(f"{h.name} ({str(dm_env.get('summary', ''))[:160]})")
         entries, _ = parse_device_map(val)
         for ip, dev in entries.items():
             other = by_ip.get(ip)
             if other is None or other is h:
                 continue
-            theirs = (other.report or {}).get("device_map") or {}
+            theirs = other.summary.get("device_map") or {}
             if ip in theirs and theirs[ip] != dev:
                 wrong_remote.append(f"{h.name}'s map sends {other.name}'s {ip} to {dev}, but {other.name} carries it "
                                     f"on {theirs[ip]}")
@@ -390,9 +385,9 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 # ---------------------------------------------------------------- fleet.gpu
 
 def _load_figures(h: HostResult) -> dict[str, float]:
-    """The slowest under-load figure of each kind across the host's GPUs (facts.gpu.devices)."""
+    """The slowest under-load figure of each kind across the host's GPUs (summary ``gpus``)."""
     out: dict[str, float] = {}
-    for d in ((h.facts.get("gpu") or {}).get("devices") or []):
+    for d in h.summary.get("gpus") or []:
         ul = (d or {}).get("under_load") if isinstance(d, dict) else None
         if not isinstance(ul, dict):
             continue
@@ -404,8 +399,8 @@ def _load_figures(h: HostResult) -> dict[str, float]:
 
 
 def _busy(h: HostResult) -> bool:
-    """True when the host's gpu.slow-state found its GPU busy with another job (facts ``busy``)."""
-    return any(isinstance(v, dict) and v.get("busy") for v in h.gate_facts("gpu.slow-state").values())
+    """True when the host's gpu.slow-state found its GPU busy with another job (summary ``gpu_busy``)."""
+    return bool(h.summary.get("gpu_busy"))
 
 
 def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
@@ -419,7 +414,7 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        g = h.gate("gpu.slow-state")
+        g = h.summary.get("slow_state") or {}
         if g.get("verdict") == FAIL:
             slow.append(f"{h.name} ({str(g.get('summary', ''))[:160]})")
         elif g.get("verdict") == WARN:
@@ -451,7 +446,7 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         return Verdict(gid, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet),
                        "re-run `afddiag gpu --load` on the named hosts when their GPUs are idle: nothing is proven "
                        "wrong with them", facts, action="RERUN")
-    judged = [h.name for h in fleet if h.ok and h.gate("gpu.slow-state").get("verdict") == PASS]
+    judged = [h.name for h in fleet if h.ok and (h.summary.get("slow_state") or {}).get("verdict") == PASS]
     if not judged and not figs:
         return Verdict(gid, SKIP, "no host reported GPU load figures (run with --load, or the expert role)"
                        + _tail(fleet), "run `afddiag all --load` on every rank", facts)
@@ -462,25 +457,10 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 # ---------------------------------------------------------------- fleet.versions
 
 def host_versions(h: HostResult) -> dict[str, str]:
-    """What a report says about versions: ``afddiag``, ``driver`` (NVIDIA), ``kernel``, ``bios``,
-    ``rdma_core`` and ``firmware`` (per HCA type: ``"MT4129 28.45.4028"``; several joined by ",")."""
-    f = h.facts
-    out: dict[str, str] = {}
-    if (h.report or {}).get("afddiag_version"):
-        out["afddiag"] = str(h.report["afddiag_version"])
-    g = f.get("gpu") if isinstance(f.get("gpu"), dict) else {}
-    if g.get("driver_version"):
-        out["driver"] = str(g["driver_version"])
-    v = {**(g.get("versions") if isinstance(g.get("versions"), dict) else {}),
-         **(f.get("versions") if isinstance(f.get("versions"), dict) else {})}
-    for k in ("kernel", "bios", "rdma_core"):
-        if v.get(k):
-            out[k] = str(v[k])
-    fws = sorted({f"{d.get('hca_type') or '?'} {d.get('fw_ver')}" for d in ((f.get("fabric") or {}).get("devices") or [])
-                  if isinstance(d, dict) and d.get("fw_ver")})
-    if fws:
-        out["firmware"] = ", ".join(fws)
-    return out
+    """What a host says about versions (summary ``versions``: ``afddiag``, ``driver``, ``kernel``,
+    ``bios``, ``rdma_core``, ``firmware`` per HCA type)."""
+    v = h.summary.get("versions")
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
 
 
 def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
@@ -516,15 +496,14 @@ def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 def rails(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """Every rail a host's NCCL_IB_HCA selects (a port with its own routable IPv4 RoCE v2 GID, the
     ``fabric.devicemap-env`` facts ``rails``) must have a peer: some other host holds an address on
-    its subnet (``facts.fabric.netdevs[*].ipv4`` or its fabric IP). A rail on a subnet no other host
+    its subnet (summary ``ipv4_prefixlen``). A rail on a subnet no other host
     has is a port NCCL uses and nobody answers on: FAIL, named."""
     gid = "fleet.rails"
     subnets: dict[str, set[str]] = defaultdict(set)  # subnet -> hosts with an address on it
     for h in fleet:
         if not h.ok:
             continue
-        addrs = [a for nd in ((h.facts.get("fabric") or {}).get("netdevs") or {}).values() if isinstance(nd, dict)
-                 for a in nd.get("ipv4") or [] if isinstance(a, str)]
+        addrs = [f"{ip}/{plen}" for ip, plen in (h.summary.get("ipv4_prefixlen") or {}).items()]
         for a in addrs:
             try:
                 subnets[str(ipaddress.IPv4Interface(a).network)].add(h.name)
@@ -534,7 +513,7 @@ def rails(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        for r in h.gate_facts("fabric.devicemap-env").get("rails") or []:
+        for r in h.summary.get("rails") or []:
             if not isinstance(r, dict) or not r.get("subnet"):
                 continue
             seen.append(f"{h.name} {r.get('port')} {r.get('subnet')}")

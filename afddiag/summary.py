@@ -1,0 +1,141 @@
+"""The per-host summary: what the fleet compares between hosts, in one typed place of each host report.
+
+Each host report carries ``summary`` (schema: ``afddiag/schema/report.schema.json``, ``summary``).
+The fleet gates (:mod:`afddiag.gates.fleet`) read only it, never another gate's free-form facts:
+a key renamed in a gate's facts changes this module and its schema, not the fleet.
+
+:func:`from_report` builds it from a report when the report is made (:mod:`afddiag.runner`), and
+for a report of an older afddiag that carries none (``afddiag merge`` of files collected earlier).
+
+Fields (None where the host did not say):
+
+- ``role``; ``fabric_ip``, ``fabric_ip_source``; ``ipv4_prefixlen`` (address → prefix length, from
+  the netdevs' addresses); ``launch_env`` (the file the launch settings came from);
+- ``engine_device`` (the device the engine opens), ``rdma_device``/``port``/``gid_index`` (the
+  fabric IP's IPv4 RoCE v2 GID), ``netdev``, ``netdev_mtu_bytes``, ``roce_mtu_bytes``;
+- ``device_map`` (this host's own map), ``device_map_env`` (the map the launcher exports),
+  ``gid_index_env`` (``NCCL_IB_GID_INDEX``), ``devicemap_env`` (``{verdict, summary}`` of
+  ``fabric.devicemap-env``);
+- ``capacity`` (``{key, value, set}``: this role's capacity flag);
+- ``gpus`` (``[{name, uuid, sm_count, under_load: {clock_sm_mhz, fp32_tflops, bf16_tflops,
+  gemv_gbps, copy_gbps}}]``), ``slow_state`` (``{verdict, summary}`` of ``gpu.slow-state``),
+  ``gpu_busy`` (the GPU was busy with another job: figures inconclusive);
+- ``rails`` (``[{port, ip, subnet, gid_index}]``: the ports ``NCCL_IB_HCA`` selects besides the fabric port);
+- ``versions`` (``afddiag``, ``driver``, ``kernel``, ``bios``, ``rdma_core``, ``firmware``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUMMARY_VERSION = 1
+CAPACITY_KEYS = ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY")
+LOAD_FIGURES = ("clock_sm_mhz", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
+
+
+def _d(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v.strip())
+    return None
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _verdict(g: dict[str, Any]) -> dict[str, Any] | None:
+    return {"verdict": g.get("verdict"), "summary": str(g.get("summary", ""))} if g else None
+
+
+def versions_of(rep: dict[str, Any]) -> dict[str, str]:
+    """``afddiag``, ``driver`` (NVIDIA), ``kernel``, ``bios``, ``rdma_core`` and ``firmware`` (per HCA
+    type: ``"MT4129 28.45.4028"``; several joined by ",") from a report's facts."""
+    f = _d(rep.get("facts"))
+    out: dict[str, str] = {}
+    if rep.get("afddiag_version"):
+        out["afddiag"] = str(rep["afddiag_version"])
+    g = _d(f.get("gpu"))
+    if g.get("driver_version"):
+        out["driver"] = str(g["driver_version"])
+    v = {**_d(g.get("versions")), **_d(f.get("versions"))}
+    for k in ("kernel", "bios", "rdma_core"):
+        if v.get(k):
+            out[k] = str(v[k])
+    fws = sorted({f"{d.get('hca_type') or '?'} {d.get('fw_ver')}" for d in (_d(f.get("fabric")).get("devices") or [])
+                  if isinstance(d, dict) and d.get("fw_ver")})
+    if fws:
+        out["firmware"] = ", ".join(fws)
+    return out
+
+
+def from_report(rep: dict[str, Any]) -> dict[str, Any]:
+    """The summary of one host report (see the module docstring). Never raises on odd content."""
+    gates = {g.get("id"): g for g in rep.get("gates") or [] if isinstance(g, dict)}
+
+    def gf(gid: str) -> dict[str, Any]:
+        return _d(_d(gates.get(gid)).get("facts"))
+
+    inputs, facts = _d(rep.get("inputs")), _d(rep.get("facts"))
+    env = {str(k): str(v) for k, v in _d(inputs.get("env")).items()}
+    prefixes: dict[str, int] = {}
+    for nd in _d(_d(facts.get("fabric")).get("netdevs")).values():
+        for a in _d(nd).get("ipv4") or []:
+            addr, _, plen = str(a).partition("/")
+            if plen.isdigit():
+                prefixes.setdefault(addr, int(plen))
+    cap = gf("launch.capacity")
+    capacity = ({"key": cap["key"], "value": _int(cap.get("value")), "set": bool(cap.get("set"))}
+                if cap.get("key") in CAPACITY_KEYS and _int(cap.get("value")) is not None else None)
+    entry = _d(gf("fabric.rocev2-ipv4").get("entry"))
+    mtu = gf("fabric.mtu")
+    gpus = []
+    for d in _d(facts.get("gpu")).get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        ul = _d(d.get("under_load"))
+        gpus.append({"name": d.get("name"), "uuid": d.get("uuid"), "sm_count": _int(d.get("sm_count")),
+                     "under_load": {k: _num(ul.get(k)) for k in LOAD_FIGURES if _num(ul.get(k)) is not None}})
+    from afddiag.envvars import MAP_VAR, NCCL_GID_VAR
+
+    return {
+        "summary_version": SUMMARY_VERSION,
+        "role": inputs.get("role"),
+        "fabric_ip": inputs.get("fabric_ip"),
+        "fabric_ip_source": inputs.get("fabric_ip_source"),
+        "ipv4_prefixlen": prefixes,
+        "launch_env": inputs.get("launch_env"),
+        "engine_device": gf("fabric.first-device").get("engine_device"),
+        "rdma_device": entry.get("device"),
+        "port": _int(entry.get("port")),
+        "gid_index": _int(entry.get("gid_index")),
+        "netdev": mtu.get("netdev") or entry.get("netdev"),
+        "netdev_mtu_bytes": _int(mtu.get("netdev_mtu")),
+        "roce_mtu_bytes": _int(mtu.get("roce_mtu")),
+        "device_map": _d(rep.get("device_map")),
+        "device_map_env": env.get(MAP_VAR),
+        "gid_index_env": env.get(NCCL_GID_VAR),
+        "devicemap_env": _verdict(_d(gates.get("fabric.devicemap-env"))),
+        "capacity": capacity,
+        "gpus": gpus,
+        "slow_state": _verdict(_d(gates.get("gpu.slow-state"))),
+        "gpu_busy": any(isinstance(v, dict) and v.get("busy") for v in gf("gpu.slow-state").values()),
+        "rails": [{k: r.get(k) for k in ("port", "ip", "subnet", "gid_index")}
+                  for r in gf("fabric.devicemap-env").get("rails") or [] if isinstance(r, dict)],
+        "versions": versions_of(rep),
+    }
+
+
+def of(rep: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's own summary, else one built from it (a report of an older afddiag); {} without a report."""
+    if not isinstance(rep, dict):
+        return {}
+    s = rep.get("summary")
+    return s if isinstance(s, dict) and s.get("summary_version") == SUMMARY_VERSION else from_report(rep)
