@@ -177,6 +177,9 @@ def _check_value(key: str, val: str, where: str) -> None:
                                  "integer (1 to 999999999, ASCII digits)")
     elif key == "AFD_DRAFTER" and val and val.lower() not in FLAG_WORDS:
         raise LaunchEnvError(f"{where}: AFD_DRAFTER={val!r} is not a flag (1/0, true/false, on/off, yes/no)")
+    elif key == "AFD_ENGINE_PORTS" and val:
+        if not all(v.isdigit() and 0 < int(v) < 65536 for v in re.split(r"[,\s]+", val.strip()) if v):
+            raise LaunchEnvError(f"{where}: AFD_ENGINE_PORTS={val!r} is not a list of TCP ports (e.g. 29500,29501)")
     elif key == "AFD_GPU_MEMORY_RESERVATION" and val:
         try:
             ok = 0.0 < float(val) <= 1.0

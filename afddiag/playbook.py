@@ -29,7 +29,7 @@ REGISTERS = ("", "host", "gpu")  # [fabric] engine_registers: which memory the e
 PLAN_KEYS = {"weights_bytes", "drafter_bytes", "runtime_headroom_bytes", "fit_offset_bytes",
              "activation_bytes_per_capacity", "kv_bytes_per_token", "max_context_tokens", "default_capacity",
              "drafter_default"}
-_LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address"}
+_LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address", "engine_ports"}
 # [timeouts]: each probe's time bound, seconds (--timeout overrides all but qp_s and load_s; --qp-timeout qp_s).
 # A probe past its bound gives ERROR for its own gates and the run goes on.
 DEFAULT_TIMEOUTS = {"fabric_s": 10.0, "qp_s": 5.0, "gpu_s": 10.0, "load_s": 30.0, "cpu_s": 10.0,
@@ -57,6 +57,7 @@ class Playbook:
     capacity_key: str = ""
     memlock_min_bytes: int = 0  # -1: must be unlimited; 0: not checked
     require_fabric_address: bool = False
+    engine_ports: list[int] = field(default_factory=list)  # launch.control-plane: the peers' engine TCP ports
     engine_registers: str = ""  # fabric.mem-registration: "host" (pinned host memory), "gpu" (GPU memory), "" unknown
     link_speed_mbps: int = 0  # fabric.link-speed: the RoCE netdev's expected negotiated speed, Mb/s (0: none)
     cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
@@ -102,6 +103,7 @@ def parse(text: str, path: str) -> Playbook:
             capacity_key=str(la.get("capacity_key", "")),
             memlock_min_bytes=int(la.get("memlock_min_bytes", 0)),
             require_fabric_address=bool(la.get("require_fabric_address", False)),
+            engine_ports=[int(x) for x in la.get("engine_ports", [])],
             cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
             link_speed_mbps=int(d.get("fabric", {}).get("link_speed_mbps", 0)),
             engine_registers=str(d.get("fabric", {}).get("engine_registers", "")),
@@ -114,6 +116,8 @@ def parse(text: str, path: str) -> Playbook:
         raise PlaybookError(f"playbook {path}: bad value ({e})") from None
     if not 0.0 <= pb.reserve_fraction <= 1.0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
+    if any(not 0 < x < 65536 for x in pb.engine_ports):
+        raise PlaybookError(f"playbook {path}: launch.engine_ports {pb.engine_ports}: give TCP ports 1..65535")
     if pb.engine_registers not in REGISTERS:
         raise PlaybookError(f"playbook {path}: fabric.engine_registers {pb.engine_registers!r}: give \"host\" or \"gpu\"")
     if pb.reserve_bytes < 0:

@@ -199,10 +199,79 @@ def _label_gpu(dev) -> str:
     return f"GPU {dev.index} {dev.name or '?'}"
 
 
+ADDR_SUFFIXES = ("_ADDR", "_ADDRESS", "_HOST", "_URL", "_ENDPOINT")
+
+
+def bad_advertised(env: dict) -> list[tuple[str, str, str]]:
+    """Launch-env addresses peers would be told to connect to that cannot work across hosts:
+    ``[(key, value, why)]`` for AFD_* keys ending in _ADDR, _ADDRESS, _HOST, _URL or _ENDPOINT (and
+    MASTER_ADDR) whose host part is a wildcard (0.0.0.0, ::) or loopback (127.0.0.0/8, ::1, localhost).
+    Pure."""
+    import ipaddress
+
+    out = []
+    for key, val in sorted(env.items()):
+        if not ((key.startswith("AFD_") and key.endswith(ADDR_SUFFIXES)) or key == "MASTER_ADDR") or not val:
+            continue
+        host = val.split("://", 1)[-1].split("/", 1)[0]
+        if host.startswith("["):
+            host = host[1:].split("]", 1)[0]
+        elif host.count(":") == 1:
+            host = host.split(":", 1)[0]
+        if host.lower() == "localhost":
+            out.append((key, val, "loopback"))
+            continue
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            continue
+        if ip.is_unspecified:
+            out.append((key, val, "a wildcard (listen-on-all) address, not one a peer can reach"))
+        elif ip.is_loopback:
+            out.append((key, val, "loopback"))
+    return out
+
+
+def control_plane(ctx: Context) -> Verdict:
+    gid = "launch.control-plane"
+    le = ctx.inputs.launch_env
+    bad = bad_advertised(le or {})
+    r = ctx.obs.reach
+    if (v := probe_failed(gid, r)) is not None:
+        return v
+    facts: dict = {"advertised_bad": [{"key": k, "value": val, "why": w} for k, val, w in bad]}
+    if r is not None and r.captured:
+        facts.update(source=r.source, peers=r.peers, ports=r.ports, attempts=r.attempts, notes=r.notes)
+    if bad:
+        return Verdict(gid, FAIL, f"{ctx.inputs.launch_env_path}: " + "; ".join(
+            f"{k}={val} is {w}" for k, val, w in bad) + ": peers told this address connect to themselves or nowhere",
+            remedy(gid + ".advertised"), facts, action="SET_ENV")
+    if r is None or not r.captured or not r.attempts:
+        why = ("no peers (--peer or AFD_PEER_FABRIC_IPS)" if not ctx.inputs.peers else
+               "no engine ports (AFD_ENGINE_PORTS in the launch env, or the playbook's [launch] engine_ports)")
+        if r is not None and r.notes and not r.captured:
+            why = "; ".join(r.notes)
+        return Verdict(gid, SKIP, f"control-plane reach not tried: {why}",
+                       "give the peers and the engine ports to test the control connections", facts)
+    down = [a for a in r.attempts if a.get("outcome") in ("timeout", "unreachable", "bind failed", "error")]
+    refused = [a for a in r.attempts if a.get("outcome") == "refused"]
+    ok = [a for a in r.attempts if a.get("ok")]
+    src = f"from {r.source}" if r.source else "from any address"
+    if down:
+        txt = "; ".join(f"{a['peer']}:{a['port']} {a['outcome']}" + (f" ({a['error']})" if a.get("error") else "")
+                        for a in down[:6])
+        return Verdict(gid, FAIL, f"{len(down)} of {len(r.attempts)} control connection(s) {src} fail: {txt}",
+                       remedy(gid), facts)
+    note = (f"; {len(refused)} refused (the peer answered, nothing listens yet: start order)" if refused else "")
+    return Verdict(gid, PASS, f"{len(r.attempts)} control connection(s) {src} to {', '.join(r.peers)} on port(s) "
+                   f"{', '.join(map(str, r.ports))}: {len(ok)} connected{note}", "nothing to do", facts)
+
+
 GATES = [
     ("launch.fabric-address", fabric_address),
     ("launch.capacity", capacity),
     ("launch.memory-plan", memory_plan),
+    ("launch.control-plane", control_plane),
     ("launch.memlock", memlock),
     ("launch.uverbs-access", uverbs_access),
 ]

@@ -107,3 +107,30 @@ def pcie_facts(r: object) -> PcieFacts:
                               device=d.get("device") if isinstance(d.get("device"), str) else None))
     notes = [n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else []
     return PcieFacts(links=links, notes=notes)
+
+
+@dataclass
+class ReachFacts:
+    """Bounded TCP connects from the fabric IP to the peers' engine ports (:mod:`afddiag.probes.reach`)."""
+
+    captured: bool = True
+    source: str | None = None  # the fabric IP the sockets were bound to
+    peers: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)  # peer, port, ok, outcome, errno, error, elapsed_ms
+    notes: list[str] = field(default_factory=list)
+    failed: str | None = None  # the probe timed out or crashed (launch.control-plane says ERROR)
+
+
+def reach_facts(r: object) -> ReachFacts:
+    """:class:`ReachFacts` from :func:`afddiag.probes.reach.read_reach` readings (None: not captured).
+    Never raises."""
+    if not isinstance(r, dict):
+        return ReachFacts(captured=False, notes=["control-plane reach not captured"])
+    att = [a for a in r.get("attempts", []) if isinstance(a, dict) and isinstance(a.get("peer"), str)
+           and isinstance(a.get("port"), int)] if isinstance(r.get("attempts"), list) else []
+    return ReachFacts(source=r.get("source") if isinstance(r.get("source"), str) else None,
+                      peers=[p for p in r.get("peers", []) if isinstance(p, str)] if isinstance(r.get("peers"), list) else [],
+                      ports=[p for p in r.get("ports", []) if isinstance(p, int)] if isinstance(r.get("ports"), list) else [],
+                      attempts=att,
+                      notes=[n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else [])

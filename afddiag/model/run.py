@@ -7,7 +7,7 @@ from typing import Any
 
 from afddiag.model.fabric import FabricFacts, MemRegFacts, QpFacts, RouteFacts
 from afddiag.model.gpu import GpuFacts
-from afddiag.model.host import HostLimits, ImageFacts, PcieFacts
+from afddiag.model.host import HostLimits, ImageFacts, PcieFacts, ReachFacts
 
 ALL_FAMILIES = frozenset({"fabric", "gpu", "host", "launch"})
 
@@ -74,6 +74,7 @@ class Observation:
     versions: dict[str, Any] | None = None  # kernel, bios, rdma_core; None: not read
     memreg: MemRegFacts | None = None  # which memory the NIC can register; None: not probed
     pcie: PcieFacts | None = None  # PCIe links of the RDMA NICs and GPUs; None: not probed
+    reach: ReachFacts | None = None  # TCP connects to the peers' engine ports; None: not probed
     notes: list[str] = field(default_factory=list)
 
 

@@ -924,6 +924,44 @@ def _pcie_failed(why: str) -> dict[str, Any]:
     return {"pcie": PcieFacts(captured=False, failed=why, notes=[why])}
 
 
+# ---------------------------------------------------------------------------------------------
+# control-plane reach: TCP connects from the fabric IP to the peers' engine ports
+
+
+def engine_ports(run: Run) -> list[int]:
+    """The peers' engine ports: the launch env's AFD_ENGINE_PORTS, else the playbook's engine_ports."""
+    raw = run.launch_value("AFD_ENGINE_PORTS")
+    if raw:
+        return [int(v) for v in re.split(r"[,\s]+", raw.strip()) if v.isdigit()]
+    pb = run.inputs.playbook
+    return list(pb.engine_ports) if pb is not None else []
+
+
+def _reach_wanted(run: Run) -> bool:
+    return not run.live or bool(run.inputs.peers and engine_ports(run))
+
+
+def _reach_read(run: Run, progress: Any) -> dict[str, Any]:
+    from afddiag.probes.reach import read_reach
+
+    progress.doing = "TCP connects to the peers' engine ports"
+    src = run.fabric_ip() or run.inputs.fabric_ip
+    return {"reach.json": read_reach(list(run.inputs.peers), engine_ports(run), src,
+                                     run.inputs.timeout("limits_s"))}
+
+
+def _reach_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.host import reach_facts
+
+    return {"reach": reach_facts(r.get("reach.json"))}
+
+
+def _reach_failed(why: str) -> dict[str, Any]:
+    from afddiag.model.host import ReachFacts
+
+    return {"reach": ReachFacts(captured=False, failed=why, notes=[why])}
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("host", "hostname", "limits_s", (Artifact("host", "text", 4096), Artifact("case.json")),
           _host_read, _host_facts, lambda why: {}),
@@ -951,6 +989,8 @@ PROBES: tuple[Probe, ...] = (
           _memreg_read, _memreg_facts, _memreg_failed, frozenset({"fabric"}), _memreg_wanted),
     Probe("pcie", "PCIe link probe (sysfs)", "fabric_s", (Artifact("pcie.json"),), _pcie_read, _pcie_facts,
           _pcie_failed, frozenset({"host"})),
+    Probe("reach", "control-plane probe (TCP connects to the peers' engine ports)", lambda run: run.inputs.timeout("limits_s") + 1.0,
+          (Artifact("reach.json"),), _reach_read, _reach_facts, _reach_failed, frozenset({"launch"}), _reach_wanted),
     Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _cpu_read, _cpu_facts,
           lambda why: {"cpu": {"why": why, "failed": why}}, frozenset({"host"})),
     Probe("versions", "version probe (kernel, BIOS, rdma-core)", "fabric_s",

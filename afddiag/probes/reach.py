@@ -1,0 +1,63 @@
+"""Control-plane reach: a bounded TCP connect from the fabric IP to each peer's engine ports.
+
+Each attempt binds the socket to the fabric IP (so it leaves over the fabric, as the engines' control
+connections do), connects with a time bound, and records the outcome: connected, refused (the peer
+answered: nothing listens there yet), or timed out / unreachable (a firewall drops it, or no route).
+Nothing is sent; every socket is closed. Never raises. The readings are plain JSON.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from typing import Any
+
+
+def connect_once(peer: str, port: int, source: str | None, timeout_s: float) -> dict[str, Any]:
+    """One TCP connect to ``peer:port`` from ``source`` (an IPv4 address to bind; None: any) within
+    ``timeout_s`` seconds: ``{"peer", "port", "source", "ok", "outcome": "connected"|"refused"|
+    "timeout"|"unreachable"|"bind failed"|"error", "errno", "error", "elapsed_ms"}``
+    (``nc -z -s <source> -w <timeout> <peer> <port>``)."""
+    out: dict[str, Any] = {"peer": peer, "port": port, "source": source, "ok": False, "outcome": "error",
+                           "errno": None, "error": None}
+    t0 = time.monotonic()
+    s = None
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(timeout_s)
+        if source:
+            try:
+                s.bind((source, 0))
+            except OSError as e:
+                out.update(outcome="bind failed", errno=e.errno, error=f"bind {source}: {e.strerror or e}")
+                return out
+        s.connect((peer, port))
+        out.update(ok=True, outcome="connected")
+    except socket.timeout:
+        out.update(outcome="timeout", error=f"no answer within {timeout_s:g} s")
+    except OSError as e:
+        kind = {errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable", errno.ENETUNREACH: "unreachable",
+                errno.ETIMEDOUT: "timeout"}.get(e.errno or 0, "error")
+        out.update(outcome=kind, errno=e.errno, error=e.strerror or str(e))
+    finally:
+        if s is not None:
+            s.close()
+        out["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    return out
+
+
+def read_reach(peers: list[str], ports: list[int], source: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
+    """Every (peer, port) once, each bounded by a share of ``timeout_s`` (at most 2 s, at least
+    0.2 s); attempts past the whole bound are recorded as not tried. Returns ``{"source", "peers",
+    "ports", "attempts": [connect_once(...)], "notes"}``. Never raises."""
+    pairs = [(p, port) for p in peers for port in ports]
+    each = max(0.2, min(2.0, timeout_s / max(1, len(pairs))))
+    deadline = time.monotonic() + timeout_s
+    out: dict[str, Any] = {"source": source, "peers": list(peers), "ports": list(ports), "attempts": [], "notes": []}
+    for peer, port in pairs:
+        if time.monotonic() + each > deadline:
+            out["notes"].append(f"{peer}:{port} not tried: the {timeout_s:g} s bound was used up")
+            continue
+        out["attempts"].append(connect_once(peer, port, source, each))
+    return out
