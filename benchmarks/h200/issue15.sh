@@ -22,10 +22,12 @@ step memreg.json 60 "$PY" -m afddiag.probes.memreg --count 64 --timeout 20
 step memreg-cuda.json 30 "$PY" -m afddiag.probes.memreg --no-verbs
 # GPU readings as gpu.json (headroom: NVML free memory, host_meminfo_kb with MemFree/Cached/Cma*)
 step gpu.json 30 "$PY" -m afddiag.probes.gpu
-# the gates on this host in the coordinator role (gpu.headroom, gpu.memory, launch.memory-plan with a launch env)
+# the gates on this host in the coordinator role (gpu.headroom, gpu.memory, launch.memory-plan with a launch env,
+# fabric.mem-registration and host.pcie; without --no-qp, which would skip the registration probe)
 printf 'AFD_FABRIC_IP=192.0.2.10\nAFD_PREFILL_CAPACITY=1024\nAFD_DRAFTER=1\n' >"$D/coord.env"
-step gpu-coordinator.json 60 "$PY" -m afddiag all --json --no-qp --no-history --role coordinator --launch-env "$D/coord.env"
+step gpu-coordinator.json 90 "$PY" -m afddiag all --json --no-history --role coordinator --launch-env "$D/coord.env"
 # the raw sources, for fixtures
+step pcie.json 20 "$PY" -m afddiag.probes.pcie
 step meminfo.txt 5 grep -E '^(MemTotal|MemFree|MemAvailable|Buffers|Cached|CmaTotal|CmaFree):' /proc/meminfo
 step nvidia-version.txt 5 cat /proc/driver/nvidia/version
 step nvidia-smi-memory.txt 20 nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total,memory.free,memory.used --format=csv
@@ -110,7 +112,7 @@ for dv in g.get("devices", []):
         print(f"GPU {dv.get('index')}: NVML free {mem.get('free_bytes', 0) / 2**30:.2f} GiB of {mem.get('total_bytes', 0) / 2**30:.2f} GiB")
 rep = load("gpu-coordinator.json")
 for gate in rep.get("gates", []):
-    if gate["id"] in ("gpu.headroom", "gpu.memory", "launch.memory-plan"):
+    if gate["id"] in ("gpu.headroom", "gpu.memory", "launch.memory-plan", "fabric.mem-registration", "host.pcie"):
         print(f"{gate['id']}: {gate['verdict']}: {gate['summary']}")
 PYEOF
 cat "$D/summary.txt"
