@@ -773,3 +773,23 @@ def test_7_run_fuzz_finds_the_cases_from_any_working_directory(tmp_path):
     p = subprocess.run([sys.executable, str(script), "--seconds", "1"], cwd=tmp_path, capture_output=True, text=True,
                        env={**env, "AFDDIAG_CASES": str(tmp_path / "nowhere")}, timeout=120)
     assert p.returncode == 2 and "set AFDDIAG_CASES" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "dev-zero", "not-utf8"])
+def test_7_an_unreadable_snapshot_host_file_is_a_note_not_a_traceback(tmp_path, capsys, kind):
+    snap = _snap(tmp_path)
+    (snap / "case.json").unlink()
+    host = snap / "host"
+    if kind == "folder":
+        host.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(host)
+    elif kind == "dev-zero":
+        host.symlink_to("/dev/zero")
+    else:
+        host.write_bytes(b"node\xff\x1b[2J\n")
+    code, rep, _ = _json_run(capsys, ["all", "--snapshot", str(snap), "--timeout", "3"])
+    assert rep is not None and code in (0, 1, 2, 3)
+    assert "\x1b" not in rep["host"] or kind == "not-utf8"
+    if kind != "not-utf8":
+        assert rep["host"] == "snap" and any("host refused" in n for n in rep["notes"]), rep["notes"]
