@@ -78,10 +78,11 @@ def device_map(fabric: FabricFacts | None) -> dict[str, str]:
     """Every IPv4 address with a RoCE v2 GID whose netdev holds it → its device (an ACTIVE port's
     first, then the first in enumeration order). A port whose link is down keeps its entry: the map
     is right whatever the cable does (fabric.link says the link is down)."""
-    out: dict[str, str] = {}
-    for e in rocev2_carriers(fabric) if fabric else []:
-        out.setdefault(e.ip, e.device)
-    return out
+    chosen: dict[str, str] = {}
+    for e in rocev2_carriers(fabric) if fabric else []:  # ACTIVE ports first
+        chosen.setdefault(e.ip, e.device)
+    order = [e.ip for e in rocev2_carriers(fabric, active_first=False)] if fabric else []
+    return {ip: chosen[ip] for ip in dict.fromkeys(order)}  # listed in enumeration order, as before
 
 
 def devicemap_caveats(fabric: FabricFacts | None, dm: dict[str, str]) -> list[str]:

@@ -535,3 +535,11 @@ def test_xid_event_recorded_by_hand_is_judged_alike():
     assert xid_judgment({"xid": "154", "message": XID_REBOOT})[0::2] == (FAIL, "REBOOT")
     assert xid_judgment({"xid": 48})[0::2] == (FAIL, "RESET_GPU")
     assert xid_judgment({"xid": 43, "line": "NVRM: Xid (PCI:0000:01:00): 43, pid=9"})[0::2] == (WARN, "NONE")
+
+
+def test_device_map_keeps_enumeration_order_with_a_port_down(tmp_path):
+    from afddiag.endpoint import device_map
+
+    obs = order_host()
+    obs.fabric.devices[0].ports[0].state = "DOWN"  # "a" carries 10.9.0.2 on a port whose cable is out
+    assert list(device_map(obs.fabric).items()) == [("10.9.0.2", "a"), ("10.9.0.3", "b")]

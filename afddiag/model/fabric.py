@@ -196,12 +196,13 @@ def usable_rocev2(facts: FabricFacts) -> list[Entry]:
     ]
 
 
-def rocev2_carriers(facts: FabricFacts) -> list[Entry]:
+def rocev2_carriers(facts: FabricFacts, active_first: bool = True) -> list[Entry]:
     """Entries a device map may name whatever the link does: IPv4 RoCE v2 GIDs whose netdev holds
-    the IP, ACTIVE ports first (a map naming the device that carries an address is right even while
-    its cable is out; ``fabric.link`` judges the link)."""
+    the IP, ACTIVE ports first unless ``active_first`` is False (then enumeration order). A map naming
+    the device that carries an address is right even while its cable is out; ``fabric.link`` judges
+    the link."""
     out = [e for e in ipv4_entries(facts) if e.gid_type == ROCE_V2 and e.netdev_holds_ip]
-    return sorted(out, key=lambda e: e.port_state != "ACTIVE")
+    return sorted(out, key=lambda e: e.port_state != "ACTIVE") if active_first else out
 
 
 def is_link_local_v4(ip: str | None) -> bool:
