@@ -356,7 +356,9 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
 
     if serve and target:
         raise click.UsageError("give --serve or --pair, not both")
-    fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"})), only={"fabric"}).fabric
+    # --timeout bounds this fabric read too (rxe's 1024-slot GID tables under emulation outrun 10 s)
+    fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"}), probe_timeout_s=kw.get("timeout_s")),
+                         only={"fabric"}).fabric
     if serve:
         facts = pairmod.serve(port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s, fabric=fab)
     else:

@@ -124,13 +124,14 @@ def _incident() -> dict:
 
 
 def _serve(name: str, ip: str, port: int) -> dict:
-    return run_cli(name, ["fabric", "--serve", "--json", "--fabric-ip", ip, "--port", str(port), "--pair-timeout", "240"])
+    return run_cli(name, ["fabric", "--serve", "--json", "--timeout", "60", "--fabric-ip", ip, "--port", str(port),
+                          "--pair-timeout", "240"])
 
 
 def _pair(name: str, server_ip: str, client_ip: str, port: int) -> dict:
     time.sleep(2.0)  # the server's listen socket first (the client also retries refusals)
-    return run_cli(name, ["fabric", "--pair", f"{server_ip}:{port}", "--json", "--fabric-ip", client_ip,
-                          "--pair-timeout", "240"])
+    return run_cli(name, ["fabric", "--pair", f"{server_ip}:{port}", "--json", "--timeout", "60", "--fabric-ip",
+                          client_ip, "--pair-timeout", "240"])
 
 
 def pair_across(results: dict, outdir: str, tag: str, server: tuple[str, str], client: tuple[str, str],

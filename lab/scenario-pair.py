@@ -109,7 +109,7 @@ def serve_forked(outdir: str, name: str, ip: str, port: int, timeout_s: int, net
             if libc.setns(fd, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), f"setns({netns})")
             os.close(fd)
-        res = run_cli(name, ["fabric", "--serve", "--json", "--fabric-ip", ip, "--port", str(port),
+        res = run_cli(name, ["fabric", "--serve", "--json", "--timeout", "60", "--fabric-ip", ip, "--port", str(port),
                              "--pair-timeout", str(timeout_s)])
         rc = 0
         with open(os.path.join(outdir, f"{name}.json"), "w") as f:
@@ -128,7 +128,8 @@ def pair_run(results: dict, outdir: str, tag: str, server_ip: str, client_ip: st
     """One pair session: forked server, in-process client; results under scenarios pair-<tag>-{server,client}."""
     child = serve_forked(outdir, f"pair-{tag}-server", server_ip, port, timeout_s, netns)
     results["scenarios"][f"pair-{tag}-client"] = run_cli(f"pair-{tag}-client", [
-        "fabric", "--pair", f"{server_ip}:{port}", "--json", "--fabric-ip", client_ip, "--pair-timeout", str(timeout_s)])
+        "fabric", "--pair", f"{server_ip}:{port}", "--json", "--timeout", "60", "--fabric-ip", client_ip,
+        "--pair-timeout", str(timeout_s)])
     t = time.monotonic()
     while time.monotonic() - t < 60:
         done, status = os.waitpid(child, os.WNOHANG)

@@ -54,3 +54,22 @@ def test_cli_pair_json_exit_2_on_failure(capsys):
     rc = cli.run(["fabric", "--pair", "127.0.0.1:9", "--json", "--fabric-ip", "10.1.1.1", "--pair-timeout", "2"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 2 and out["role"] == "client" and out["error"]
+
+
+def test_cli_pair_fabric_read_takes_timeout(capsys, monkeypatch):
+    """--timeout bounds the pair test's fabric read (rxe's GID tables under emulation outrun the 10 s default)."""
+    from afddiag import runner
+
+    seen = []
+    real = runner.observe
+
+    def spy(inputs, *a, **kw):
+        seen.append(inputs.timeout("fabric_s"))
+        return real(inputs, *a, **kw)
+
+    monkeypatch.setattr(runner, "observe", spy)
+    cli.run(["fabric", "--pair", "127.0.0.1:9", "--json", "--timeout", "42", "--fabric-ip", "10.1.1.1",
+             "--pair-timeout", "2"])
+    cli.run(["fabric", "--pair", "127.0.0.1:9", "--json", "--fabric-ip", "10.1.1.1", "--pair-timeout", "2"])
+    capsys.readouterr()
+    assert seen[0] == 42.0 and seen[1] != 42.0
