@@ -255,6 +255,27 @@ def join_forked(pid: int, outpath: str, timeout_s: float) -> dict:
     return res
 
 
+def wait_rocev2(want: dict[str, str], timeout_s: float = 60.0) -> dict:
+    """Until every device of ``want`` (rxe device → IPv4 address) has port 1 ACTIVE and the RoCE v2 GID
+    of its address among its first 16 slots. Returns per device ``{state, v4_rocev2_gid: [index...]}``
+    and ``ready`` (False when ``timeout_s`` seconds passed first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen: dict = {}
+        for dev, ip in want.items():
+            base = f"/sys/class/infiniband/{dev}/ports/1"
+            v4 = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in ip.split("."))
+            idx = [i for i in range(16) if read(f"{base}/gids/{i}") == v4
+                   and read(f"{base}/gid_attrs/types/{i}") == "RoCE v2"]
+            seen[dev] = {"state": read(f"{base}/state"), "v4_rocev2_gid": idx}
+        ok = all(s["v4_rocev2_gid"] and "ACTIVE" in (s["state"] or "") for s in seen.values())
+        if ok or time.monotonic() > deadline:
+            seen["ready"] = ok
+            log(f"ready={ok}: {json.dumps(seen)}")
+            return seen
+        time.sleep(0.5)
+
+
 def hw_counters() -> dict[str, dict[str, int]]:
     """Every RDMA device's port-1 hw_counters (/sys/class/infiniband/<dev>/ports/1/hw_counters/*) as
     integers: rxe's sent_pkts, rcvd_pkts, retry_exceeded_err, rcvd_seq_err, out_of_seq_request,

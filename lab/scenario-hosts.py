@@ -51,7 +51,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from labkit import (LOG, MAP_VAR, T0, counter_deltas, fork_in_netns, hw_counters, join_forked, log,  # noqa: E402
-                    read, run_cli, sh, sh_json)
+                    read, run_cli, sh, sh_json, wait_rocev2)
 
 # name: (role, short name for the init-side veth ends, management IP, [(netdev, fabric IP, rxe device)])
 HOSTS = {
@@ -95,26 +95,6 @@ def build() -> None:
     for dev in RXE_ORDER:
         host, nd = where[dev]
         sh(["ip", "netns", "exec", host, "rdma", "link", "add", dev, "type", "rxe", "netdev", nd])
-
-
-def wait_ready(timeout_s: float = 90.0) -> dict:
-    """Until every rxe port is ACTIVE and carries the RoCE v2 GID of its rail address."""
-    want = {dev: ip for _, _, _, rails in HOSTS.values() for _, ip, dev in rails}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen = {}
-        for dev, ip in want.items():
-            base = f"/sys/class/infiniband/{dev}/ports/1"
-            v4 = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in ip.split("."))
-            idx = [i for i in range(8) if read(f"{base}/gids/{i}") == v4
-                   and read(f"{base}/gid_attrs/types/{i}") == "RoCE v2"]
-            seen[dev] = {"state": read(f"{base}/state"), "v4_rocev2_gid": idx}
-        ok = all(s["v4_rocev2_gid"] and "ACTIVE" in (s["state"] or "") for s in seen.values())
-        if ok or time.monotonic() > deadline:
-            seen["ready"] = ok
-            log(f"ready={ok}: {json.dumps(seen)}")
-            return seen
-        time.sleep(0.5)
 
 
 def _incident() -> dict:
@@ -251,7 +231,7 @@ def main() -> int:
     try:
         t = time.monotonic()
         build()
-        results["ready"] = wait_ready()
+        results["ready"] = wait_rocev2({dev: ip for _, _, _, rails in HOSTS.values() for _, ip, dev in rails}, 90.0)
         results["timings"]["build_s"] = round(time.monotonic() - t, 3)
         results["captures"]["rdma_dev"] = sh_json(["rdma", "-j", "dev", "show"])
         results["captures"]["rdma_system"] = sh(["rdma", "system", "show"], check=False).stdout.strip()

@@ -38,7 +38,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import LOG, T0, log, read, run_cli, sh, sh_json  # noqa: E402
+from labkit import LOG, T0, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
 
 HOST_IP, PEER_IP, RAIL2_IP = "10.9.0.2", "10.9.0.1", "10.9.0.3"
 PORT = 18515
@@ -66,25 +66,7 @@ def build() -> None:
 
 def wait_ready(timeout_s: float = 60.0) -> dict:
     """Until rxa, rxb, rxc are ACTIVE and carry the RoCE v2 GIDs of their addresses."""
-    want = {"rxa": HOST_IP, "rxb": PEER_IP, "rxc": RAIL2_IP}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen = {}
-        for dev, ip in want.items():
-            base = f"/sys/class/infiniband/{dev}/ports/1"
-            v4 = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in ip.split("."))
-            gids = []
-            for i in range(16):
-                g = read(f"{base}/gids/{i}")
-                if g and g == v4 and read(f"{base}/gid_attrs/types/{i}") == "RoCE v2":
-                    gids.append(i)
-            seen[dev] = {"state": read(f"{base}/state"), "v4_rocev2_gid": gids}
-        ok = all(s["v4_rocev2_gid"] and "ACTIVE" in (s["state"] or "") for s in seen.values())
-        if ok or time.monotonic() > deadline:
-            seen["ready"] = ok
-            log(f"ready={ok}: {json.dumps(seen)}")
-            return seen
-        time.sleep(0.5)
+    return wait_rocev2({"rxa": HOST_IP, "rxb": PEER_IP, "rxc": RAIL2_IP}, timeout_s)
 
 
 def set_arp(netdevs: list[str]) -> None:
