@@ -92,4 +92,6 @@ def test_link_down_fails_that_host_only(capsys, tmp_path):
     rows = {h["name"]: h for h in fr["hosts"]}
     assert "fabric.link" in rows["spark-b"]["failing"]
     assert "fabric.link" not in rows["coord"]["failing"] + rows["spark-a"]["failing"]
-    assert _gate(fr, "fleet.capacity")["verdict"] == _gate(fr, "fleet.mtu")["verdict"] == "PASS"
+    # the link is the root: the map is still right
+    for gid in ("fleet.capacity", "fleet.mtu", "fleet.devicemap"):
+        assert _gate(fr, gid)["verdict"] == "PASS", _gate(fr, gid)
