@@ -12,7 +12,7 @@ from typing import Any
 
 from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
 from afddiag.model.run import Inputs, Observation
-from afddiag.verdict import ERROR, Verdict
+from afddiag.verdict import ERROR, SKIP, Verdict
 
 
 @dataclass
@@ -59,6 +59,18 @@ def probe_failed(gid: str, *facts: Any) -> Verdict | None:
         why = f.get("failed") if isinstance(f, dict) else getattr(f, "failed", None)
         if why:
             return Verdict(gid, ERROR, f"not judged: {why}", PROBE_FAILED_REMEDY, {"probe_failed": why})
+    return None
+
+
+def not_probed(gid: str, facts: Any, what: str, remedy_text: str) -> Verdict | None:
+    """The preamble of a gate fed by one probe: ERROR when ``facts`` say the probe timed out or
+    crashed (:func:`probe_failed`); SKIP when they are None or not captured, naming why (their
+    ``notes``, else "<what> not probed") with ``remedy_text``; None when the gate can judge."""
+    if (v := probe_failed(gid, facts)) is not None:
+        return v
+    if facts is None or not getattr(facts, "captured", True):
+        notes = getattr(facts, "notes", None) or []
+        return Verdict(gid, SKIP, "; ".join(notes) if notes else f"{what} not probed", remedy_text)
     return None
 
 

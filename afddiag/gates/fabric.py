@@ -10,7 +10,7 @@ from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_ma
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
                                   order_known, rocev2_carriers, usable_rocev2)
-from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, not_probed, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -674,11 +674,9 @@ def mem_kinds(m) -> dict:
 def mem_registration(ctx: Context) -> Verdict:
     gid = "fabric.mem-registration"
     m = ctx.obs.memreg
-    if (v := probe_failed(gid, m)) is not None:
+    if (v := not_probed(gid, m, "memory registration (--no-qp skips it)",
+                        "run on the host without --no-qp, or replay a capture made with this afddiag")) is not None:
         return v
-    if m is None or not m.captured:
-        why = "; ".join(m.notes) if m is not None and m.notes else "memory registration not probed (--no-qp skips it)"
-        return Verdict(gid, SKIP, why, "run on the host without --no-qp, or replay a capture made with this afddiag (`afddiag capture`)")
     if not m.devices:
         return Verdict(gid, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
                        remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"))

@@ -4,7 +4,7 @@ PCIe links of the RDMA NICs and GPUs."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.gates import Context, probe_failed
+from afddiag.gates import Context, not_probed, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 SLOW_CLOCK_FRACTION = 0.5
@@ -67,11 +67,8 @@ def judge_pcie_link(link) -> tuple[str, str | None]:
 def pcie(ctx: Context) -> Verdict:
     gid = "host.pcie"
     p = ctx.obs.pcie
-    if (v := probe_failed(gid, p)) is not None:
+    if (v := not_probed(gid, p, "PCIe links", "run on the host, or replay a capture made with this afddiag")) is not None:
         return v
-    if p is None or not p.captured:
-        why = "; ".join(p.notes) if p is not None and p.notes else "PCIe links not probed"
-        return Verdict(gid, SKIP, why, "run on the host, or replay a capture made with this afddiag")
     if not p.links:
         return Verdict(gid, SKIP, "no PCI RDMA NIC or NVIDIA GPU found through sysfs device links"
                        + (f" ({'; '.join(p.notes[:2])})" if p.notes else ""), "nothing to check", {"notes": p.notes})
