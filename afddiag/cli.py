@@ -468,7 +468,8 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
             drain_node([d["gate"] for d in needs], timeout_s=kw.get("timeout_s") or 30.0)
         elif drain:
             click.echo("afddiag preflight --drain: not drained: no fault's action needs the node drained ("
-                       + ", ".join(sorted({d["action"] for d in faults})) + "): fix the launch settings", err=True)
+                       + ", ".join(sorted({d["action"] for d in faults})) + "): the remedies above need no person on the node",
+                       err=True)
         if resume and not needs:  # what is left does not take the node out: an afddiag drain is lifted
             from afddiag.slurm import resume_node
 

@@ -81,14 +81,25 @@ def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
     action, drain, explains: [gate ids]}]``.
 
     A FAIL/ERROR/WARN gate is explained by a dependency (catalog ``depends``, followed to its root)
-    that FAILed; the others are roots, each listed once with its one remedy. Order: FAIL, then
+    that FAILed (or, for a WARN of a gate that defers to its dependencies, one that WARNed); the
+    others are roots, each listed once with its one remedy. Order: FAIL, then
     ERROR, then WARN; within each, catalog order (dependencies come first there)."""
     by_id = {v.id: v for v in verdicts}
     order = {gid: i for i, gid in enumerate(load()["gates"])}
 
+    def explains(d: str, gid: str) -> bool:
+        """A FAILed dependency explains any symptom; a WARN one explains a WARN of a gate that defers
+        to its dependencies (a busy GPU's inconclusive slow state is the other processes' WARN)."""
+        if d not in by_id:
+            return False
+        if by_id[d].verdict == FAIL:
+            return True
+        return (by_id[d].verdict == WARN and by_id[gid].verdict == WARN
+                and _gate(gid).get("on_dependency_failure") == NOT_JUDGED)
+
     def root_of(gid: str, seen: frozenset = frozenset()) -> str:
         for d in depends(gid):
-            if d in by_id and by_id[d].verdict == FAIL and d not in seen:
+            if d not in seen and explains(d, gid):
                 return root_of(d, seen | {gid})
         return gid
 

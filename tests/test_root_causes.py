@@ -59,6 +59,9 @@ def test_busy_gpu_is_warn_inconclusive_never_power_cycle(tmp_path, report_schema
     assert slow["action"] != "AC_POWER_CYCLE"
     assert not any(d["drain"] for d in rep["diagnosis"])
     assert all(d["action"] != "AC_POWER_CYCLE" for d in rep["diagnosis"])
+    if procs:  # one fault: the other process (its WARN explains the inconclusive slow state)
+        assert [(d["gate"], d["action"], d["explains"]) for d in rep["diagnosis"]] == [
+            ("gpu.processes", "STOP_PROCESSES", ["gpu.slow-state"])]
     assert code == 1
 
 
@@ -97,7 +100,7 @@ def test_busy_gpu_does_not_drain_in_the_health_check(tmp_path, monkeypatch, caps
     assert run(["preflight", "--drain", "--strict", "--no-history"]) == 1  # WARN, strict: not fit, not drained
     assert calls == []
     err = capsys.readouterr().err
-    assert "GPU busy (pid 1, torch)" in err and "not drained" in err
+    assert "WARN gpu.processes" in err and "explains: gpu.slow-state" in err and "not drained" in err
 
 
 def fake_load(monkeypatch, util, procs=()):
