@@ -793,3 +793,21 @@ def test_7_an_unreadable_snapshot_host_file_is_a_note_not_a_traceback(tmp_path, 
     assert "\x1b" not in rep["host"] or kind == "not-utf8"
     if kind != "not-utf8":
         assert rep["host"] == "snap" and any("host refused" in n for n in rep["notes"]), rep["notes"]
+
+
+def test_10_a_full_disk_is_said_as_such_not_cannot_rollback(monkeypatch, capsys):
+    import sqlite3
+
+    from afddiag import history
+
+    rep = {"gates": [], "host": "h", "exit_code": 0, "counts": {}}
+
+    def full(con, report, command):
+        con.execute("COMMIT")  # SQLite ends the transaction itself when the disk fills
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(history, "insert_run", full)
+    monkeypatch.setattr(history, "_warned", False)
+    assert history.record_run(rep, "all") is None
+    err = capsys.readouterr().err
+    assert "no space left on the device" in err and "rollback" not in err, err
