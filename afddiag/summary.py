@@ -37,7 +37,8 @@ def _d(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-def _int(v: Any) -> int | None:
+def as_int(v: Any) -> int | None:
+    """An integer reading, or a string of digits as one; None for anything else (booleans too)."""
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
@@ -92,8 +93,8 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
             if plen.isdigit():
                 prefixes.setdefault(addr, int(plen))
     cap = gf("launch.capacity")
-    capacity = ({"key": cap["key"], "value": _int(cap.get("value")), "set": bool(cap.get("set"))}
-                if cap.get("key") in CAPACITY_KEYS and _int(cap.get("value")) is not None else None)
+    capacity = ({"key": cap["key"], "value": as_int(cap.get("value")), "set": bool(cap.get("set"))}
+                if cap.get("key") in CAPACITY_KEYS and as_int(cap.get("value")) is not None else None)
     entry = _d(gf("fabric.rocev2-ipv4").get("entry"))
     mtu = gf("fabric.mtu")
     gpus = []
@@ -101,7 +102,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(d, dict):
             continue
         ul = _d(d.get("under_load"))
-        gpus.append({"name": d.get("name"), "uuid": d.get("uuid"), "sm_count": _int(d.get("sm_count")),
+        gpus.append({"name": d.get("name"), "uuid": d.get("uuid"), "sm_count": as_int(d.get("sm_count")),
                      "under_load": {k: _num(ul.get(k)) for k in LOAD_FIGURES if _num(ul.get(k)) is not None}})
     from afddiag.envvars import MAP_VAR, NCCL_GID_VAR
 
@@ -114,11 +115,11 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         "launch_env": inputs.get("launch_env"),
         "engine_device": gf("fabric.first-device").get("engine_device"),
         "rdma_device": entry.get("device"),
-        "port": _int(entry.get("port")),
-        "gid_index": _int(entry.get("gid_index")),
+        "port": as_int(entry.get("port")),
+        "gid_index": as_int(entry.get("gid_index")),
         "netdev": mtu.get("netdev") or entry.get("netdev"),
-        "netdev_mtu_bytes": _int(mtu.get("netdev_mtu")),
-        "roce_mtu_bytes": _int(mtu.get("roce_mtu")),
+        "netdev_mtu_bytes": as_int(mtu.get("netdev_mtu")),
+        "roce_mtu_bytes": as_int(mtu.get("roce_mtu")),
         "device_map": _d(rep.get("device_map")),
         "device_map_env": env.get(MAP_VAR),
         "gid_index_env": env.get(NCCL_GID_VAR),

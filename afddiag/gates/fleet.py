@@ -138,14 +138,7 @@ def _minority(values: dict[str, Any]) -> tuple[Any, list[str]]:
     return common, [h for h, v in values.items() if v != common]
 
 
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.strip().isdigit():
-        return int(v.strip())
-    return None
+from afddiag.summary import as_int as _int  # noqa: E402 - one reading of an integer, with the summary
 
 
 # ---------------------------------------------------------------- fleet.capacity

@@ -214,6 +214,14 @@ def dump(probe: Probe, readings: dict[str, Any], files: dict[str, bytes]) -> Non
             files[a.name] = (v if v.endswith("\n") else v + "\n").encode("utf-8", "replace")
 
 
+def _from(src: Any, live: Callable[[], Any]) -> Any:
+    """One :class:`Sources` field's reading: None when the field is None (not read), ``live()`` when
+    it is ``LIVE``, else the replacement's answer."""
+    if src is None:
+        return None
+    return live() if src is LIVE else src()
+
+
 def _sysread(run: Run, path: str) -> str:
     if run.host is not None and run.host.reader is not None:
         return run.host.reader(path)
@@ -320,15 +328,13 @@ def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
 
 
 def _limits_read(run: Run, progress: Any) -> dict[str, Any]:
-    src = run.host.limits
-    if src is None:
-        return {"limits.json": None}
-    if src is LIVE:
+    def live() -> Any:
         from afddiag.probes.launch import read_limits
 
-        progress.doing = "getrlimit(RLIMIT_MEMLOCK), access(/dev/infiniband/*)"
-        return {"limits.json": to_jsonable(read_limits())}
-    return {"limits.json": src()}
+        return to_jsonable(read_limits())
+
+    progress.doing = "getrlimit(RLIMIT_MEMLOCK), access(/dev/infiniband/*)"
+    return {"limits.json": _from(run.host.limits, live)}
 
 
 def _limits_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -755,16 +761,15 @@ def _gpu_bound(run: Run) -> float:
 def _gpu_read(run: Run, progress: Any) -> dict[str, Any]:
     from afddiag import collect
 
-    src = run.host.gpu
-    if src is None:
-        return {"gpu.json": None}
-    progress.doing = "reading GPUs (NVML, CUDA driver)"
-    if src is LIVE:
+    def live() -> Any:
         from afddiag.probes.gpu import read_gpu
 
-        readings = read_gpu(timeout_s=run.inputs.timeout("gpu_s"), xid_log=run.inputs.xid_log)
-    else:
-        readings = src()
+        return read_gpu(timeout_s=run.inputs.timeout("gpu_s"), xid_log=run.inputs.xid_log)
+
+    progress.doing = "reading GPUs (NVML, CUDA driver)"
+    readings = _from(run.host.gpu, live)
+    if readings is None:
+        return {"gpu.json": None}
     if isinstance(readings, dict) and wants_load(run.inputs) and readings.get("devices"):
         from afddiag.probes.load import attach_load
 
@@ -843,15 +848,13 @@ def _gpu_failed(why: str) -> dict[str, Any]:
 
 
 def _cpu_read(run: Run, progress: Any) -> dict[str, Any]:
-    src = run.host.cpu
-    if src is None:
-        return {"cpu.json": None}
-    progress.doing = "reading cpufreq and running the fixed-work loop"
-    if src is LIVE:
+    def live() -> Any:
         from afddiag.probes.cpu import read_cpu
 
-        return {"cpu.json": read_cpu()}
-    return {"cpu.json": src()}
+        return read_cpu()
+
+    progress.doing = "reading cpufreq and running the fixed-work loop"
+    return {"cpu.json": _from(run.host.cpu, live)}
 
 
 def _cpu_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
