@@ -422,8 +422,9 @@ def test_devicemap_reads_a_bundle_like_a_folder(tmp_path):
 
 def _comparable_facts(rep: dict) -> dict:
     """A report's facts without what names where they came from (netlink vs the bundle's file, ip
-    route get vs the captured answer), without the QP walk (live only) and without the CPU loop's
-    figures (measured again by the capture, so they differ by run)."""
+    route get vs the captured answer), without the QP walk (live only) and without what the capture
+    measures again (the CPU loop's figures, /proc/meminfo's free and cached memory): which of those
+    readings each side has, not their values."""
     f = json.loads(json.dumps(rep["facts"]))
     f.pop("qp", None)
     fab = f.get("fabric") or {}
@@ -435,6 +436,9 @@ def _comparable_facts(rep: dict) -> dict:
         r.pop("source", None)
     cpu = f.get("cpu") or {}
     f["cpu"] = sorted(cpu)  # which readings the CPU probe gave, not the re-measured values
+    gpu = f.get("gpu") or {}
+    if isinstance(gpu.get("host_meminfo_kb"), dict):
+        gpu["host_meminfo_kb"] = sorted(gpu["host_meminfo_kb"])
     return f
 
 
