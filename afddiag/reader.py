@@ -180,14 +180,17 @@ def confined_reader(root: str | os.PathLike, read=None, max_bytes: int = 65536):
     real_dirs: dict[str, str] = {}  # folder -> its real path (a GID table is 1,000 files in one folder)
 
     def confined(path: str) -> str:
-        st = os.stat(path)  # FileNotFoundError etc. reach the caller as the kernel's answer would
-        if not stat.S_ISREG(st.st_mode):
-            raise RefusedRead(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+        st = os.lstat(path)  # FileNotFoundError etc. reach the caller as the kernel's answer would
         head, tail = os.path.split(path)
         real_dir = real_dirs.get(head)
         if real_dir is None:
             real_dir = real_dirs[head] = os.path.realpath(head)
-        real = os.path.realpath(os.path.join(real_dir, tail)) if os.path.islink(path) else os.path.join(real_dir, tail)
+        real = os.path.join(real_dir, tail)
+        if stat.S_ISLNK(st.st_mode):  # one syscall for a plain file; a link is resolved and checked
+            real = os.path.realpath(real)
+            st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedRead(f"{path}: is {_kind(st.st_mode)}, not a regular file")
         if not real.startswith(prefix):
             raise RefusedRead(f"{path}: a link out of the snapshot (to {real})")
         return inner(path)
