@@ -2,9 +2,9 @@
 trixie-backports kernel; tests/test_lab_hosts.py). The fixtures under tests/fixtures/lab-fleet/ are that
 run's `afddiag fleet --json` outputs, per-host reports embedded, and its inventory:
 
-- fleet-healthy:   coord, spark-a, spark-b as built (capacity 256, each host's own device map);
-- fleet-faults:    spark-a's f0 at MTU 9000, spark-b's AFD_EXPERT_CAPACITY 128, spark-b's map cloned from spark-a;
-- fleet-link-down: faults undone, spark-b's f0 down.
+- fleet-faults:    coord, spark-a, spark-b (capacity 256, each host's own device map) with spark-a's f0 at
+                   MTU 9000, spark-b's AFD_EXPERT_CAPACITY 128, spark-b's map cloned from spark-a;
+- fleet-link-down: faults undone (the cross-host baseline), spark-b's f0 down.
 
 The same reports through `merge` (files, as Slurm or Ansible would collect them) must give the verdicts
 the live `fleet` gave.
@@ -20,7 +20,7 @@ import pytest
 from afddiag import cli
 
 FIX = Path(__file__).parent / "fixtures" / "lab-fleet"
-RUNS = ["fleet-healthy", "fleet-faults", "fleet-link-down"]
+RUNS = ["fleet-faults", "fleet-link-down"]
 
 
 def _live(run: str) -> dict:
@@ -69,8 +69,8 @@ def _gate(fr: dict, gid: str) -> dict:
     return next(g for g in fr["gates"] if g["id"] == gid)
 
 
-def test_healthy_fleet_agrees(capsys, tmp_path):
-    _, fr = _merge(capsys, tmp_path, "fleet-healthy")
+def test_faults_undone_the_fleet_agrees(capsys, tmp_path):
+    _, fr = _merge(capsys, tmp_path, "fleet-link-down")
     for gid in ("fleet.capacity", "fleet.fabric-ip", "fleet.mtu", "fleet.devicemap"):
         assert _gate(fr, gid)["verdict"] == "PASS", _gate(fr, gid)
     assert _gate(fr, "fleet.mtu")["facts"]["roce_mtu"] == {"coord": 1024, "spark-a": 1024, "spark-b": 1024}
@@ -93,5 +93,4 @@ def test_link_down_fails_that_host_only(capsys, tmp_path):
     assert "fabric.link" in rows["spark-b"]["failing"]
     assert "fabric.link" not in rows["coord"]["failing"] + rows["spark-a"]["failing"]
     # the link is the root: the map is still right
-    for gid in ("fleet.capacity", "fleet.mtu", "fleet.devicemap"):
-        assert _gate(fr, gid)["verdict"] == "PASS", _gate(fr, gid)
+    assert _gate(fr, "fleet.devicemap")["verdict"] == "PASS"
