@@ -147,6 +147,16 @@ def teardown() -> None:
             sh(["ip", "link", "del", nd], check=False)
 
 
+def finish(outdir: str, results: dict) -> None:
+    """The end of every guest script: ``elapsed_s`` set, OUTDIR/results.json and OUTDIR/run.log written."""
+    results["elapsed_s"] = round(time.monotonic() - T0, 3)
+    with open(os.path.join(outdir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    with open(os.path.join(outdir, "run.log"), "w") as f:
+        f.write("\n".join(LOG) + "\n")
+    log(f"done in {results['elapsed_s']}s; results in {outdir}")
+
+
 def run_cli(name: str, args: list[str], env_map: object = UNCHANGED) -> dict:
     """afddiag's CLI in this process (``afddiag.cli.run``): exit code, parsed JSON, output, timing.
     ``env_map`` sets (str) or unsets (None) the device map in the environment first."""

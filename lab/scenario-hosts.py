@@ -51,7 +51,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (LOG, MAP_VAR, T0, counter_deltas, fork_in_netns, hw_counters, join_forked, log,  # noqa: E402
+from labkit import (MAP_VAR, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log,  # noqa: E402
                     read, run_cli, sh, sh_json, wait_rocev2)
 
 # name: (role, short name for the init-side veth ends, management IP, [(netdev, fabric IP, rxe device)])
@@ -277,13 +277,8 @@ def main() -> int:
     finally:
         teardown()
         results["captures"]["rdma_dev_after_cleanup"] = sh_json(["rdma", "-j", "dev", "show"])
-        results["elapsed_s"] = round(time.monotonic() - T0, 3)
-        with open(os.path.join(outdir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, default=str)
-        with open(os.path.join(outdir, "run.log"), "w") as f:
-            f.write("\n".join(LOG) + "\n")
         shutil.rmtree(FLEET_DIR, ignore_errors=True)
-        log(f"done in {results['elapsed_s']}s; results in {outdir}")
+        finish(outdir, results)
     return 1 if results["errors"] else 0
 
 

@@ -38,7 +38,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import LOG, T0, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
+from labkit import LOG, finish, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
 
 HOST_IP, PEER_IP, RAIL2_IP = "10.9.0.2", "10.9.0.1", "10.9.0.3"
 PORT = 18515
@@ -170,12 +170,7 @@ def main() -> int:
             if os.path.exists(f"/sys/class/net/{nd}"):
                 sh(["ip", "link", "del", nd], check=False)
         results["captures"]["rdma_dev_after_cleanup"] = sh_json(["rdma", "-j", "dev", "show"])
-        results["elapsed_s"] = round(time.monotonic() - T0, 3)
-        with open(os.path.join(outdir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, default=str)
-        with open(os.path.join(outdir, "run.log"), "w") as f:
-            f.write("\n".join(LOG) + "\n")
-        log(f"done in {results['elapsed_s']}s; results in {outdir}")
+        finish(outdir, results)
     return 1 if results["errors"] else 0
 
 
