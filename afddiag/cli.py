@@ -228,11 +228,17 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
     fmt = output_format(as_json, fmt)
     if fmt == "prometheus":
         need_prometheus()
+    inputs = make_inputs(**kw)
     if "gpu" in FAMILIES[cmd] and not kw.get("snapshot"):
-        from afddiag.probes.gpu import preinit_cuda
+        import dataclasses
 
-        preinit_cuda()  # the CUDA driver initialises while the rest of the pipeline is imported
-    rep, _ = _diagnose(cmd, make_inputs(**kw))
+        from afddiag.probes.registry import cuda_reason
+
+        if cuda_reason(dataclasses.replace(inputs, families=frozenset(FAMILIES[cmd]))):
+            from afddiag.probes.gpu import preinit_cuda
+
+            preinit_cuda()  # the CUDA driver initialises while the rest of the pipeline is imported
+    rep, _ = _diagnose(cmd, inputs)
     record_run(rep, cmd, enabled=not no_history, busy_s=kw.get("timeout_s"))
     if output or fmt == "prometheus":
         from afddiag.prometheus import write_report

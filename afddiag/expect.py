@@ -55,16 +55,18 @@ class Expectations:
         return e.value if isinstance(e, Expected) else None
 
 
-def _sm_count(inputs: Any, obs: Any) -> Expected | None:
+def sm_count(inputs: Any, obs: Any = None) -> Expected | None:
+    """The expected SM count and its source (the module docstring gives the precedence), or None.
+    ``obs`` None: from the inputs alone (before any probe ran: no image, no snapshot)."""
     if inputs.expect_sm is not None:
         return Expected(int(inputs.expect_sm), "--expect-sm")
     le = inputs.launch_env or {}
     if le.get("AFD_IMAGE_SM_COUNT", "").isdigit():
         return Expected(int(le["AFD_IMAGE_SM_COUNT"]), f"AFD_IMAGE_SM_COUNT in {inputs.launch_env_path}")
-    img = obs.image
+    img = getattr(obs, "image", None)
     if img is not None and img.labels.get(SM_LABEL, "").strip().isdigit():
         return Expected(int(img.labels[SM_LABEL]), f"image {img.ref} label {SM_LABEL}")
-    g = obs.gpu
+    g = getattr(obs, "gpu", None)
     if g is not None and g.expect_image_sm_count is not None:
         return Expected(int(g.expect_image_sm_count), "snapshot expect.image_sm_count")
     return None
@@ -95,7 +97,7 @@ def resolve(inputs: Any, obs: Any) -> Expectations:
     pb = inputs.playbook
     le = inputs.launch_env or {}
     ex = Expectations()
-    ex.sm_count = _sm_count(inputs, obs)
+    ex.sm_count = sm_count(inputs, obs)
     ex.capacity_key, ex.capacity = _capacity(inputs, pb)
     if le.get("AFD_IMAGE"):
         ex.image = Expected(le["AFD_IMAGE"], f"AFD_IMAGE in {inputs.launch_env_path}")

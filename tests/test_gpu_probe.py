@@ -74,8 +74,10 @@ def fake_nvml_device(uuid: str, name: str = "NVIDIA H200", **over) -> dict:
 
 
 def make_fake_pynvml(devices: list[dict], block: threading.Event | None = None, block_in: str = "",
-                     with_event_reasons: bool = True) -> types.ModuleType:
-    """A module with pynvml's names; ``block_in`` names a call that waits on ``block`` forever."""
+                     with_event_reasons: bool = True, cuda_version: int | None = None) -> types.ModuleType:
+    """A module with pynvml's names; ``block_in`` names a call that waits on ``block`` forever.
+    ``cuda_version``: answer ``nvmlSystemGetCudaDriverVersion_v2`` and, for devices with ``"cc"``,
+    ``nvmlDeviceGetCudaComputeCapability`` (as the H200 did); None: bindings without them."""
     m = types.ModuleType("pynvml")
     m.NVMLError = FakeNVMLError
     m.NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED_RC
@@ -129,6 +131,10 @@ def make_fake_pynvml(devices: list[dict], block: threading.Event | None = None, 
     m.nvmlDeviceGetUtilizationRates = lambda h: answer(
         "nvmlDeviceGetUtilizationRates", types.SimpleNamespace(gpu=h["util"], memory=0))
     m.nvmlDeviceGetEccMode = lambda h: answer("nvmlDeviceGetEccMode", h["ecc_mode"])
+    if cuda_version is not None:
+        m.nvmlSystemGetCudaDriverVersion_v2 = lambda: answer("nvmlSystemGetCudaDriverVersion_v2", cuda_version)
+        m.nvmlDeviceGetCudaComputeCapability = lambda h: answer(
+            "nvmlDeviceGetCudaComputeCapability", h.get("cc", FakeNVMLError(NOT_SUPPORTED_RC)))
 
     def total_ecc(h, error_type, counter_type):
         ecc = h["ecc"]
@@ -671,11 +677,16 @@ def test_recorded_h200_fixtures_have_the_probes_shape(fake_gpus, meminfo):
     now["host_meminfo_kb"] = {k: v for k, v in now["host_meminfo_kb"].items() if k not in added}
     # per-part wall times, added after the recording (issue 16): NVML, CUDA and the kernel log
     assert set(now.pop("timings_ms")) == {"nvml_ms", "cuda_ms", "xid_ms"}
-    # keys added after that recording (issue 12: who probed, and the CUDA ordinal for the busy check)
-    assert _key_paths(now) - _key_paths(busy) == {"probe_pid", "devices[].cuda_ordinal"}
+    # keys added after that recording (issue 12: who probed, and the CUDA ordinal for the busy check;
+    # issue 16: whether CUDA was read and why, NVML's compute capability)
+    assert _key_paths(now) - _key_paths(busy) == {"probe_pid", "devices[].cuda_ordinal", "cuda_view",
+                                                  "cuda_view.read", "cuda_view.why",
+                                                  "devices[].nvml.compute_capability"}
     now.pop("probe_pid")
+    assert now.pop("cuda_view") == {"read": True, "why": None}
     for d in now["devices"]:
         d.pop("cuda_ordinal")
+        d["nvml"].pop("compute_capability")
     assert _shape(now) == _shape(busy)
     n = busy["devices"][0]["nvml"]
     assert n["ecc"]["mode_current"] is True and n["retired_pages"] == "NOT_SUPPORTED"
@@ -742,3 +753,111 @@ def test_preinit_starts_cuinit_once_in_the_background(fake_gpus, meminfo, monkey
     assert inits == [0] and len(gpu._PREINIT) == 1
     r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
     assert r["devices"][0]["cuda"]["sm_count"] == 132
+
+
+# --- (c) CUDA only when the run needs it (issue 16: cuInit is 0.2 s of a 0.46 s `afddiag gpu` on an H200) ---
+
+
+class CountingLibcuda(FakeLibcuda):
+    """A fake libcuda that counts how often it was loaded (the seam ``_load_libcuda``)."""
+
+    loads = 0
+
+
+@pytest.fixture
+def counted_gpus(fake_gpus, monkeypatch):
+    """A fake H200 (NVML with the CUDA facts it answers, libcuda counting loads); returns the libcuda."""
+    nvml = make_fake_pynvml([fake_nvml_device(UUID_A, cc=(9, 0))], cuda_version=13000)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    cuda = CountingLibcuda([{"uuid": UUID_A, "name": "NVIDIA H200", "sm": 132, "cc": (9, 0), "integrated": False}])
+
+    def load():
+        cuda.loads += 1
+        return cuda
+
+    monkeypatch.setattr(gpu, "_load_libcuda", load)
+    monkeypatch.setattr(gpu, "_PREINIT", [])
+    return cuda
+
+
+def test_nvml_only_read_leaves_the_cuda_driver_alone(counted_gpus, meminfo):
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, cuda=False, cuda_why="not needed here")
+    assert counted_gpus.loads == 0 and counted_gpus.called == []
+    assert r["cuda_view"] == {"read": False, "why": "not needed here"}
+    (d,) = r["devices"]
+    assert d["cuda"] is None and d["cuda_ordinal"] is None
+    assert d["nvml"]["compute_capability"] == [9, 0]
+    assert r["cuda_driver_version"] == 13000  # nvmlSystemGetCudaDriverVersion_v2
+    assert "cuda_ms" not in r["timings_ms"]
+    assert not any("CUDA" in n for n in r["notes"]), r["notes"]  # not reading CUDA is no fault
+    from afddiag.model.gpu import gpu_facts_from_readings
+
+    f = gpu_facts_from_readings(r)
+    assert f.devices[0].compute_capability == (9, 0) and f.devices[0].sm_count is None
+    assert f.devices[0].memory_source == "nvml" and not f.devices[0].unified
+    assert f.cuda_view == {"read": False, "why": "not needed here"}
+
+
+def _gpu_run(**kw):
+    from afddiag.model.run import Inputs
+    from afddiag.probes.registry import Sources
+    from afddiag.runner import diagnose
+
+    inputs = Inputs(families=frozenset({"gpu"}), xid_log=os.devnull, **kw)
+    rep, obs = diagnose(inputs, host=Sources(cpu=None, memreg=None, pcie=None, route=None))
+    return {v["id"]: v for v in rep["gates"]}, obs
+
+
+def test_gpu_run_without_an_expected_sm_count_never_initialises_cuda(counted_gpus):
+    verdicts, obs = _gpu_run()
+    assert counted_gpus.loads == 0 and "cuInit" not in counted_gpus.called
+    assert obs.gpu.cuda_view["read"] is False and "nothing in this run needs it" in obs.gpu.cuda_view["why"]
+    assert verdicts["gpu.present"]["verdict"] == "PASS"
+    assert verdicts["gpu.sm-count"]["verdict"] == "SKIP"  # no expectation: as before
+    assert obs.gpu.devices[0].compute_capability == (9, 0)  # NVML's view feeds the arch gate
+
+
+@pytest.mark.parametrize("kw, source", [
+    ({"expect_sm": 132}, "--expect-sm"),
+    ({"launch_env": {"AFD_IMAGE_SM_COUNT": "132"}, "launch_env_path": "rank.env"}, "AFD_IMAGE_SM_COUNT in rank.env"),
+])
+def test_gpu_run_with_an_expected_sm_count_reads_cuda(counted_gpus, kw, source):
+    verdicts, obs = _gpu_run(**kw)
+    assert counted_gpus.loads >= 1 and counted_gpus.called.count("cuInit") == 1
+    assert obs.gpu.cuda_view == {"read": True, "why": f"expected SM count 132 ({source})"}
+    assert obs.gpu.devices[0].sm_count == 132
+    assert verdicts["gpu.sm-count"]["verdict"] == "PASS"
+
+
+def test_cuda_reason_names_every_need():
+    from afddiag.model.host import ImageFacts
+    from afddiag.model.run import Inputs, Observation
+    from afddiag.probes.registry import cuda_reason
+
+    gpu_only = frozenset({"gpu"})
+    assert cuda_reason(Inputs(families=gpu_only)) is None
+    assert cuda_reason(Inputs(families=gpu_only, run_qp=False)) is None
+    assert "capture" in cuda_reason(Inputs(families=gpu_only), capturing=True)
+    assert cuda_reason(Inputs(families=gpu_only, load=True)) == "the load probe runs"
+    assert "dma-buf" in cuda_reason(Inputs())  # `all`: the memory-registration probe initialises CUDA anyway
+    assert cuda_reason(Inputs(run_qp=False, families=frozenset({"fabric", "gpu"}))) is None
+    obs = Observation(host="h", source="live")
+    obs.image = ImageFacts(ref="img:1", labels={"afd.export.sm_count": "132"})
+    assert "label afd.export.sm_count" in cuda_reason(Inputs(families=gpu_only), obs)
+
+
+def test_cli_gpu_starts_cuinit_only_when_needed(counted_gpus, monkeypatch):
+    from click.testing import CliRunner
+
+    from afddiag.cli import cli
+
+    monkeypatch.setenv("AFDDIAG_HISTORY", os.devnull)
+    started = []
+    monkeypatch.setattr(gpu, "preinit_cuda", lambda: started.append(1))
+    res = CliRunner().invoke(cli, ["gpu", "--json", "--no-history", "--xid-log", os.devnull])
+    assert res.exit_code in (0, 1), res.output
+    assert started == [] and counted_gpus.loads == 0
+    assert json.loads(res.stdout)["facts"]["gpu"]["cuda_view"]["read"] is False
+    res = CliRunner().invoke(cli, ["gpu", "--json", "--no-history", "--xid-log", os.devnull, "--expect-sm", "132"])
+    assert started == [1] and counted_gpus.called.count("cuInit") == 1
+    assert {v["id"]: v["verdict"] for v in json.loads(res.stdout)["gates"]}["gpu.sm-count"] == "PASS"

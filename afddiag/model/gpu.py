@@ -107,7 +107,7 @@ class GpuDevice:
     uuid: str | None = None
     pci_bus_id: str | None = None
     sm_count: int | None = None  # CUDA attribute 16 (CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-    compute_capability: tuple[int, int] | None = None  # CUDA attributes 75/76
+    compute_capability: tuple[int, int] | None = None  # CUDA attributes 75/76, else nvmlDeviceGetCudaComputeCapability
     integrated: bool | None = None  # CUDA attribute 18
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
@@ -149,6 +149,7 @@ class GpuFacts:
     baseline: dict[str, float] | None = None
     xid_events: list[dict[str, Any]] | None = None  # NVRM Xid lines from the kernel log; None: not read
     xid_source: str | None = None
+    cuda_view: dict[str, Any] | None = None  # {"read": bool, "why": str}: was the CUDA driver asked, and why (not)
     probe_pid: int | None = None  # the afddiag process that read NVML (its own CUDA context is not "another job")
     notes: list[str] = field(default_factory=list)
     readings: dict[str, Any] | None = None  # the raw readings (afddiag.probes.gpu.read_gpu's shape)
@@ -174,6 +175,8 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         cuda = d.get("cuda") if isinstance(d.get("cuda"), dict) else {}
         nvml = d.get("nvml") if isinstance(d.get("nvml"), dict) else {}
         cc = cuda.get("compute_capability")
+        if not isinstance(cc, (list, tuple)):  # CUDA not read (or silent): NVML's view of the same fact
+            cc = nvml.get("compute_capability")
         dev = GpuDevice(
             index=d.get("index", i) if isinstance(d.get("index", i), int) else i,
             name=d.get("name") if isinstance(d.get("name"), str) else None,
@@ -256,6 +259,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         xid_events=r.get("xid_events") if isinstance(r.get("xid_events"), list) else None,
         xid_source=r.get("xid_source") if isinstance(r.get("xid_source"), str) else None,
         probe_pid=_int(r.get("probe_pid")),
+        cuda_view=r.get("cuda_view") if isinstance(r.get("cuda_view"), dict) else None,
         readings=r,
         failed=r.get("failed") if isinstance(r.get("failed"), str) else None,
         load_failed=r.get("load_failed") if isinstance(r.get("load_failed"), str) else None,

@@ -164,6 +164,13 @@ def _nvml_device(run: _Run, nv: Any, i: int) -> dict[str, Any]:
     pci = call("nvmlDeviceGetPciInfo")
     dev["pci_bus_id"] = _text(getattr(pci, "busId", None)) if pci not in (None, NOT_SUPPORTED) else None
 
+    cc = call("nvmlDeviceGetCudaComputeCapability") if hasattr(nv, "nvmlDeviceGetCudaComputeCapability") else None
+    if isinstance(cc, (tuple, list)) and len(cc) == 2 and all(isinstance(x, int) for x in cc):
+        cc = [cc[0], cc[1]]
+    elif cc is not None and cc != NOT_SUPPORTED:
+        run.note(f"{where}: nvmlDeviceGetCudaComputeCapability answered {cc!r}")
+        cc = None
+
     attrs = call("nvmlDeviceGetAttributes")
     mp = attrs if attrs in (None, NOT_SUPPORTED) else getattr(attrs, "multiprocessorCount", None)
 
@@ -183,6 +190,7 @@ def _nvml_device(run: _Run, nv: Any, i: int) -> dict[str, Any]:
     clock_sm = getattr(nv, "NVML_CLOCK_SM", 1)
     dev["nvml"] = {
         "multiprocessor_count": mp,
+        "compute_capability": cc,
         "memory_info": mem,
         "clock_sm_mhz": call("nvmlDeviceGetClockInfo", clock_sm),
         "clock_sm_max_mhz": call("nvmlDeviceGetMaxClockInfo", clock_sm),
@@ -383,9 +391,14 @@ def _read_nvml(run: _Run) -> None:
     try:
         driver = _nvml_call(run, nv, "NVML", "nvmlSystemGetDriverVersion")
         nvml_version = _nvml_call(run, nv, "NVML", "nvmlSystemGetNVMLVersion")
+        cuda_fn = next((n for n in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
+                        if hasattr(nv, n)), None)
+        cuda_version = _nvml_call(run, nv, "NVML", cuda_fn) if cuda_fn else None
         with run.lock:
             run.nvml["driver_version"] = _text(driver) if driver != NOT_SUPPORTED else None
             run.nvml["nvml_version"] = _text(nvml_version) if nvml_version != NOT_SUPPORTED else None
+            run.nvml["cuda_driver_version"] = (cuda_version if isinstance(cuda_version, int)
+                                               and not isinstance(cuda_version, bool) else None)
         count = _nvml_call(run, nv, "NVML", "nvmlDeviceGetCount")
         if not isinstance(count, int):
             run.nvml["why"] = "NVML: device count unreadable"
@@ -686,13 +699,23 @@ def read_gpu(
     meminfo_path: str = "/proc/meminfo",
     kmsg_path: str = KMSG_PATH,
     xid_log: str | None = None,
+    cuda: bool = True,
+    cuda_why: str | None = None,
 ) -> dict:
-    """Read every NVIDIA GPU on this host through NVML and the CUDA driver, within ``timeout_s``.
+    """Read every NVIDIA GPU on this host through NVML and (when ``cuda``) the CUDA driver, within
+    ``timeout_s``.
+
+    ``cuda=False`` leaves the CUDA driver alone (no dlopen of libcuda, no ``cuInit``: 0.2 s on an
+    H200): the devices' ``cuda`` is None and ``cuda_view`` says why (``cuda_why``, from the runner:
+    nothing in the run needs an SM count). ``cuda_why`` with ``cuda=True`` is why it is read.
 
     Returns a dict (a case's GPU readings' shape, without ``expect``):
 
     - ``driver_version`` (str): ``nvmlSystemGetDriverVersion``, e.g. ``"580.159.04"``.
-    - ``cuda_driver_version`` (int): ``cuDriverGetVersion``, 1000*major + 10*minor (13000 = 13.0).
+    - ``cuda_driver_version`` (int): ``cuDriverGetVersion``, 1000*major + 10*minor (13000 = 13.0);
+      ``nvmlSystemGetCudaDriverVersion_v2`` (same encoding) when CUDA is not read or did not answer.
+    - ``cuda_view``: ``{"read": bool, "why": str | None}``: whether the CUDA driver was asked, and why
+      (or why not).
     - ``versions``: ``kernel`` (``platform.release()``), ``bios`` (``/sys/class/dmi/id/bios_version``),
       ``nvml`` (``nvmlSystemGetNVMLVersion``).
     - ``devices`` (list), NVML index order, NVML and CUDA joined by UUID:
@@ -701,11 +724,12 @@ def read_gpu(
         (``nvmlDeviceGetName``, else ``cuDeviceGetName``), ``uuid`` (``nvmlDeviceGetUUID``;
         ``GPU-`` + the 16 bytes of ``cuDeviceGetUuid_v2``), ``pci_bus_id``
         (``nvmlDeviceGetPciInfo().busId``).
-      - ``cuda`` (None when CUDA does not see it): ``sm_count`` (``cuDeviceGetAttribute``
+      - ``cuda`` (None when CUDA does not see it or was not read): ``sm_count`` (``cuDeviceGetAttribute``
         MULTIPROCESSOR_COUNT = 16), ``compute_capability`` ``[major, minor]`` (attributes 75, 76),
         ``integrated`` (bool, attribute 18).
       - ``nvml`` (None when NVML does not see it): ``multiprocessor_count``
-        (``nvmlDeviceGetAttributes``; NOT_SUPPORTED outside MIG on most boards), ``memory_info``
+        (``nvmlDeviceGetAttributes``; NOT_SUPPORTED outside MIG on most boards),
+        ``compute_capability`` ``[major, minor]`` (``nvmlDeviceGetCudaComputeCapability``), ``memory_info``
         ``{total_bytes, used_bytes, free_bytes}`` in bytes (``nvmlDeviceGetMemoryInfo``;
         NOT_SUPPORTED on unified-memory GB10), ``clock_sm_mhz`` (``nvmlDeviceGetClockInfo`` SM, MHz),
         ``clock_sm_max_mhz`` (``nvmlDeviceGetMaxClockInfo`` SM, MHz), ``power_mw``
@@ -736,7 +760,7 @@ def read_gpu(
       bound; None when it could not be read. ``xid_source``: the path read, else why not
       (``"not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"``).
     - ``timings_ms``: wall time of each part, ms: ``nvml_ms`` (nvmlInit to nvmlShutdown), ``cuda_ms``
-      (dlopen, cuInit, attributes), ``xid_ms`` (the kernel log); NVML and CUDA run in parallel threads.
+      (dlopen, cuInit, attributes; absent when CUDA is not read), ``xid_ms`` (the kernel log); NVML and CUDA run in parallel threads.
     - ``notes`` (list of str): what could not be read, and why.
     - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
       no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
@@ -758,6 +782,7 @@ def read_gpu(
         "xid_events": None,
         "xid_source": None,
         "probe_pid": os.getpid(),
+        "cuda_view": {"read": bool(cuda), "why": cuda_why},
         "notes": [],
     }
     notes: list[str] = out["notes"]
@@ -779,7 +804,8 @@ def read_gpu(
         workers = [threading.Thread(target=_worker, args=(r, read, part, timings), name=f"afddiag-gpu-{side}",
                                     daemon=True)
                    for side, r, read, part in (("nvml", run_nvml, _read_nvml, run_nvml.nvml),
-                                               ("cuda", run_cuda, _read_cuda, run_cuda.cuda))]
+                                               ("cuda", run_cuda, _read_cuda, run_cuda.cuda))
+                   if cuda or side == "nvml"]
         for w in workers:
             w.start()
         xid_path = xid_log or kmsg_path
@@ -801,7 +827,7 @@ def read_gpu(
 
         out["driver_version"] = nvml.get("driver_version")
         out["versions"]["nvml"] = nvml.get("nvml_version")
-        out["cuda_driver_version"] = cuda.get("driver_version")
+        out["cuda_driver_version"] = cuda.get("driver_version") or nvml.get("cuda_driver_version")
         notes.extend(run_notes)
         notes.extend(xid_notes)
         out["devices"] = _join(nvml, cuda, notes)
@@ -814,7 +840,7 @@ def read_gpu(
             notes.append(f"GPU probe: call in flight at the timeout: {in_call or 'unknown'}")
             out["failed"] = f"{out['why']}; call in flight: {in_call or 'unknown'}"
             for side, part in (("NVML", nvml), ("CUDA", cuda)):
-                if not part["done"]:
+                if not part["done"] and (side == "NVML" or cuda):
                     notes.append(f"GPU probe: {side} read not finished at the timeout")
         elif not out["devices"]:
             out["why"] = "no NVIDIA GPU seen: " + ("; ".join(whys) or "NVML and CUDA list no devices")

@@ -758,15 +758,42 @@ def _gpu_bound(run: Run) -> float:
     return t + (run.inputs.timeout("load_s") * 8 + 5 if wants_load(run.inputs) else 0)
 
 
+CUDA_NOT_NEEDED = ("not read: nothing in this run needs it (no expected SM count: --expect-sm, the launch env's "
+                   "AFD_IMAGE_SM_COUNT or the image label; no load probe; no dma-buf registration probe)")
+
+
+def cuda_reason(inputs: Any, obs: Any = None, capturing: bool = False) -> str | None:
+    """Why this run needs the CUDA driver's view of the GPUs (SM count, integrated), or None when
+    nothing does: then the GPU probe reads NVML only and ``cuInit`` (0.2 s on an H200, every device
+    set up) is skipped. Needed by an expected SM count from any source (:func:`afddiag.expect.sm_count`:
+    ``--expect-sm``, the launch env's ``AFD_IMAGE_SM_COUNT``, the image label, a snapshot's expect;
+    ``obs`` None: the inputs alone), the load probe, the memory-registration probe (its CUDA dma-buf
+    export initialises CUDA anyway) and a capture (it keeps everything). Pure."""
+    from afddiag.expect import sm_count
+
+    if capturing:
+        return "a capture keeps everything"
+    want = sm_count(inputs, obs)
+    if want is not None:
+        return f"expected SM count {want.value} ({want.source})"
+    if wants_load(inputs):
+        return "the load probe runs"
+    if "fabric" in inputs.families and inputs.run_qp:
+        return "the memory-registration probe's dma-buf export initialises CUDA"
+    return None
+
+
 def _gpu_read(run: Run, progress: Any) -> dict[str, Any]:
     from afddiag import collect
 
     def live() -> Any:
         from afddiag.probes.gpu import read_gpu
 
-        return read_gpu(timeout_s=run.inputs.timeout("gpu_s"), xid_log=run.inputs.xid_log)
+        why = cuda_reason(run.inputs, run.obs, run.capturing)  # the image probe ran before this one
+        return read_gpu(timeout_s=run.inputs.timeout("gpu_s"), xid_log=run.inputs.xid_log,
+                        cuda=why is not None, cuda_why=why or CUDA_NOT_NEEDED)
 
-    progress.doing = "reading GPUs (NVML, CUDA driver)"
+    progress.doing = "reading GPUs (NVML, CUDA driver when needed)"
     readings = _from(run.host.gpu, live)
     if readings is None:
         return {"gpu.json": None}
