@@ -35,7 +35,7 @@ CACHE="$(cd "$CACHE" && pwd)"
 
 # 1. apt packages, only those missing.
 PKGS=(qemu-system-x86 python3-pyverbs rdma-core ibverbs-providers ibverbs-utils kmod iproute2
-      busybox-static python3-venv openssh-server openssh-client  # sshd/ssh-keygen: fleet tests
+      busybox-static python3-venv openssh-server openssh-sftp-server openssh-client  # sshd/ssh-keygen/sftp-server: fleet tests
       prometheus                                # promtool check metrics: tests/test_prometheus.py
       chromium fonts-dejavu-core)               # headless page test: tests/test_html.py
 missing=()

@@ -405,12 +405,20 @@ def test_lab_prometheus_and_history_in_the_guest(capture_lab):
     assert h["runs"] == 2 and h["gates"]["fabric.first-device"][0]["verdict"] == "FAIL"
 
 
-def test_devicemap_reads_a_bundle_like_a_folder(tmp_path):
+def test_devicemap_reads_a_bundle_like_a_folder(tmp_path, monkeypatch):
     import tempfile
 
     case = next(p for p in FABRIC if p.name.startswith("01-"))
     bundle, _ = write_bundle(tmp_path / "host.tar.gz", case_sources(case))
+    private = tmp_path / "tmp"  # this test's own temporary folder: the shared /tmp holds other runs' bundles
+    private.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # gettempdir() caches its first answer
+    made = []
+    real_mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: made.append(real_mkdtemp(*a, **kw)) or made[-1])
     before = set(Path(tempfile.gettempdir()).glob("afddiag-bundle-*"))
+    assert Path(tempfile.gettempdir()) == private and before == set()
     outs = []
     for snap in (case, bundle):
         res = CliRunner().invoke(cli, ["devicemap", "--snapshot", str(snap), "--format", "json"],
@@ -418,6 +426,7 @@ def test_devicemap_reads_a_bundle_like_a_folder(tmp_path):
         outs.append(json.loads(res.stdout))
     assert outs[0] == outs[1] == {"192.168.100.10": "rocep1s0f1", "192.168.101.10": "roceP2p1s0f1"}
     assert set(Path(tempfile.gettempdir()).glob("afddiag-bundle-*")) == before  # extraction folder removed
+    assert [Path(m).parent for m in made] == [private] and not Path(made[0]).exists()  # the bundle's, here
 
 
 def _comparable_facts(rep: dict) -> dict:

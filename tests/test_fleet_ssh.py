@@ -28,6 +28,9 @@ from conftest import CASES
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+# the "pushed" host runs SFTP as a program (internal-sftp cannot run under its ForceCommand wrapper)
+SFTP_SERVER = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
+                                "/usr/libexec/sftp-server", "/usr/lib/ssh/sftp-server") if os.path.exists(p)), None)
 FABRIC = CASES / "fabric"
 TIMEOUT_S = 10
 
@@ -88,8 +91,11 @@ def sshfleet(tmp_path_factory):
         "slow": "sleep 60",
         "garbage": "echo 'afddiag: this is {not JSON'",
         "impostor": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {snap["spark-a"]}"',
-        "pushed": None,  # no ForceCommand: runs what the client asks (the pushed zipapp)
+        # runs what the client asks (SFTP, then the pushed zipapp) in this module's own login directory:
+        # root's real ~/.cache/afddiag is shared with every other test run on the machine
+        "pushed": f'cd {d / "pushed-home"} && eval "$SSH_ORIGINAL_COMMAND"',
     }
+    (d / "pushed-home").mkdir()
     ports = {n: _free_port() for n in [*wrappers, "down"]}
     procs = []
     known = []
@@ -98,8 +104,8 @@ def sshfleet(tmp_path_factory):
                f"HostKey {d / ('otherkey' if name == 'impostor' else 'hostkey')}",
                f"PidFile {d / (name + '.pid')}", f"AuthorizedKeysFile {d / 'authorized_keys'}", "StrictModes no",
                "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-               "PermitRootLogin prohibit-password", "Subsystem sftp internal-sftp", "LogLevel ERROR",
-               "MaxStartups 50"]
+               "PermitRootLogin prohibit-password", "LogLevel ERROR", "MaxStartups 50",
+               f"Subsystem sftp {SFTP_SERVER if name == 'pushed' and SFTP_SERVER else 'internal-sftp'}"]
         if body is not None:
             w = d / f"wrap-{name}.sh"
             w.write_text("#!/bin/sh\n" + body + "\n")
@@ -247,20 +253,31 @@ def test_unknown_known_hosts_file_refuses_every_host(sshfleet, capsys, tmp_path)
     assert "host key not verified" in _row(fr, "coord")["error"]
 
 
-def test_push_runs_the_zipapp_on_a_bare_python(sshfleet, capsys):
-    """/usr/bin/python3 here has no click, rich or psutil: the pushed zipapp brings click and rich."""
-    home = Path(os.path.expanduser("~root"))
-    try:
-        rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push")
-        fr = json.loads(out)
-        row = _row(fr, "pushed")
-        assert row["status"] == "ok", (row, err)
-        rep = fr["reports"]["pushed"]
-        assert rep["inputs"]["launch_env"].endswith("spark-b.env")
-        assert rep["host"] == "spark-b" and rep["afddiag_version"]
-        assert "copying the zipapp (SFTP)" in err and ".cache/afddiag/afddiag-" in err
-        # a second run finds the same zipapp there and does not copy it again (size check)
-        rc2, out2, _ = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push", "--quiet")
-        assert _row(json.loads(out2), "pushed")["status"] == "ok"
-    finally:
-        shutil.rmtree(home / ".cache" / "afddiag", ignore_errors=True)
+def test_push_runs_the_zipapp_on_a_bare_python(sshfleet, capsys, tmp_path, monkeypatch):
+    """/usr/bin/python3 here has no click, rich or psutil: the pushed zipapp brings click and rich.
+    The zipapp is built in this test's own cache (XDG_CACHE_HOME) and lands in the "pushed" host's
+    own login directory (its sshd starts SFTP and the command there), never in a shared ~/.cache."""
+    if SFTP_SERVER is None:
+        msg = "openssh-sftp-server not installed (lab/setup.sh installs it)"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    remote = sshfleet["dir"] / "pushed-home" / ".cache" / "afddiag"
+    shutil.rmtree(remote, ignore_errors=True)
+    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push")
+    fr = json.loads(out)
+    row = _row(fr, "pushed")
+    assert row["status"] == "ok", (row, err)
+    rep = fr["reports"]["pushed"]
+    assert rep["inputs"]["launch_env"].endswith("spark-b.env")
+    assert rep["host"] == "spark-b" and rep["afddiag_version"]
+    assert "copying the zipapp (SFTP)" in err and ".cache/afddiag/afddiag-" in err
+    assert [p.name for p in (tmp_path / "cache" / "afddiag").glob("afddiag-*.pyz")] == \
+        [p.name for p in remote.glob("afddiag-*.pyz")] != []  # built here, copied there
+    # a second run finds the same zipapp there and does not copy it again (size check)
+    (pushed,) = remote.glob("afddiag-*.pyz")
+    os.utime(pushed, (1, 1))  # a copy would make it new again
+    rc2, out2, _ = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push", "--quiet")
+    assert _row(json.loads(out2), "pushed")["status"] == "ok"
+    assert pushed.stat().st_mtime == 1
