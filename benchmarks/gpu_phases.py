@@ -6,8 +6,10 @@ Usage (from the repository root; on an H200 host with only python3, click, rich,
 
 Phases (ms): ``interpreter`` (process start to this script's first line, from ``/proc/self/stat``
 start time), ``import_cli`` (``import afddiag.cli``: click and afddiag's modules), ``read_gpu`` (the
-GPU probe alone: NVML and CUDA in parallel threads, the kernel log meanwhile; its own
-``timings_ms`` split: ``nvml_ms``, ``cuda_ms``, ``xid_ms``), ``cli_gpu_json`` (a second, warm
+GPU probe alone as `afddiag gpu` without an expected SM count runs it: NVML only, the kernel log
+meanwhile; its own ``timings_ms`` split: ``nvml_ms``, ``xid_ms``), ``read_gpu_cuda`` (then the probe
+again with the CUDA driver too, as a run with ``--expect-sm`` does: ``cuda_ms`` is ``cuInit`` and the
+attributes; NVML is warm by then), ``cli_gpu_json`` (a second, warm
 ``afddiag gpu --json --no-history`` in the same process: gates, report, JSON; drivers already loaded,
 so this is afddiag's own overhead), ``history_append`` (``record_run`` into a fresh SQLite store).
 """
@@ -44,9 +46,13 @@ def main() -> None:
     from afddiag.probes.gpu import read_gpu
 
     t = time.monotonic()
-    r = read_gpu(timeout_s=30)
+    r = read_gpu(timeout_s=30, cuda=False, cuda_why="gpu_phases: as `afddiag gpu` without an expected SM count")
     out["read_gpu_ms"] = round((time.monotonic() - t) * 1e3, 1)
     out["read_gpu_parts_ms"] = r.get("timings_ms")
+    t = time.monotonic()
+    rc = read_gpu(timeout_s=30, cuda=True, cuda_why="gpu_phases: as a run with --expect-sm")
+    out["read_gpu_cuda_ms"] = round((time.monotonic() - t) * 1e3, 1)
+    out["read_gpu_cuda_parts_ms"] = rc.get("timings_ms")
     out["gpus"] = len(r.get("devices") or [])
     out["processes_listed"] = sum(len(d["nvml"]["processes"]) for d in r.get("devices") or []
                                   if isinstance(d.get("nvml"), dict) and isinstance(d["nvml"].get("processes"), list))

@@ -49,6 +49,7 @@ for i in $(seq 1 "$RUNS"); do
   run_one "afddiag gpu --json" "$i" python3 -m afddiag gpu --json
   run_one "afddiag gpu --json --no-history" "$i" python3 -m afddiag gpu --json --no-history
   run_one "afddiag gpu (table)" "$i" python3 -m afddiag gpu --no-history
+  run_one "afddiag gpu --json --expect-sm 132" "$i" python3 -m afddiag gpu --json --no-history --expect-sm 132
   run_one "python3 -m afddiag.probes.gpu" "$i" python3 -m afddiag.probes.gpu
   run_one "python3 -c pass" "$i" python3 -c pass
   timeout 60 python3 benchmarks/gpu_phases.py >> "$D/phases.jsonl" 2>>"$D/stderr.txt"
@@ -70,7 +71,7 @@ print(f"{'command':<36} {'runs':>4} {'median ms':>10} {'min ms':>8}  exit codes"
 for k, v in rows.items():
     print(f"{k:<36} {len(v):>4} {med[k]:>10.0f} {min(m for m, _ in v):>8}  {sorted({rc for _, rc in v})}")
 smi = med.get("nvidia-smi -q")
-for k in ("afddiag gpu --json", "afddiag gpu --json --no-history"):
+for k in ("afddiag gpu --json", "afddiag gpu --json --no-history", "afddiag gpu --json --expect-sm 132"):
     if smi and k in med:
         r = med[k] / smi
         print(f"{k} / nvidia-smi -q = {r:.2f}x (goal <= 2x: {'MET' if r <= 2 else 'MISSED'})")
@@ -80,16 +81,17 @@ except OSError:
     ph = []
 if ph:
     print("\nphases (median ms over %d runs):" % len(ph))
-    keys = ["interpreter_ms", "import_cli_ms", "read_gpu_ms", "cli_gpu_json_warm_ms", "history_append_ms", "total_ms"]
+    keys = ["interpreter_ms", "import_cli_ms", "read_gpu_ms", "read_gpu_cuda_ms", "cli_gpu_json_warm_ms",
+            "history_append_ms", "total_ms"]
     for k in keys:
         vals = [p[k] for p in ph if isinstance(p.get(k), (int, float))]
         if vals:
             print(f"  {k:<24} {statistics.median(vals):8.1f}")
-    for k in ("nvml_ms", "cuda_ms", "xid_ms"):
-        vals = [p["read_gpu_parts_ms"][k] for p in ph if isinstance(p.get("read_gpu_parts_ms"), dict)
-                and isinstance(p["read_gpu_parts_ms"].get(k), (int, float))]
-        if vals:
-            print(f"  read_gpu.{k:<15} {statistics.median(vals):8.1f}")
+    for part in ("read_gpu_parts_ms", "read_gpu_cuda_parts_ms"):
+        for k in ("nvml_ms", "cuda_ms", "xid_ms"):
+            vals = [p[part][k] for p in ph if isinstance(p.get(part), dict) and isinstance(p[part].get(k), (int, float))]
+            if vals:
+                print(f"  {part.removesuffix('_parts_ms')}.{k:<10} {statistics.median(vals):8.1f}")
     print(f"  gpus {ph[-1].get('gpus')}, processes listed {ph[-1].get('processes_listed')}, "
           f"xid source {ph[-1].get('xid_source')!r}")
 PY
