@@ -813,6 +813,7 @@ def test_gpu_run_without_an_expected_sm_count_never_initialises_cuda(counted_gpu
     assert counted_gpus.loads == 0 and "cuInit" not in counted_gpus.called
     assert obs.gpu.cuda_view["read"] is False and "nothing in this run needs it" in obs.gpu.cuda_view["why"]
     assert verdicts["gpu.present"]["verdict"] == "PASS"
+    assert "(cc 9.0)" in verdicts["gpu.present"]["summary"]  # no "? SMs": the SM count was not asked, not unread
     assert verdicts["gpu.sm-count"]["verdict"] == "SKIP"  # no expectation: as before
     assert obs.gpu.devices[0].compute_capability == (9, 0)  # NVML's view feeds the arch gate
 
@@ -826,6 +827,7 @@ def test_gpu_run_with_an_expected_sm_count_reads_cuda(counted_gpus, kw, source):
     assert counted_gpus.loads >= 1 and counted_gpus.called.count("cuInit") == 1
     assert obs.gpu.cuda_view == {"read": True, "why": f"expected SM count 132 ({source})"}
     assert obs.gpu.devices[0].sm_count == 132
+    assert "(132 SMs, cc 9.0)" in verdicts["gpu.present"]["summary"]
     assert verdicts["gpu.sm-count"]["verdict"] == "PASS"
 
 

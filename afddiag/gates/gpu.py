@@ -58,9 +58,11 @@ def present(ctx: Context) -> Verdict:
                        "run this role on the hardware its playbook names, or pick the right --role",
                        {"devices": [to_jsonable(d) for d in g.devices], "expected_model": model})
     devs = [to_jsonable(d) for d in g.devices]
+    cuda_read = (g.cuda_view or {}).get("read") is not False  # False: not asked (nothing needed it), not unread
     names = "; ".join(
-        f"{_label(d)} ({d.sm_count if d.sm_count is not None else '?'} SMs, cc "
-        f"{'.'.join(map(str, d.compute_capability)) if d.compute_capability else '?'})" for d in g.devices)
+        f"{_label(d)} ("
+        + (f"{d.sm_count} SMs, " if d.sm_count is not None else ("? SMs, " if cuda_read else ""))
+        + f"cc {'.'.join(map(str, d.compute_capability)) if d.compute_capability else '?'})" for d in g.devices)
     return Verdict(gid, PASS, f"{len(g.devices)} GPU(s): {names}; driver {g.driver_version or '?'}", "nothing to do",
                    {"devices": devs, "driver_version": g.driver_version, "cuda_driver_version": g.cuda_driver_version,
                     "versions": g.versions, "notes": g.notes})
