@@ -110,3 +110,17 @@ def test_no_qp_or_pd_left_behind(lab) -> None:
     # After cleanup: no device, nothing left.
     assert caps["resource_after_cleanup"] == []
     assert caps["rdma_dev_after_cleanup"] == []
+
+
+def test_memory_registration_host_yes_gpu_no(lab) -> None:
+    """rxe registers host memory (one MR and 64 x 1 MiB held at once) and the guest has no CUDA, so
+    GPU memory is named as not registrable; every MR and PD was closed (test_no_qp_or_pd_left_behind)."""
+    g = _gate(_run(lab, "no-map"), "fabric.mem-registration")
+    assert g["verdict"] == "PASS", g["summary"]
+    assert "host memory yes" in g["summary"] and "GPU memory no" in g["summary"]
+    kinds = g["facts"]["kinds"]
+    assert kinds["host"] and not kinds["gpu_peermem"] and not kinds["gpu_dmabuf"]
+    for d in g["facts"]["devices"]:
+        assert d["host_mr"]["ok"] is True and d["destroyed"] is True
+        assert d["host_mr_count"]["registered"] == d["host_mr_count"]["wanted"] == 64
+        assert d["gpu_mr"] is None and d["dmabuf_mr"] is None  # no CUDA buffer to register
