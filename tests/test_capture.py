@@ -372,7 +372,13 @@ def test_lab_capture_replays_to_the_guest_live_verdicts(capture_lab):
                              "--peer", "10.9.0.1"])
     lv = {g["id"]: g["verdict"] for g in live["json"]["gates"]}
     rv = {g["id"]: g["verdict"] for g in replay["gates"]}
-    assert lv["fabric.first-device"] == "FAIL" and lv["fabric.qp-rtr"] == "FAIL"  # the incident, live
+    assert lv["fabric.first-device"] == "FAIL"  # the incident, live
+    # the failed QP walk is explained by fabric.first-device (one fault, one remedy): SKIP "not judged",
+    # with what the walk alone said kept in its facts
+    qp = next(g for g in live["json"]["gates"] if g["id"] == "fabric.qp-rtr")
+    assert qp["verdict"] == "SKIP" and qp["summary"].startswith("not judged: fabric.first-device failed"), qp
+    assert qp["facts"]["judged_alone"]["verdict"] == "FAIL", qp["facts"]
+    assert [d["gate"] for d in live["json"]["diagnosis"]][0] == "fabric.first-device"
     assert rv.pop("fabric.qp-rtr") == "SKIP"  # a bundle holds no live QP walk
     lv.pop("fabric.qp-rtr")
     assert rv == lv
