@@ -54,10 +54,15 @@ def test_incident_without_map_fails_first_device_and_rtr_with_einval(lab) -> Non
     assert sc["rc"] == 2
     assert sc["json"]["device_map"] == {"10.9.0.2": "arxe1"}
     assert _gate(sc, "fabric.first-device")["verdict"] == "FAIL"
+    # the failed walk is the same fault as fabric.first-device: named once, as the root (issue 12);
+    # the gate says "not judged" and keeps what the walk alone said
     rtr = _gate(sc, "fabric.qp-rtr")
-    assert rtr["verdict"] == "FAIL"
-    assert _mentions(rtr, "zrxe0", "22") and "errno 22" in rtr["summary"], rtr
-    assert "invalid attribute" in rtr["summary"], rtr
+    assert rtr["verdict"] == "SKIP" and rtr["summary"].startswith("not judged: fabric.first-device failed"), rtr
+    alone = rtr["facts"]["judged_alone"]
+    assert alone["verdict"] == "FAIL" and "zrxe0" in alone["summary"] and "errno 22" in alone["summary"], alone
+    assert "invalid attribute" in alone["summary"], alone
+    assert _mentions(rtr, "zrxe0", "22"), rtr  # the walk's results stay in the facts
+    assert [d["gate"] for d in sc["json"]["diagnosis"]][0] == "fabric.first-device"
 
 
 def test_with_map_first_device_and_rtr_pass(lab) -> None:
