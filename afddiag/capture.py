@@ -18,10 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
-import sys
 from pathlib import Path
-
-import click
 
 from afddiag.probes.registry import ENV_ALLOW, ENV_ALLOW_PREFIX, Sources, env_allowed, env_text  # noqa: F401
 
@@ -52,47 +49,4 @@ def write_bundle(path: str | os.PathLike, src: Sources | None = None, timeout_s:
     return write_tar_gz(path, files, top=f"afddiag-capture-{safe_host}-{stamp}"), notes
 
 
-@click.command()
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
-              help="The bundle to write (FILE.tar.gz); written atomically.")
-@click.option("--load", is_flag=True, help="Run the GPU load probe too (~3 s a GPU): gpu.slow-state figures.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=10.0, show_default=True,
-              help="Time bound of each probe, seconds.")
-@click.option("--fabric-ip", default=None, help="The launcher's fabric IPv4 address (routes are looked up from it).")
-@click.option("--peer", "peers", multiple=True, help="A peer's fabric IPv4 address: its route (ip route get) is "
-              "captured too, as a live run with --peer reads it (repeatable).")
-def capture(output, load, timeout_s, fabric_ip, peers) -> int:
-    """Capture what the probes read on this host into a bundle `--snapshot FILE.tar.gz` replays.
-
-    Only the sysfs files the fabric probe reads, the device order, addresses, routes, the GPU,
-    limits and CPU readings, versions, and allow-listed variables (DS41RT_*, NCCL_IB_HCA,
-    NCCL_IB_GID_INDEX, NCCL_SOCKET_IFNAME, UCX_NET_DEVICES, MC_GID_INDEX, CUDA_VISIBLE_DEVICES,
-    AFD_*) leave the host.
-    """
-    import ipaddress
-
-    for v in ([fabric_ip] if fabric_ip else []) + list(peers):
-        try:
-            ipaddress.IPv4Address(v)
-        except ValueError:
-            raise click.UsageError(f"{v!r} is not an IPv4 address (give the dotted form, e.g. 10.9.0.2)")
-    if not str(output).endswith((".tar.gz", ".tgz")):
-        raise click.UsageError(f"--output {output}: give a name ending in .tar.gz")
-    src = Sources()
-    try:
-        path, notes = write_bundle(output, src, timeout_s, load=load, peers=tuple(peers), fabric_ip=fabric_ip)
-    except OSError as e:
-        from afddiag.atomic import output_error
-
-        raise click.UsageError(output_error(f"--output {output}", e))
-    for n in notes:
-        click.echo(f"afddiag capture: note: {n}", err=True)
-    click.echo(f"afddiag capture: wrote {os.path.getsize(path)} bytes; replay with "
-               f"`afddiag all --snapshot {path}`", err=True)
-    click.echo(str(path))
-    return 0
-
-
-__all__ = ["Sources", "capture", "collect_bundle", "env_allowed", "write_bundle"]
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(capture.main(standalone_mode=True))
+__all__ = ["Sources", "collect_bundle", "env_allowed", "write_bundle"]

@@ -258,10 +258,10 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
 
 # Commands that live in their own modules, imported only when named (start-up stays cheap).
 LAZY_COMMANDS = {
-    "fleet": "afddiag.fleet:fleet",
-    "merge": "afddiag.fleet:merge",
-    "capture": "afddiag.capture:capture",
-    "history": "afddiag.history:history",
+    "fleet": "afddiag.commands.fleet:fleet",
+    "merge": "afddiag.commands.fleet:merge",
+    "capture": "afddiag.commands.capture:capture",
+    "history": "afddiag.commands.history:history",
 }
 
 

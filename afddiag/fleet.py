@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import ipaddress
-import json
 import os
 import shlex
 import sys
@@ -46,8 +45,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
-
-import click
 
 from afddiag import __version__
 from afddiag.gates.fleet import HostResult, run_fleet_gates
@@ -411,26 +408,6 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
               f"{fr['exit_code']}\n")
 
 
-def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = None,
-          html_path: str | None = None) -> int:
-    """Print the fleet report (JSON or table) and, with ``html_path``, write the fleet page there."""
-    if html_path:
-        from afddiag.atomic import output_error
-        from afddiag.html import write_page
-
-        try:
-            write_page(html_path, fr, {h.name: h.report for h in hosts or [] if h.ok and h.report})
-        except OSError as e:
-            raise click.UsageError(output_error(f"--html {html_path}", e))
-        click.echo(f"afddiag: fleet page written to {html_path}", err=True)
-    if as_json:
-        json.dump(fr, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        write_fleet_table(fr)
-    return fr["exit_code"]
-
-
 # ---------------------------------------------------------------- collection over SSH
 
 @dataclass
@@ -683,106 +660,5 @@ def build_zipapp(dest: str) -> str:
     return dest
 
 
-# ---------------------------------------------------------------- click commands
-
-@click.command()
-@click.option("--inventory", "inventory_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="The fleet's inventory (TOML: [fleet], [expect], [[host]]).")
-@click.option("--json", "as_json", is_flag=True, help="Print the fleet report (with every host's report) on stdout.")
-@click.option("--known-hosts", type=click.Path(dir_okay=False),
-              help="known_hosts file to verify host keys against (default: the inventory's, else ~/.ssh/known_hosts).")
-@click.option("--identity", type=click.Path(dir_okay=False), help="Client private key (default: agent and ~/.ssh/id_*).")
-@click.option("--concurrency", type=click.IntRange(1, 1024), help="Hosts collected at once (default 16).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600),
-              help="Per-host time bound, seconds, connect to last byte (default 120).")
-@click.option("--connect-timeout", "connect_timeout_s", type=click.FloatRange(0.5, 600),
-              help="SSH connect bound, seconds (default 10).")
-@click.option("--push", is_flag=True, help="Copy a self-contained zipapp of this afddiag over SFTP and run it "
-              "(click, rich, pynvml vendored; the host needs python3 ≥ 3.10, and python3-psutil/python3-pyverbs "
-              "for the probes that use them).")
-@click.option("--quiet", is_flag=True, help="No per-host progress on stderr.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False),
-              help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
-                   "verdict per host, hosts → HCAs → ports → IPs.")
-def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s, connect_timeout_s, push,
-          quiet, html_path) -> int:
-    """Run `afddiag all --json` on every host of the inventory over SSH, then the cross-host gates.
-
-    An unreachable, timed-out or failing host is an ERROR row for that host; the others go on.
-    Exit codes: 2 any FAIL, 3 any ERROR (a host without a report), 1 any WARN, 0 clean.
-    """
-    try:
-        inv = load_inventory(inventory_path)
-    except InventoryError as e:
-        raise click.UsageError(str(e))
-    try:
-        import asyncssh  # noqa: F401
-    except ImportError:
-        raise click.UsageError("afddiag fleet needs asyncssh on this machine (pip install 'asyncssh>=2.13'); "
-                               "or collect the reports another way and use `afddiag merge`")
-    s = inv.settings
-    opts = SshOptions(known_hosts=known_hosts or s.get("known_hosts"), identity=identity or s.get("identity"),
-                      user=s.get("user"), concurrency=concurrency or int(s.get("concurrency", 16)),
-                      timeout_s=timeout_s or float(s.get("timeout_s", 120)),
-                      connect_timeout_s=connect_timeout_s or float(s.get("connect_timeout_s", 10)),
-                      max_output_mib=int(s.get("max_output_mib", MAX_OUTPUT_MIB)))
-    if opts.known_hosts and not os.path.isfile(os.path.expanduser(opts.known_hosts)):
-        raise click.UsageError(f"known_hosts {opts.known_hosts}: no such file: give --known-hosts with the fleet's "
-                               "host keys (afddiag always verifies them)")
-    if push:
-        import tempfile
-
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        try:
-            opts.push = build_zipapp(os.path.join(cache, "afddiag", f"afddiag-{__version__}.pyz"))
-        except (OSError, ImportError):
-            opts.push = build_zipapp(os.path.join(tempfile.mkdtemp(prefix="afddiag-"), f"afddiag-{__version__}.pyz"))
-    hosts = collect(inv, opts, Progress(quiet=quiet))
-    fr = judge(hosts, inv.expect, source=f"fleet {inventory_path}", keep_reports=as_json)
-    return _emit(fr, as_json, hosts, html_path)
-
-
-@click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, readable=True))
-@click.option("--json", "as_json", is_flag=True, help="Print the fleet report on stdout.")
-@click.option("--inventory", "inventory_path", type=click.Path(exists=True, dir_okay=False),
-              help="Take [expect] and each host's role and fabric IP (matched by name) from this inventory.")
-@click.option("--expect-capacity", type=click.IntRange(1, 1 << 20), help="Fleet-wide capacity flag.")
-@click.option("--expect-gid-index", type=click.IntRange(0, 1 << 16), help="The GID index a stack forces.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False),
-              help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
-                   "verdict per host, hosts → HCAs → ports → IPs.")
-def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, html_path) -> int:
-    """Run the cross-host gates over per-host `afddiag all --json` reports collected by anything
-    (Slurm srun, Ansible, pdsh, clush). A FILE holds one report, a JSON array of them, or JSON lines.
-
-    Exit codes as `afddiag fleet`.
-    """
-    from afddiag.reader import InputError
-
-    try:
-        hosts = load_reports(list(files))
-    except InputError as e:
-        raise click.UsageError(f"merge input {e}")
-    expect: dict[str, Any] = {}
-    if inventory_path:
-        try:
-            inv = load_inventory(inventory_path)
-        except InventoryError as e:
-            raise click.UsageError(str(e))
-        expect.update(inv.expect)
-        by_name = {h.name: h for h in inv.hosts}
-        for h in hosts:
-            ih = by_name.get(h.name)
-            if ih:
-                h.role, h.fabric_ip = ih.role, ih.fabric_ip
-    if expect_capacity is not None:
-        expect["capacity"] = expect_capacity
-    if expect_gid_index is not None:
-        expect["gid_index"] = expect_gid_index
-    fr = judge(hosts, expect, source=f"merge of {len(files)} file(s)")
-    return _emit(fr, as_json, hosts, html_path)
-
-
 __all__ = ["HostResult", "Inventory", "InventoryError", "SshOptions", "Verdict", "build_zipapp", "collect",
-           "fleet", "judge", "load_inventory", "load_reports", "merge", "parse_report", "write_fleet_table"]
+           "judge", "load_inventory", "load_reports", "parse_report", "write_fleet_table"]

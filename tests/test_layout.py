@@ -1,0 +1,49 @@
+"""The package's layout rules (issue 11): only the CLI imports click, and start-up loads no command module."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "afddiag"
+CLI_MODULES = {PKG / "cli.py"} | set((PKG / "commands").rglob("*.py"))
+
+
+def _imports_click(path: Path) -> list[int]:
+    """Line numbers of every `import click…` / `from click… import` in ``path``, at any depth."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(a.name == "click" or a.name.startswith("click.") for a in node.names):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                node.module == "click" or node.module.startswith("click.")):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_cli_imports_click():
+    offenders = {str(p.relative_to(PKG.parent)): n for p in sorted(PKG.rglob("*.py"))
+                 if p not in CLI_MODULES and (n := _imports_click(p))}
+    assert offenders == {}, f"click imported outside afddiag/cli.py and afddiag/commands/: {offenders}"
+    # the walk sees the CLI's own imports (so an empty result above is not a walk that finds nothing)
+    assert _imports_click(PKG / "cli.py")
+    assert all(_imports_click(p) for p in (PKG / "commands").glob("*.py") if p.name != "__init__.py")
+
+
+def test_version_loads_no_command_module():
+    code = ("import sys\nfrom afddiag.cli import cli\ntry:\n    cli(['--version'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('afddiag.commands', 'afddiag.fleet', "
+            "'afddiag.capture', 'afddiag.history'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_lazy_commands_resolve_into_the_commands_package():
+    from afddiag import cli as climod
+
+    for name, target in climod.LAZY_COMMANDS.items():
+        assert target.startswith("afddiag.commands."), (name, target)
+        cmd = climod.LazyGroup._load(name)
+        assert cmd is not None and cmd.name == name, (name, climod.LazyGroup._why.get(name))
