@@ -524,6 +524,11 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
     if not dm:
         click.echo(f"afddiag devicemap: {_no_map_reason(obs)}", err=True)
         return 2
+    if fabric_ip and fabric_ip not in dm:
+        # Every format: a map that lacks the launcher's own address is no answer for it.
+        click.echo(f"afddiag devicemap: fabric IP {fabric_ip} has no IPv4 RoCE v2 GID on an ACTIVE port: give "
+                   f"--fabric-ip with one of {', '.join(sorted(dm))}", err=True)
+        return 2
     for line in endpoint.devicemap_caveats(obs.fabric, dm):
         click.echo(f"afddiag devicemap: {line}", err=True)
     if fmt == "nccl":

@@ -37,7 +37,8 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
     if inputs.snapshot:
         root = Path(inputs.snapshot)
         if not root.is_dir():
-            raise SnapshotError(f"snapshot {root}: not a directory (give a folder holding {registry.layout_hint()})")
+            raise SnapshotError(f"snapshot {root}: not a directory or capture bundle (give a folder holding "
+                                f"{registry.layout_hint()}, or a capture bundle FILE.tar.gz from `afddiag capture`)")
         if not registry.recognizes(root):
             raise SnapshotError(f"snapshot {root}: holds nothing afddiag recognizes: a snapshot holds any of "
                                 f"{registry.snapshot_parts()} (`afddiag capture` writes one)")

@@ -26,6 +26,8 @@ def test_usage_errors_exit_64_with_one_clear_line(capsys):
     assert "'10.9.0' is not an IPv4 address" in err
     assert run(["all", "--snapshot", "/nonexistent/snap"]) == 64
     assert "not a directory" in capsys.readouterr().err
+    assert run(["fabric", "--snapshot", "/etc/passwd"]) == 64
+    assert "capture bundle FILE.tar.gz" in capsys.readouterr().err
     assert run(["nosuchcommand"]) == 64
     assert run(["gpu", "--expect-sm", "0"]) == 64
 
@@ -87,6 +89,20 @@ def test_devicemap_with_no_ipv4_rocev2_says_so_and_exits_2():
     res = invoke(["devicemap", "--snapshot", C07])
     assert res.return_value == 2 and res.stdout == ""
     assert "no IPv4 RoCE v2 GID" in res.stderr
+
+
+def test_devicemap_with_a_fabric_ip_not_in_the_map_exits_2_in_every_format():
+    messages = set()
+    for fmt in ("env", "shell", "json", "nccl"):
+        res = invoke(["devicemap", "--snapshot", C02, "--fabric-ip", "10.1.1.1", "--format", fmt])
+        assert res.return_value == 2 and res.stdout == "", fmt
+        messages.add(res.stderr)
+    assert len(messages) == 1
+    (msg,) = messages
+    assert msg.count("\n") == 1 and "10.1.1.1" in msg and "--fabric-ip" in msg
+    # an IP that is in the map still prints it
+    ok = invoke(["devicemap", "--snapshot", C02, "--fabric-ip", "192.168.100.11", "--format", "shell"])
+    assert ok.return_value == 0 and "192.168.100.11=" in ok.stdout
 
 
 def test_version():
