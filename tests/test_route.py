@@ -78,7 +78,9 @@ def test_route_skips_without_peer_or_capture(snap, capsys):
     g = _gates(capsys, snap)
     assert g["fabric.route"]["verdict"] == "SKIP" and "no peer given" in g["fabric.route"]["summary"]
     g = _gates(capsys, snap, "192.168.100.10")
-    assert g["fabric.route"]["verdict"] == "SKIP" and "routes not captured" in g["fabric.route"]["summary"]
+    r = g["fabric.route"]
+    assert r["verdict"] == "SKIP" and r["summary"].count("routes not captured") == 1, r
+    assert "ARP sysctls" not in r["summary"]  # fabric.arp's concern, not the route's
 
 
 def _two_rails_one_subnet(snap: Path) -> None:
@@ -90,7 +92,10 @@ def _two_rails_one_subnet(snap: Path) -> None:
     (snap / "ip-addr.json").write_text(json.dumps(addrs))
 
 
-def test_arp_one_rail_per_subnet_passes(snap, capsys):
+def test_arp_one_rail_per_subnet_passes_only_with_its_sysctls_read(snap, capsys):
+    a = _gates(capsys, snap)["fabric.arp"]  # case 02 holds no proc/sys: the catalog says SKIP, not PASS
+    assert a["verdict"] == "SKIP" and "ARP sysctls not captured" in a["summary"], a
+    _sysctl(snap, {"all": {"arp_ignore": 0, "arp_announce": 0, "rp_filter": 0}})
     g = _gates(capsys, snap)
     assert g["fabric.arp"]["verdict"] == "PASS" and "one RDMA netdev per subnet" in g["fabric.arp"]["summary"]
 

@@ -498,8 +498,10 @@ def route(ctx: Context) -> Verdict:
     if (v := probe_failed(gid, rf)) is not None:  # timed out or crashed: not evidence of "no route"
         return v
     if rf is None or not rf.captured or not rf.routes_captured:
-        why = "; ".join(rf.notes) if rf is not None and rf.notes else "route probe not run"
-        return Verdict(gid, SKIP, f"routes not captured: {why}", remedy("snapshot.route"))
+        notes = [n for n in (rf.notes if rf is not None else []) if not n.startswith("ARP sysctls")]
+        why = "; ".join(notes) if notes else "route probe not run"
+        return Verdict(gid, SKIP, why if why.startswith("routes not captured") else f"routes not captured: {why}",
+                       remedy("snapshot.route"))
     lost = [r for r in rf.routes if r.failed]
     if lost:
         why = "; ".join(f"peer {r.peer}: {r.error}" for r in lost)
@@ -555,13 +557,18 @@ def arp(ctx: Context) -> Verdict:
     if not nets:
         return Verdict(gid, SKIP, "no IPv4 address on any RDMA netdev: no ARP replies to judge", "nothing to do",
                        facts)
+    rf = ctx.obs.route
+    if (v := probe_failed(gid, rf)) is not None:
+        return v
+    if not shared and (rf is None or not rf.sysctl_captured):  # the catalog: SKIP when the sysctls were not read
+        why = next((n for n in (rf.notes if rf is not None else []) if n.startswith("ARP sysctls")),
+                   "ARP sysctls not captured (route probe not run)")
+        return Verdict(gid, SKIP, "one RDMA netdev per subnet (" + ", ".join(f"{n}: {', '.join(sorted(v))}"
+                       for n, v in sorted(nets.items())) + f"), but not judged: {why}", remedy("snapshot.route"), facts)
     if not shared:
         return Verdict(gid, PASS, "one RDMA netdev per subnet (" + (", ".join(f"{n}: {', '.join(sorted(v))}"
                        for n, v in sorted(nets.items())) or "no IPv4 on the RDMA netdevs") + "): ARP replies "
                        "leave by the port the request came in on", "nothing to do", facts)
-    rf = ctx.obs.route
-    if (v := probe_failed(gid, rf)) is not None:
-        return v
     if rf is None or not rf.sysctl_captured:
         why = "; ".join(rf.notes) if rf is not None and rf.notes else "not probed"
         return Verdict(gid, SKIP, f"{', '.join(f'{n} share {k}' for k, n in ((k, ' and '.join(v)) for k, v in shared.items()))}"
