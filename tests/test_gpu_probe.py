@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from afddiag.probes import gpu
+from afddiag.probes import cudadrv, gpu
 
 NOT_SUPPORTED_RC = 3
 
@@ -221,7 +221,7 @@ def fake_gpus(monkeypatch, tmp_path):
         nvml = make_fake_pynvml(nvml_devices, **kw)
         cuda = FakeLibcuda(cuda_devices)
         monkeypatch.setitem(sys.modules, "pynvml", nvml)
-        monkeypatch.setattr(gpu, "_load_libcuda", lambda: cuda)
+        monkeypatch.setattr(cudadrv, "load_libcuda", lambda: cuda)
         return nvml, cuda
 
     return install
@@ -355,7 +355,7 @@ def test_no_libcuda_keeps_nvml_view(fake_gpus, monkeypatch, meminfo):
     def no_lib():
         raise OSError("libcuda.so.1: cannot open shared object file: No such file or directory")
 
-    monkeypatch.setattr(gpu, "_load_libcuda", no_lib)
+    monkeypatch.setattr(cudadrv, "load_libcuda", no_lib)
     r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
     assert "why" not in r
     assert r["devices"][0]["cuda"] is None and r["devices"][0]["nvml"]["clock_sm_mhz"] == 345
@@ -759,7 +759,7 @@ def test_preinit_starts_cuinit_once_in_the_background(fake_gpus, meminfo, monkey
 
 
 class CountingLibcuda(FakeLibcuda):
-    """A fake libcuda that counts how often it was loaded (the seam ``_load_libcuda``)."""
+    """A fake libcuda that counts how often it was loaded (the seam ``cudadrv.load_libcuda``)."""
 
     loads = 0
 
@@ -775,7 +775,7 @@ def counted_gpus(fake_gpus, monkeypatch):
         cuda.loads += 1
         return cuda
 
-    monkeypatch.setattr(gpu, "_load_libcuda", load)
+    monkeypatch.setattr(cudadrv, "load_libcuda", load)
     monkeypatch.setattr(gpu, "_PREINIT", [])
     return cuda
 

@@ -47,3 +47,33 @@ def test_lazy_commands_resolve_into_the_commands_package():
         assert target.startswith("afddiag.commands."), (name, target)
         cmd = climod.LazyGroup._load(name)
         assert cmd is not None and cmd.name == name, (name, climod.LazyGroup._why.get(name))
+
+
+def _imports(path: Path, top: str) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == top for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == top:
+            return True
+    return False
+
+
+def _opens_a_library(path: Path) -> bool:
+    """Whether ``path`` calls ctypes.CDLL / ctypes.cdll.LoadLibrary (opens a shared library itself)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("CDLL", "LoadLibrary"):
+                return True
+    return False
+
+
+def test_one_nvml_wrapper_and_one_cuda_driver_binding():
+    mods = sorted(PKG.rglob("*.py"))
+    nvml_users = [str(p.relative_to(PKG)) for p in mods if _imports(p, "pynvml")]
+    assert nvml_users == ["probes/nvml.py"]
+    cuda_openers = [str(p.relative_to(PKG)) for p in mods
+                    if _opens_a_library(p) and "libcuda" in p.read_text() and p.name != "cudadrv.py"]
+    assert cuda_openers == []
+    assert _opens_a_library(PKG / "probes" / "cudadrv.py")

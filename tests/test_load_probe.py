@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from afddiag.probes import load
+from afddiag.probes import cudadrv, load
 from afddiag.probes.gpu import uuid_from_bytes
 
 
@@ -477,7 +477,7 @@ def fake(monkeypatch):
 
     def use(**kw):
         holder["lib"] = FakeCuda(**kw)
-        monkeypatch.setattr(load, "_load_libcuda", lambda: holder["lib"])
+        monkeypatch.setattr(cudadrv, "load_libcuda", lambda: holder["lib"])
         return holder["lib"]
 
     return use
@@ -573,7 +573,7 @@ def test_libcuda_missing_is_a_why(monkeypatch):
     def missing():
         raise OSError("libcuda.so.1: cannot open shared object file: No such file or directory")
 
-    monkeypatch.setattr(load, "_load_libcuda", missing)
+    monkeypatch.setattr(cudadrv, "load_libcuda", missing)
     r = load.run_load_probe()
     assert "libcuda.so.1" in r["why"]
     assert r["achieved"] == {"fp32_tflops": None, "bf16_tflops": None, "gemv_gbps": None, "copy_gbps": None}

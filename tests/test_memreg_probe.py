@@ -10,7 +10,7 @@ import pytest
 
 from afddiag.model.fabric import memreg_facts
 from afddiag.probes import memreg
-from afddiag.probes.load import CudaError
+from afddiag.probes.cudadrv import CudaError
 
 
 def _tree(tmp_path, version=None, peermem=False, meminfo="", cmdline="BOOT_IMAGE=/vmlinuz ro quiet"):

@@ -27,16 +27,15 @@ import time
 from typing import Any, Iterable
 
 from afddiag.facts import NOT_SUPPORTED, clocks_event_reason_names
+from afddiag.probes import cudadrv, nvml
+from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA
 
 # CUdevice_attribute values (cuda.h).
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
-CUDA_SUCCESS = 0
 
-LIBCUDA = "libcuda.so.1"
-LIBNVML = "libnvidia-ml.so.1"
 BIOS_VERSION_PATH = "/sys/class/dmi/id/bios_version"
 KMSG_PATH = "/dev/kmsg"
 XID_MAX_BYTES = 4 << 20  # read at most this much kernel log (the kmsg ring is usually far smaller)
@@ -48,11 +47,6 @@ def uuid_from_bytes(raw: bytes) -> str:
     """NVML's text form ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` of a 16-byte CUDA ``CUuuid``."""
     h = bytes(raw[:16]).hex()
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-def _load_libcuda() -> Any:
-    """The CUDA driver library (a seam: tests replace it with a fake having the same methods)."""
-    return ctypes.CDLL(LIBCUDA)
 
 
 _PREINIT: list[threading.Thread] = []
@@ -68,7 +62,7 @@ def preinit_cuda() -> None:
 
     def init() -> None:
         try:
-            _load_libcuda().cuInit(0)
+            cudadrv.load_libcuda().cuInit(0)
         except Exception:  # noqa: BLE001 - read_gpu calls it again and records why
             pass
 
@@ -369,25 +363,14 @@ def _nvml_processes(run: _Run, nv: Any, where: str, h: Any) -> Any:
 
 
 def _read_nvml(run: _Run) -> None:
+    def mark(name: str | None) -> None:
+        run.in_call = name
+
     try:
-        run.in_call = "import pynvml"
-        import pynvml as nv
-    except Exception as e:  # noqa: BLE001
-        run.nvml["why"] = f"NVML: python package nvidia-ml-py (pynvml) not importable: {e}"
+        nv = nvml.open_nvml(mark)
+    except nvml.NvmlUnavailable as e:
+        run.nvml["why"] = f"NVML: {e}"
         return
-    finally:
-        run.in_call = None
-    try:
-        run.in_call = "nvmlInit"
-        nv.nvmlInit()
-    except Exception as e:  # noqa: BLE001
-        if getattr(e, "value", None) == getattr(nv, "NVML_ERROR_LIBRARY_NOT_FOUND", 12):
-            run.nvml["why"] = f"NVML: {LIBNVML} not found ({e}; is the NVIDIA driver installed?)"
-        else:
-            run.nvml["why"] = f"NVML: nvmlInit failed: {type(e).__name__}: {e}"
-        return
-    finally:
-        run.in_call = None
     try:
         driver = _nvml_call(run, nv, "NVML", "nvmlSystemGetDriverVersion")
         nvml_version = _nvml_call(run, nv, "NVML", "nvmlSystemGetNVMLVersion")
@@ -411,24 +394,13 @@ def _read_nvml(run: _Run) -> None:
                 run.nvml["devices"].append(dev)
     finally:
         run.in_call = "nvmlShutdown"
-        try:
-            nv.nvmlShutdown()
-        except Exception as e:  # noqa: BLE001
-            run.note(f"NVML: nvmlShutdown failed: {type(e).__name__}: {e}")
+        why = nvml.close_nvml(nv)
+        if why:
+            run.note(f"NVML: {why}")
         run.in_call = None
 
 
 # --- CUDA driver ----------------------------------------------------------------------------
-
-
-def _cu_error(lib: Any, rc: int) -> str:
-    try:
-        s = ctypes.c_char_p()
-        if lib.cuGetErrorName(rc, ctypes.pointer(s)) == CUDA_SUCCESS and s.value:
-            return f"{s.value.decode()} ({rc})"
-    except Exception:  # noqa: BLE001
-        pass
-    return f"CUresult {rc}"
 
 
 def _cu_call(run: _Run, lib: Any, where: str, name: str, *args: Any) -> bool:
@@ -442,7 +414,7 @@ def _cu_call(run: _Run, lib: Any, where: str, name: str, *args: Any) -> bool:
     finally:
         run.in_call = None
     if rc != CUDA_SUCCESS:
-        run.note(f"{where}: {name} returned {_cu_error(lib, rc)}")
+        run.note(f"{where}: {name} returned {cudadrv.error_name(lib, rc)}")
         return False
     return True
 
@@ -487,7 +459,7 @@ def _cuda_device(run: _Run, lib: Any, ordinal: int) -> dict[str, Any]:
 def _read_cuda(run: _Run) -> None:
     run.in_call = f"dlopen {LIBCUDA}"
     try:
-        lib = _load_libcuda()
+        lib = cudadrv.load_libcuda()
     except Exception as e:  # noqa: BLE001
         run.cuda["why"] = f"CUDA: {LIBCUDA} not loadable ({e})"
         return
@@ -874,14 +846,9 @@ def read_busy(uuid: str | None, index: int | None, window_s: float = 0.5,
     out: dict[str, Any] = {"utilization_pct": None, "utilization_samples": [], "processes": None,
                            "window_s": window_s, "own_pid": os.getpid()}
     try:
-        import pynvml as nv
-    except Exception as e:  # noqa: BLE001
-        out["why"] = f"pynvml not importable: {e}"
-        return out
-    try:
-        nv.nvmlInit()
-    except Exception as e:  # noqa: BLE001
-        out["why"] = f"nvmlInit failed: {type(e).__name__}: {e}"
+        nv = nvml.open_nvml()
+    except nvml.NvmlUnavailable as e:
+        out["why"] = str(e)
         return out
     try:
         h = None
@@ -927,10 +894,7 @@ def read_busy(uuid: str | None, index: int | None, window_s: float = 0.5,
     except Exception as e:  # noqa: BLE001 - the probe never raises
         out["why"] = f"busy check failed: {type(e).__name__}: {e}"
     finally:
-        try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        nvml.close_nvml(nv)
     return out
 
 

@@ -46,12 +46,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from afddiag.probes import cudadrv, nvml
+from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA, Cuda, CudaError
 from afddiag.probes.gpu import (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    CUDA_SUCCESS,
-    LIBCUDA,
     uuid_from_bytes,
 )
 
@@ -575,105 +575,10 @@ def summarize_samples(samples: list[dict], phases: tuple[str, ...] = KERNEL_ORDE
 # --- CUDA driver through ctypes ----------------------------------------------------------------
 
 
-def _load_libcuda() -> Any:
-    """The CUDA driver library (a seam: tests replace it)."""
-    return ctypes.CDLL(LIBCUDA)
-
-
-_P = ctypes.POINTER
 _VP = ctypes.c_void_p
-_PROTOTYPES: dict[str, tuple] = {
-    "cuInit": (ctypes.c_uint,),
-    "cuDeviceGetCount": (_P(ctypes.c_int),),
-    "cuDeviceGet": (_P(ctypes.c_int), ctypes.c_int),
-    "cuDeviceGetName": (ctypes.c_char_p, ctypes.c_int, ctypes.c_int),
-    "cuDeviceGetAttribute": (_P(ctypes.c_int), ctypes.c_int, ctypes.c_int),
-    "cuDeviceGetUuid_v2": (_VP, ctypes.c_int),
-    "cuDeviceGetUuid": (_VP, ctypes.c_int),
-    "cuDevicePrimaryCtxRetain": (_P(_VP), ctypes.c_int),
-    "cuDevicePrimaryCtxRelease_v2": (ctypes.c_int,),
-    "cuDevicePrimaryCtxRelease": (ctypes.c_int,),
-    "cuCtxSetCurrent": (_VP,),
-    "cuCtxSynchronize": (),
-    "cuModuleLoadDataEx": (_P(_VP), ctypes.c_char_p, ctypes.c_uint, _P(ctypes.c_int), _P(_VP)),
-    "cuModuleGetFunction": (_P(_VP), _VP, ctypes.c_char_p),
-    "cuModuleUnload": (_VP,),
-    "cuOccupancyMaxActiveBlocksPerMultiprocessor": (_P(ctypes.c_int), _VP, ctypes.c_int, ctypes.c_size_t),
-    "cuMemGetInfo_v2": (_P(ctypes.c_size_t), _P(ctypes.c_size_t)),
-    "cuMemAlloc_v2": (_P(ctypes.c_uint64), ctypes.c_size_t),
-    "cuMemFree_v2": (ctypes.c_uint64,),
-    "cuMemsetD8_v2": (ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t),
-    "cuLaunchKernel": (
-        _VP, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-        ctypes.c_uint, _VP, _P(_VP), _P(_VP),
-    ),
-    "cuEventCreate": (_P(_VP), ctypes.c_uint),
-    "cuEventRecord": (_VP, _VP),
-    "cuEventSynchronize": (_VP,),
-    "cuEventElapsedTime_v2": (_P(ctypes.c_float), _VP, _VP),
-    "cuEventElapsedTime": (_P(ctypes.c_float), _VP, _VP),
-    "cuEventDestroy_v2": (_VP,),
-    "cuGetErrorName": (ctypes.c_int, _P(ctypes.c_char_p)),
-}
 
 
-class CudaError(Exception):
-    """A driver call that did not return CUDA_SUCCESS (the message says which and why)."""
-
-
-class _Cuda:
-    """Typed calls into libcuda; each failure raises :class:`CudaError` with the call and error name."""
-
-    def __init__(self, lib: Any, state: "_State") -> None:
-        self.lib = lib
-        self.state = state
-        for name, argtypes in _PROTOTYPES.items():
-            fn = getattr(lib, name, None)
-            if fn is None:
-                continue
-            try:
-                fn.argtypes = argtypes
-                fn.restype = ctypes.c_int
-            except (AttributeError, TypeError):
-                pass
-
-    def has(self, name: str) -> bool:
-        try:
-            return getattr(self.lib, name, None) is not None
-        except Exception:  # noqa: BLE001 - ctypes raises AttributeError; fakes may raise anything
-            return False
-
-    def first(self, *names: str) -> str:
-        for n in names:
-            if self.has(n):
-                return n
-        raise CudaError(f"{LIBCUDA} exports none of {', '.join(names)}")
-
-    def error_name(self, rc: int) -> str:
-        try:
-            s = ctypes.c_char_p()
-            if self.lib.cuGetErrorName(rc, ctypes.byref(s)) == CUDA_SUCCESS and s.value:
-                return f"{s.value.decode()} ({rc})"
-        except Exception:  # noqa: BLE001
-            pass
-        return f"CUresult {rc}"
-
-    def __call__(self, name: str, *args: Any) -> None:
-        self.state.in_call = name
-        try:
-            rc = getattr(self.lib, name)(*args)
-        finally:
-            self.state.in_call = None
-        if rc != CUDA_SUCCESS:
-            raise CudaError(f"{name} returned {self.error_name(rc)}")
-
-    def attr(self, attr: int, dev: int) -> int:
-        v = ctypes.c_int()
-        self("cuDeviceGetAttribute", ctypes.byref(v), attr, dev)
-        return v.value
-
-
-def _load_module(cu: _Cuda, name: str, ptx: str) -> tuple[Any, str | None]:
+def _load_module(cu: Cuda, name: str, ptx: str) -> tuple[Any, str | None]:
     """``cuModuleLoadDataEx`` with error and info log buffers; (module, info log) or CudaError with the log."""
     err = ctypes.create_string_buffer(JIT_LOG_BYTES)
     info = ctypes.create_string_buffer(JIT_LOG_BYTES)
@@ -737,14 +642,9 @@ class _State:
 def _nvml_sampler(st: _State) -> None:
     """Sample NVML every SAMPLE_PERIOD_S until ``stop_sampling``, on the GPU the CUDA thread names."""
     try:
-        import pynvml as nv
-    except Exception as e:  # noqa: BLE001
-        st.note(f"NVML: python package nvidia-ml-py (pynvml) not importable: {e}; no samples")
-        return
-    try:
-        nv.nvmlInit()
-    except Exception as e:  # noqa: BLE001
-        st.note(f"NVML: nvmlInit failed: {type(e).__name__}: {e}; no samples")
+        nv = nvml.open_nvml()
+    except nvml.NvmlUnavailable as e:
+        st.note(f"NVML: {e}; no samples")
         return
     try:
         while not st.uuid_ready.wait(0.01):
@@ -793,16 +693,13 @@ def _nvml_sampler(st: _State) -> None:
     except Exception as e:  # noqa: BLE001
         st.note(f"NVML sampler failed: {type(e).__name__}: {e}")
     finally:
-        try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        nvml.close_nvml(nv)
 
 
 class _Timer:
     """Two CUDA events around a piece of GPU work."""
 
-    def __init__(self, cu: _Cuda, start: Any, end: Any) -> None:
+    def __init__(self, cu: Cuda, start: Any, end: Any) -> None:
         self.cu, self.start, self.end = cu, start, end
         self.elapsed_fn = cu.first("cuEventElapsedTime_v2", "cuEventElapsedTime")
 
@@ -817,7 +714,7 @@ class _Timer:
         return ms.value / 1e3
 
 
-def _launcher(cu: _Cuda, fn: Any, kind: str, grid: int) -> Callable[[tuple[int, ...]], None]:
+def _launcher(cu: Cuda, fn: Any, kind: str, grid: int) -> Callable[[tuple[int, ...]], None]:
     types = PARAMS[kind]
     ctypes_of = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32}
 
@@ -890,13 +787,13 @@ def _cuda_worker(st: _State) -> None:
     try:
         st.in_call = f"dlopen {LIBCUDA}"
         try:
-            lib = _load_libcuda()
+            lib = cudadrv.load_libcuda()
         except Exception as e:  # noqa: BLE001
             st.why = f"CUDA: {LIBCUDA} not loadable ({e})"
             return
         finally:
             st.in_call = None
-        cu = _Cuda(lib, st)
+        cu = Cuda(lib, st)
         _run_on_gpu(cu, st)
     except Exception as e:  # noqa: BLE001 - a bug here must not kill the caller
         if st.why is None:
@@ -906,7 +803,7 @@ def _cuda_worker(st: _State) -> None:
         st.uuid_ready.set()
 
 
-def _run_on_gpu(cu: _Cuda, st: _State) -> None:
+def _run_on_gpu(cu: Cuda, st: _State) -> None:
     ctx = _VP()
     dev = ctypes.c_int()
     retained = False
@@ -1027,7 +924,7 @@ def _run_on_gpu(cu: _Cuda, st: _State) -> None:
         _release(cu, st, retained, dev, modules, ptrs, events)
 
 
-def _release(cu: _Cuda, st: _State, retained: bool, dev: Any, modules: list, ptrs: dict, events: list) -> None:
+def _release(cu: Cuda, st: _State, retained: bool, dev: Any, modules: list, ptrs: dict, events: list) -> None:
     """Free, unload and release what was created, in reverse; every failure becomes a note."""
     def quiet(name: str, *args: Any) -> None:
         try:

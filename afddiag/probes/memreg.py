@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from afddiag.probes import cudadrv
+
 CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
 CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
 CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
@@ -109,10 +111,8 @@ class _State:
 
 
 def _cuda() -> Any:
-    """The load probe's typed libcuda binding (one binding for the package), or raises OSError."""
-    from afddiag.probes import load
-
-    cu = load._Cuda(load._load_libcuda(), _State())
+    """The package's typed libcuda binding (:class:`afddiag.probes.cudadrv.Cuda`), or raises OSError."""
+    cu = cudadrv.Cuda(cudadrv.load_libcuda(), _State())
     fn = getattr(cu.lib, "cuMemGetHandleForAddressRange", None)
     if fn is not None:
         try:
