@@ -145,6 +145,21 @@ def mtu(ctx: Context) -> Verdict:
     return Verdict(gid, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts)
 
 
+WRONG_FABRIC_IP_REMEDY = ("set the launcher's fabric IP (AFD_FABRIC_IP / --fabric-ip) to this host's RoCE address "
+                          "({addrs}); do not move the address given, it is not the fabric's")
+ROCE_V1_REMEDY = ("the HCA offers this address only as RoCE v1: enable RoCE v2 on it (driver/firmware RoCE mode, "
+                  "e.g. mlx4_core roce_mode or the HCA's RoCE mode setting) or use an HCA that supports RoCE v2")
+
+
+def _roce_v1_only(gid: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
+    """FAIL: the IPv4 address is offered only as RoCE v1 GIDs (e.g. mlx4 ConnectX-3): the HCA's RoCE mode
+    is the fault, not the address (action HW_INSPECTION; no address fix)."""
+    where = "; ".join(f"{_where(e)}, port {e.port_state}" for e in entries)
+    head = f"fabric IP {ip}: " if ip else "no IPv4 RoCE v2 GID: "
+    return Verdict(gid, FAIL, f"{head}only as RoCE v1: {where}", ROCE_V1_REMEDY, {"inventory": inventory},
+                   action="HW_INSPECTION")
+
+
 def rocev2_ipv4(ctx: Context) -> Verdict:
     gid = "fabric.rocev2-ipv4"
     fab = ctx.obs.fabric
@@ -160,8 +175,17 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
             return Verdict(gid, PASS, f"IPv4 RoCE v2 GIDs on ACTIVE ports: {', '.join(cands)}",
                            "nothing to do; pass --fabric-ip to say which one the launcher uses",
                            {"inventory": inventory})
+        down = rocev2_carriers(fab)  # RoCE v2 GIDs whose port is not ACTIVE: the link is the fault
+        if down:
+            ports = sorted({f"{e.device} port {e.port} ({e.netdev}, {e.port_state}: {e.ip} GID {e.gid_index})"
+                            for e in down})
+            return Verdict(gid, FAIL, "no IPv4 RoCE v2 GID on an ACTIVE port: the ports carrying them are not "
+                           f"ACTIVE: {'; '.join(ports)}", remedy("fabric.link"), {"inventory": inventory},
+                           action="FIX_LINK")
+        if entries and all(e.gid_type != ROCE_V2 for e in entries):
+            return _roce_v1_only(gid, entries, inventory)
         kinds = sorted({e.gid_type or "unknown type" for e in entries})
-        detail = (f"IPv4-mapped GIDs exist only as {', '.join(kinds)} or on ports that are not ACTIVE"
+        detail = (f"IPv4-mapped GIDs exist only as {', '.join(kinds)}"
                   if entries else "no GID on any device is IPv4-mapped (only fe80/IPv6 entries)")
         return Verdict(gid, FAIL, f"no IPv4 RoCE v2 GID on any ACTIVE port: {detail}", remedy(gid),
                        {"inventory": inventory})
@@ -178,7 +202,9 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
     cs = carriers(fab, ip)
     if cs:
         kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
-        why = ("only as RoCE v1" if all(e.gid_type != ROCE_V2 for e in cs) else "not on an ACTIVE port")
+        if all(e.gid_type != ROCE_V2 for e in cs):
+            return _roce_v1_only(gid, cs, inventory, ip)
+        why = "not on an ACTIVE port"
         return Verdict(gid, FAIL, f"fabric IP {ip}: {why}: {kinds}", remedy(gid), {"inventory": inventory})
     stray = [e for e in entries if e.ip == ip]
     if stray:
@@ -187,6 +213,11 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
     holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
     where = (f"it is on netdev {', '.join(holders)}, which no RDMA port is bound to" if holders
              else "no netdev on this host holds it")
+    if usable:  # the host has its RoCE address: the launcher names the wrong one (never move a management address)
+        mine = sorted({f"{e.ip} ({e.netdev}, {e.device} GID {e.gid_index})" for e in usable})
+        return Verdict(gid, FAIL, f"fabric IP {ip}: no GID carries it ({where}); this host's IPv4 RoCE v2 "
+                       f"addresses: {', '.join(mine)}", WRONG_FABRIC_IP_REMEDY.format(
+                           addrs=", ".join(sorted({e.ip for e in usable}))), {"inventory": inventory}, action="SET_ENV")
     return Verdict(gid, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gid), {"inventory": inventory})
 
 
@@ -282,6 +313,10 @@ def first_device(ctx: Context) -> Verdict:
     elif carrying:
         fix = remedy(gid)
         where = f"fabric IP {ip} is on {', '.join(carrying)}"
+    elif usable_rocev2(fab):  # the fabric IP given is not this host's RoCE address: one remedy with rocev2-ipv4
+        fix = WRONG_FABRIC_IP_REMEDY.format(addrs=", ".join(sorted({e.ip for e in usable_rocev2(fab)})))
+        where = f"no device carries fabric IP {ip}; see fabric.rocev2-ipv4"
+        action = "SET_ENV"
     else:
         fix = remedy("fabric.rocev2-ipv4")
         where = f"no device carries fabric IP {ip}"

@@ -1,0 +1,53 @@
+"""The remedy of fabric.rocev2-ipv4 (and first-device) follows the cause: a fabric IP that is not this
+host's RoCE address is a launcher setting (SET_ENV, no drain), an address offered only as RoCE v1 is
+the HCA's RoCE mode (no address fix), RoCE v2 GIDs only on ports that are not ACTIVE are a link fault
+(FIX_LINK). Snapshots are shared cases changed in the test (tests/snapfix.py)."""
+
+from __future__ import annotations
+
+import json
+
+from afddiag import cli
+from conftest import CASES
+from snapfix import derive, fabric_case
+
+
+def _gates(capsys, snap, *args: str) -> dict:
+    cli.run(["fabric", "--json", "--snapshot", str(snap), *args])
+    return {g["id"]: g for g in json.loads(capsys.readouterr().out)["gates"]}
+
+
+def test_fabric_ip_not_on_any_rdma_netdev_sets_the_launcher_not_the_address(tmp_path, capsys):
+    snap = derive(fabric_case("02-"), tmp_path / "b")  # spark-b: RoCE v2 192.168.100.11 / .101.11
+    for ip in ("10.9.9.9",):  # on no netdev of this host (the management address of another one)
+        g = _gates(capsys, snap, "--fabric-ip", ip)
+        r, f = g["fabric.rocev2-ipv4"], g["fabric.first-device"]
+        assert r["verdict"] == "FAIL" and r["action"] == "SET_ENV", r
+        assert "192.168.100.11" in r["summary"] and "GID 3" in r["summary"]
+        assert r["remedy"].startswith("set the launcher's fabric IP (AFD_FABRIC_IP / --fabric-ip)")
+        assert "192.168.100.11" in r["remedy"] and "netplan" not in r["remedy"]
+        assert f["verdict"] == "FAIL" and f["action"] == "SET_ENV" and f["remedy"] == r["remedy"], f
+    g = _gates(capsys, snap, "--fabric-ip", "192.168.100.11")
+    assert g["fabric.rocev2-ipv4"]["verdict"] == "PASS"
+
+
+def test_address_only_as_roce_v1_is_the_hca_mode_not_an_address_fix(tmp_path, capsys):
+    snap = derive(CASES / "fabric" / "09-rocev1-only-entry", tmp_path / "v1")
+    for args in (["--fabric-ip", "198.51.100.21"], []):
+        r = _gates(capsys, snap, *args)["fabric.rocev2-ipv4"]
+        assert r["verdict"] == "FAIL" and "only as RoCE v1" in r["summary"], r
+        assert r["action"] == "HW_INSPECTION" and r["action"] != "FIX_ADDRESS"
+        assert r["remedy"].startswith("the HCA offers this address only as RoCE v1: enable RoCE v2")
+
+
+def test_rocev2_gids_only_on_down_ports_is_a_link_fault(tmp_path, capsys):
+    down = {}
+    for hca, nd in (("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1")):
+        down |= {f"sys/class/infiniband/{hca}/ports/1/state": "1: DOWN\n",
+                 f"sys/class/infiniband/{hca}/ports/1/phys_state": "3: Disabled\n",
+                 f"sys/class/net/{nd}/operstate": "down\n", f"sys/class/net/{nd}/carrier": "0\n"}
+    snap = derive(fabric_case("02-"), tmp_path / "down", down)
+    r = _gates(capsys, snap)["fabric.rocev2-ipv4"]
+    assert r["verdict"] == "FAIL" and r["action"] == "FIX_LINK", r
+    assert "rocep1s0f1 port 1 (enp1s0f1np1, DOWN" in r["summary"] and "roceP2p1s0f1 port 1" in r["summary"]
+    assert "RoCE v1" not in r["summary"] and "netplan" not in r["remedy"]
