@@ -64,7 +64,8 @@ def markdown() -> str:
                 f"- Checks: {g['checks']}", f"- Reads: {g['reads']}", "- Verdicts:"]
         out += [f"  - {v}: {meaning}" for v, meaning in g["verdicts"].items()]
         out += [f"- Remedy: {g['remedy']}", f"- Action: `{g.get('action', 'NONE')}`"
-                + (f" (WARN: `{g['warn_action']}`)" if g.get("warn_action") else "")]
+                + (f" (WARN: `{g['warn_action']}`)" if g.get("warn_action") else "")
+                + ("; also " + ", ".join(f"`{a}`" for a in g["also_actions"]) if g.get("also_actions") else "")]
         if g.get("depends"):
             mode = g.get("on_dependency_failure", "own concern")
             out.append(f"- Depends on: {', '.join(f'`{d}`' for d in g['depends'])} (when one FAILs: "

@@ -54,9 +54,10 @@ def present(ctx: Context) -> Verdict:
     model = ctx.playbook.gpu_model
     wrong = [d for d in g.devices if model and model.lower() not in (d.name or "").lower()]
     if wrong:
+        # another model than the role's: the operator's --role (or the playbook) is wrong, not the driver
         return Verdict(gid, FAIL, f"{_label(wrong[0])}: role {ctx.playbook.name} expects a {model}",
-                       "run this role on the hardware its playbook names, or pick the right --role",
-                       {"devices": [to_jsonable(d) for d in g.devices], "expected_model": model})
+                       remedy(gid + ".role"),
+                       {"devices": [to_jsonable(d) for d in g.devices], "expected_model": model}, action="SET_ENV")
     devs = [to_jsonable(d) for d in g.devices]
     cuda_read = (g.cuda_view or {}).get("read") is not False  # False: not asked (nothing needed it), not unread
     names = "; ".join(
@@ -391,6 +392,7 @@ RECOVERY_ACTIONS = (("node reboot required", "REBOOT"), ("system reboot", "REBOO
                     ("gpu reset required", "RESET_GPU"), ("bus reset", "RESET_GPU"), ("drain p2p", "WARN"),
                     ("(none)", "NONE"))
 ACTION_RANK = {"REBOOT": 3, "RESET_GPU": 2}
+XID_UNKNOWN = "not in afddiag's Xid table"
 
 
 def xid_judgment(ev: dict) -> tuple[str, str, str]:
@@ -418,7 +420,7 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
         return FAIL, f"Xid {xid} ({what}) on {where}", action
     if xid in XID_APP:
         return WARN, f"Xid {xid} ({XID_APP[xid]}) on {where}", "NONE"
-    return WARN, f"Xid {xid} (not in afddiag's Xid catalog) on {where}: \"{text}\"", "NONE"
+    return WARN, f"Xid {xid} ({XID_UNKNOWN}) on {where}: \"{text}\"", "NONE"
 
 
 def errors(ctx: Context) -> Verdict:
@@ -454,6 +456,8 @@ def errors(ctx: Context) -> Verdict:
             fails.append(f"{label}: page retirement pending: the GPU needs a reset")
         f["not_supported"] = [k for k in ("ecc", "retired_pages", "remapped_rows") if getattr(d, k) == "NOT_SUPPORTED"]
     xid_actions: list[str] = []
+    driver_said: list[str] = []  # REBOOT/RESET_GPU the driver printed (a recovery action line), not inferred
+    unknown_xid = False
     last_154: dict = {}
     for ev in g.xid_events or []:
         if isinstance(ev, dict) and ev.get("xid") == 154:
@@ -465,20 +469,27 @@ def errors(ctx: Context) -> Verdict:
         if verdict == FAIL:
             fails.append(what)
             xid_actions.append(action)
+            if "recovery action" in str(ev.get("text") or ev.get("message") or ev.get("line") or "").lower():
+                driver_said.append(action)
         elif verdict == WARN:
             warns.append(what)
+            unknown_xid |= XID_UNKNOWN in what
     facts["xid_actions"] = xid_actions
     if fails:
         act = max(xid_actions, key=lambda a: ACTION_RANK.get(a, 0)) if xid_actions else "RESET_GPU"
-        rem = {"REBOOT": "drain the node and reboot it (the driver says the GPU needs a node reboot); a repeating "
-                         "Xid 79 or a second occurrence means service (RMA)",
+        rem = {"REBOOT": "drain the node and reboot it ("
+                         + ("the driver says the GPU needs a node reboot" if "REBOOT" in driver_said
+                            else f"Xid 79: {XID_FATAL[79][0]}, NVIDIA's Xid catalog resolves it with a node reboot")
+                         + "); a repeating Xid 79 or a second occurrence means service (RMA)",
                "RESET_GPU": remedy(gid)}[act]
         return Verdict(gid, FAIL, "; ".join(dict.fromkeys(fails)), rem, facts, action=act)
     if warns:
-        return Verdict(gid, WARN, "; ".join(dict.fromkeys(warns)),
-                       "application-caused or contained: restart the application that hit it (its log names the "
-                       "pid); if the same Xid repeats with other applications, drain the host and reset the GPU",
-                       facts, action="NONE")
+        rem = ("application-caused or contained: restart the application that hit it (its log names the "
+               "pid); if the same Xid repeats with other applications, drain the host and reset the GPU")
+        if unknown_xid:
+            rem = (f"{XID_UNKNOWN}: look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) "
+                   "before acting" + ("; for the others: " + rem if any(XID_UNKNOWN not in w for w in warns) else ""))
+        return Verdict(gid, WARN, "; ".join(dict.fromkeys(warns)), rem, facts, action="NONE")
     xid = ("no Xid in the kernel log" if g.xid_events is not None
            else f"kernel log not read ({g.xid_source or 'not captured'})")
     na = sorted({k for d in g.devices for k in facts[str(d.index)]["not_supported"]})
@@ -499,12 +510,15 @@ def processes(ctx: Context) -> Verdict:
         else:
             unknown.append(d)
     if others:
-        reserve = ctx.playbook.reserve_fraction
         names = "; ".join(f"{_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
                           + (f" {p['used_bytes'] / 2**30:.2f} GiB" if isinstance(p.get("used_bytes"), int) else "")
                           for d, p in others)
+        pb = ctx.playbook
+        reserve = pb.reserve_fraction or pb.reserve_bytes  # a role that reserves memory, by fraction or bytes
         verdict = FAIL if reserve else WARN
-        why = f" (a {reserve:.0%} memory reservation will fail)" if reserve else ""
+        why = ("" if not reserve else f" (a {pb.reserve_fraction:.0%} memory reservation will fail)"
+               if pb.reserve_fraction else f" (the {pb.reserve_bytes / 2**30:.1f} GiB reservation of role {pb.name} "
+               "may not fit)")
         return Verdict(gid, verdict, f"other processes hold GPU memory{why}: {names}", remedy(gid), facts)
     if unknown and len(unknown) == len(g.devices):
         return Verdict(gid, SKIP, "GPU process list not read (" + ", ".join(
