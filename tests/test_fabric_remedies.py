@@ -51,3 +51,20 @@ def test_rocev2_gids_only_on_down_ports_is_a_link_fault(tmp_path, capsys):
     assert r["verdict"] == "FAIL" and r["action"] == "FIX_LINK", r
     assert "rocep1s0f1 port 1 (enp1s0f1np1, DOWN" in r["summary"] and "roceP2p1s0f1 port 1" in r["summary"]
     assert "RoCE v1" not in r["summary"] and "netplan" not in r["remedy"]
+
+
+def test_nccl_gid_index_on_a_roce_v1_gid_is_judged(tmp_path, capsys):
+    snap = derive(CASES / "fabric" / "09-rocev1-only-entry", tmp_path / "v1", {"env": "NCCL_IB_GID_INDEX=1\n"})
+    d = _gates(capsys, snap, "--fabric-ip", "198.51.100.21")["fabric.devicemap-env"]
+    assert d["verdict"] == "FAIL" and "NCCL_IB_GID_INDEX=1 selects mlx4_0 port 1 GID 1" in d["summary"], d
+    assert "RoCE v1" in d["summary"]
+    snap2 = derive(CASES / "fabric" / "09-rocev1-only-entry", tmp_path / "v1b", {"env": "NCCL_IB_GID_INDEX=7\n"})
+    d = _gates(capsys, snap2, "--fabric-ip", "198.51.100.21")["fabric.devicemap-env"]
+    assert d["verdict"] == "SKIP" and "not judged" in d["summary"], d  # not a v1 GID: rocev2-ipv4's concern
+
+
+def test_map_with_no_fabric_ip_decided_does_not_claim_the_fabric_ips_device(tmp_path, capsys):
+    down = {f"sys/class/infiniband/{h}/ports/1/state": "1: DOWN\n" for h in ("rocep1s0f1", "roceP2p1s0f1")}
+    snap = derive(fabric_case("02-"), tmp_path / "down", down)
+    d = _gates(capsys, snap)["fabric.devicemap-env"]
+    assert "fabric IP's device" not in d["summary"], d

@@ -393,6 +393,11 @@ def devicemap_env(ctx: Context) -> Verdict:
                          f"{'ambiguous' if ctx.fabric_ip.ambiguous else 'unknown'}: give --fabric-ip")
         else:
             facts["not_judged"] = f"fabric IP {ip} has no RoCE v2 GID (fabric.rocev2-ipv4)"
+            raw = set_vars.get(NCCL_GID_VAR, "").strip()
+            v1 = [e for e in carriers(fab, ip) if e.gid_type != ROCE_V2 and raw.isdigit() and e.gid_index == int(raw)]
+            if v1:  # its own fault: NCCL would send RoCE v1 frames, which a RoCE v2 peer drops
+                fails.append(f"{NCCL_GID_VAR}={raw} selects {_where(v1[0])}: a RoCE v1 GID; NCCL needs a RoCE v2 "
+                             "GID (the peers speak RoCE v2)")
     if NCCL_HCA_VAR in set_vars and target:
         try:
             spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
@@ -452,6 +457,9 @@ def devicemap_env(ctx: Context) -> Verdict:
     if facts.get("not_judged"):
         return Verdict(gid, SKIP, f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} not judged: {facts['not_judged']}",
                        "see fabric.rocev2-ipv4", facts)
+    if ip is None:  # no fabric IP decided: only the map's entries for this host's addresses were judged
+        return Verdict(gid, PASS, f"{MAP_VAR} names a RoCE v2 device for each of this host's addresses in it "
+                       "(no fabric IP decided: which one the engine uses is not judged)", "nothing to do", facts)
     rail_txt = ("; rails: " + ", ".join(f"{r['port']} {r['ip']} on {r['subnet']}" for r in facts["rails"])
                 if facts.get("rails") else "")
     return Verdict(gid, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
