@@ -421,7 +421,8 @@ def all_(**kw) -> int:
                    "AC_POWER_CYCLE, HW_INSPECTION, FIX_LINK, ...), for a Slurm Prolog, whose failure drains the node.")
 @click.option("--export", "export", is_flag=True,
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
-                   "UCX_NET_DEVICES, MC_GID_INDEX) on stdout.")
+                   "UCX_NET_DEVICES, MC_GID_INDEX) on stdout; one the launch env already sets (and fabric.devicemap-env "
+                   "did not FAIL) is kept, not printed (named on stderr).")
 def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
 
@@ -486,6 +487,11 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         from afddiag import endpoint
 
         pairs = endpoint.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
+        env_failed = any(g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL" for g in rep["gates"])
+        pairs, kept = endpoint.exports_to_print(pairs, obs.env, env_failed)
+        if kept:
+            click.echo(f"afddiag preflight --export: kept the launch env's {', '.join(kept)} "
+                       f"({obs.env_source}); printing only what it does not set", err=True)
         if pairs:
             click.echo(report.format_exports(pairs, "shell"))
     if prom_path:

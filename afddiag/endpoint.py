@@ -136,6 +136,19 @@ def launch_exports(fabric: FabricFacts | None, fabric_ip: str | None) -> list[tu
     return out
 
 
+def exports_to_print(pairs: list[tuple[str, str]], env: dict[str, str] | None,
+                     env_failed: bool) -> tuple[list[tuple[str, str]], list[str]]:
+    """Split :func:`launch_exports`' ``pairs`` into ``(to print, names kept)``: a variable the judged
+    launch environment ``env`` (the --launch-env file, else the process env) already sets is kept as
+    the launcher has it, never overridden (it may name more rails than the one the fabric IP's GID
+    gives), unless ``fabric.devicemap-env`` FAILed on it (``env_failed``: then afddiag's value
+    corrects it). Only what is missing is printed."""
+    if env_failed or not env:
+        return list(pairs), []
+    kept = [k for k, _ in pairs if env.get(k, "").strip()]
+    return [(k, v) for k, v in pairs if k not in kept], kept
+
+
 @dataclass
 class SgidChoice:
     """Which port and source GID the walk uses on one device, and why."""

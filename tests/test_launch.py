@@ -271,3 +271,28 @@ def test_site_adds_a_role_with_a_file(tmp_path, monkeypatch):
         load("bad")
     with pytest.raises(PlaybookError, match="known roles are"):
         load("nosuch")
+
+
+def test_export_keeps_device_selection_the_launch_env_already_sets(tmp_path):
+    """--export prints only what the launch env lacks: a dual-rail NCCL_IB_HCA it sets (judged not
+    FAIL) is never replaced by the single device of the fabric IP's GID."""
+    env = envfile(tmp_path, "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1,"
+                  "192.168.101.11=roceP2p1s0f1\nNCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1\n"
+                  "AFD_FABRIC_IP=192.168.100.11\n")
+    res = CliRunner().invoke(cli, ["preflight", "--snapshot", str(CASES / "fabric" / "02-spark-map-set-healthy"),
+                                   "--role", "generic", "--launch-env", str(env), "--export"],
+                             standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0
+    assert "NCCL_IB_HCA" not in res.stdout and "DEVICE_MAP" not in res.stdout
+    assert "export NCCL_IB_GID_INDEX=3" in res.stdout and "export UCX_NET_DEVICES=rocep1s0f1:1" in res.stdout
+    assert "kept the launch env's DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP, NCCL_IB_HCA" in res.stderr
+
+
+def test_exports_to_print_overrides_only_a_failed_env():
+    from afddiag.endpoint import exports_to_print
+
+    pairs = [("NCCL_IB_HCA", "=mlx5_1:1"), ("NCCL_IB_GID_INDEX", "3")]
+    assert exports_to_print(pairs, {"NCCL_IB_HCA": "=mlx5_0:1"}, False) == ([("NCCL_IB_GID_INDEX", "3")],
+                                                                           ["NCCL_IB_HCA"])
+    assert exports_to_print(pairs, {"NCCL_IB_HCA": "=mlx5_0:1"}, True) == (pairs, [])
+    assert exports_to_print(pairs, None, False) == (pairs, [])
