@@ -82,7 +82,8 @@ def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
 
     A FAIL/ERROR/WARN gate is explained by a dependency (catalog ``depends``, followed to its root)
     that FAILed (or, for a WARN of a gate that defers to its dependencies, one that WARNed); the
-    others are roots, each listed once with its one remedy. Order: FAIL, then
+    others are roots, each listed once with its one remedy. Roots that share the same remedy and
+    action are one fault: the first (most severe) is kept and lists the others in ``explains``. Order: FAIL, then
     ERROR, then WARN; within each, catalog order (dependencies come first there)."""
     by_id = {v.id: v for v in verdicts}
     order = {gid: i for i, gid in enumerate(load()["gates"])}
@@ -118,11 +119,18 @@ def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
                 roots[r].append(v.id)
     rank = {FAIL: 0, ERROR: 1, WARN: 2}
     out = []
+    same: dict[tuple[str, str], dict[str, Any]] = {}  # (remedy, action) -> the entry naming that fault
     for gid in sorted(roots, key=lambda g: (rank[by_id[g].verdict], order.get(g, 999), g)):
         v = by_id[gid]
+        first = same.get((v.remedy, v.action)) if v.remedy else None
+        if first is not None:  # one remedy, one action: one fault, named once at its first (most severe) entry
+            first["explains"] = sorted({*first["explains"], gid, *roots[gid]}, key=lambda g: order.get(g, 999))
+            continue
         out.append({"gate": gid, "verdict": v.verdict, "summary": v.summary, "remedy": v.remedy,
                     "action": v.action, "drain": needs_drain(v.action) and v.verdict == FAIL,
                     "explains": sorted(roots[gid], key=lambda g: order.get(g, 999))})
+        if v.remedy:
+            same[(v.remedy, v.action)] = out[-1]
     return out
 
 

@@ -546,3 +546,20 @@ def test_device_map_keeps_enumeration_order_with_a_port_down(tmp_path):
     obs = order_host()
     obs.fabric.devices[0].ports[0].state = "DOWN"  # "a" carries 10.9.0.2 on a port whose cable is out
     assert list(device_map(obs.fabric).items()) == [("10.9.0.2", "a"), ("10.9.0.3", "b")]
+
+
+def test_roots_sharing_one_remedy_and_action_are_named_once():
+    """An ambiguous fabric IP WARNs fabric.link and fabric.mtu with the same 'pass --fabric-ip'
+    remedy: one fault, kept at the first (most severe) entry, the other in its explains."""
+    from afddiag.verdict import Verdict
+
+    same = "pass --fabric-ip with the address the launcher uses"
+    vs = [Verdict("fabric.link", "WARN", "fabric IP ambiguous", same, action="RERUN"),
+          Verdict("fabric.mtu", "WARN", "fabric IP ambiguous", same, action="RERUN"),
+          Verdict("fabric.first-device", "FAIL", "mlx5_0 carries none", "export MAP=...", action="SET_ENV")]
+    d = diagnosis.diagnose(vs)
+    assert [e["gate"] for e in d] == ["fabric.first-device", "fabric.link"]
+    assert d[1]["explains"] == ["fabric.mtu"]
+    # a different action is a different fault, even with the same words
+    vs[1] = Verdict("fabric.mtu", "WARN", "fabric IP ambiguous", same, action="SET_ENV")
+    assert [e["gate"] for e in diagnosis.diagnose(vs)] == ["fabric.first-device", "fabric.link", "fabric.mtu"]
