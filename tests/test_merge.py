@@ -209,3 +209,14 @@ def test_deep_copy_of_reports_is_not_mutated_by_judging(thousand):
     before = copy.deepcopy([h.report for h in hosts])
     judge(hosts)
     assert [h.report for h in hosts] == before
+
+
+def test_fabric_ip_not_given_on_an_ambiguous_host_is_a_missing_input_not_a_host_change():
+    amb = _host("spark-b")
+    amb.report["inputs"]["fabric_ip_source"] = "ambiguous"
+    v = fg.fabric_ip([_host("spark-a", ip="10.0.0.1"), amb], {})
+    assert v.verdict == "FAIL" and "spark-b (ambiguous)" in v.summary
+    assert v.action == "SET_ENV" and "--fabric-ip / AFD_FABRIC_IP" in v.remedy and "spark-b" in v.remedy
+    # a real address fault alongside keeps the host remedy
+    v = fg.fabric_ip([_host("spark-a", ip="10.0.0.1"), _host("spark-c", ip="10.0.0.1"), amb], {})
+    assert v.action != "SET_ENV" and "share fabric IP" in v.summary

@@ -237,6 +237,12 @@ def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         fails.append(f"{_names([f'{n} {ips[n]} ({nets[n]})' for n in off])}: not on the fleet's subnet {common}")
     if missing:
         fails.append(f"{_names(missing)}: no fabric IP (give fabric_ip in the inventory or AFD_FABRIC_IP)")
+    unsaid = [m.split(" (")[0] for m in missing if m.endswith("(ambiguous)")]
+    if fails and len(fails) == 1 and missing and len(unsaid) == len(missing):
+        # the hosts hold addresses; which one the launcher uses was not given: a missing input, no host change
+        return Verdict(gid, FAIL, "; ".join(fails) + _tail(fleet),
+                       f"give --fabric-ip / AFD_FABRIC_IP (or fabric_ip in the inventory) for {_names(unsaid)}: "
+                       "the address its launcher uses", facts, action="SET_ENV")
     if fails:
         return Verdict(gid, FAIL, "; ".join(fails) + _tail(fleet), remedy(gid), facts)
     return Verdict(gid, PASS, f"{len(ips)} unique fabric IPs, all on {next(iter(nets.values()))}" + _tail(fleet),
