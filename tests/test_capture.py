@@ -439,7 +439,8 @@ def _comparable_facts(rep: dict) -> dict:
     """A report's facts without what names where they came from (netlink vs the bundle's file, ip
     route get vs the captured answer), without the QP walk (live only) and without what the capture
     measures again (the CPU loop's figures, /proc/meminfo's free and cached memory): which of those
-    readings each side has, not their values."""
+    readings each side has, not their values; and without why the CUDA view was read (the live run's
+    reason is a probe, the replay's the capture), keeping whether it was."""
     f = json.loads(json.dumps(rep["facts"]))
     f.pop("qp", None)
     fab = f.get("fabric") or {}
@@ -452,6 +453,8 @@ def _comparable_facts(rep: dict) -> dict:
     cpu = f.get("cpu") or {}
     f["cpu"] = sorted(cpu)  # which readings the CPU probe gave, not the re-measured values
     gpu = f.get("gpu") or {}
+    if isinstance(gpu.get("cuda_view"), dict):  # why CUDA was read names the run (the live run's probe, the capture)
+        gpu["cuda_view"].pop("why", None)
     if isinstance(gpu.get("host_meminfo_kb"), dict):
         gpu["host_meminfo_kb"] = sorted(gpu["host_meminfo_kb"])
     return f

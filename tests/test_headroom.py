@@ -125,3 +125,14 @@ def test_live_meminfo_reads_headroom_lines(tmp_path):
     got = read_meminfo(str(p))
     assert got == {"MemTotal": 127600748, "MemFree": 41943040, "MemAvailable": 115343360, "Buffers": 10240,
                    "Cached": 73400320, "CmaTotal": 65536, "CmaFree": 70000}
+
+
+def test_headroom_ignores_meminfo_values_no_kernel_prints():
+    """Fuzz finding (CI, seed 7): a 400-digit MemAvailable made gpu.headroom raise OverflowError
+    ("gate failed on these facts"). Values beyond 64 bits are garbage: left out, never a crash."""
+    huge = 10 ** 400
+    facts = gpu_facts_from_readings(_gb10({"MemTotal": 127600748, "MemFree": huge, "MemAvailable": huge,
+                                           "Cached": -5}))
+    assert facts.host_meminfo_kb == {"MemTotal": 127600748}
+    v = gpu.headroom(_ctx(_gb10({"MemTotal": 127600748, "MemFree": huge, "MemAvailable": huge}), EXPERT))
+    assert v.verdict == "WARN" and "MemAvailable not read" in v.summary, v.summary

@@ -42,18 +42,34 @@ def clocks_event_reason_names(mask: Any) -> Any:
     return names
 
 
+READING_MAX = 1 << 64  # NVML, CUDA and /proc/meminfo report at most 64-bit values: beyond is garbage
+
+
 def _num(v: Any) -> Any:
-    """A recorded reading to a number or None ("NOT_SUPPORTED", null, NaN, infinity, garbage → None)."""
+    """A recorded reading to a number or None ("NOT_SUPPORTED", null, NaN, infinity, integers beyond
+    64 bits, garbage → None)."""
     if isinstance(v, bool):
         return v
-    if isinstance(v, int) or (isinstance(v, float) and math.isfinite(v)):
+    if isinstance(v, int):
+        return v if -READING_MAX < v < READING_MAX else None
+    if isinstance(v, float) and math.isfinite(v):
         return v
     return None
 
 
 def _int(v: Any) -> int | None:
-    """A recorded integer reading (a bitmask, a P-state) or None (floats, booleans, garbage)."""
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    """A recorded integer reading (a bitmask, a P-state) or None (floats, booleans, integers beyond
+    64 bits, garbage)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and -READING_MAX < v < READING_MAX else None
+
+
+def _meminfo(raw: Any) -> dict[str, int] | None:
+    """``host_meminfo_kb`` (``/proc/meminfo`` fields in kB) with only the values a kernel can print:
+    non-negative integers below 2**64; anything else is left out (None when nothing is left)."""
+    if not isinstance(raw, dict):
+        return None
+    kept = {k: v for k, v in raw.items() if isinstance(k, str) and _int(v) is not None and v >= 0}
+    return kept or None
 
 
 BUSY_UTILIZATION_PCT = 10.0  # GPU utilization at or above this while afddiag runs no kernel: another job
@@ -166,7 +182,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
     """
     if not isinstance(r, dict):
         return GpuFacts(available=False, why="gpu readings are not a JSON object", readings=None)
-    meminfo = r.get("host_meminfo_kb") if isinstance(r.get("host_meminfo_kb"), dict) else None
+    meminfo = _meminfo(r.get("host_meminfo_kb"))
     expect = r.get("expect") if isinstance(r.get("expect"), dict) else {}
     devices: list[GpuDevice] = []
     for i, d in enumerate(r.get("devices") if isinstance(r.get("devices"), list) else []):
