@@ -193,7 +193,10 @@ def test_fleet_link_down_on_one_peer(hostlab):
     sb = {g["id"]: g for g in fr["reports"]["spark-b"]["gates"]}
     link = sb["fabric.link"]
     assert link["verdict"] == "FAIL" and link["summary"].startswith("rxsb0 port 1 (fabric IP 10.9.0.12, f0): port DOWN"), link
-    assert sb["fabric.route"]["verdict"] == "FAIL" and "unreachable" in sb["fabric.route"]["summary"]
+    # the route the down link removed is the link's fault: not judged, pointing at fabric.link
+    route = sb["fabric.route"]
+    assert route["verdict"] == "SKIP" and route["summary"].startswith("not judged: fabric.link failed"), route
+    assert "unreachable" in route["facts"]["judged_alone"]["summary"], route
     for other in ("coord", "spark-a"):
         assert "fabric.link" not in rows[other]["failing"], rows[other]
     # the link is the root, named once: spark-b's map is still right, its QP gate defers to fabric.link
