@@ -152,6 +152,19 @@ def test_slow_state_class_b_boundary_80_percent(got, verdict):
         assert "class B" in v.summary and "bf16_tflops" in v.summary
 
 
+@pytest.mark.parametrize("mask", [0x20, 0x40, 0x80, 0x8])
+def test_slow_state_explained_by_a_clock_event_reason_is_no_power_cycle(mask):
+    """A slow clock under load with thermal slowdown, HW slowdown or power brake active is that
+    cause's (gpu.clock-events), not the slow state: WARN naming it, never the AC power cycle."""
+    o = gpu_obs(ul=1000, mx=3000)
+    o.gpu.devices[0].under_load.clocks_event_reasons = mask
+    v = gpu.slow_state(ctx(o))
+    assert v.verdict == "WARN" and "not the slow state" in v.summary and "class A" in v.summary, v.summary
+    assert "AC power cycle is advised only" in v.remedy and v.action != "AC_POWER_CYCLE"
+    o.gpu.devices[0].under_load.clocks_event_reasons = 0x4  # SW power cap alone explains nothing
+    assert gpu.slow_state(ctx(o)).verdict == "FAIL"
+
+
 def test_slow_state_low_utilization_is_inconclusive_never_pass():
     v = gpu.slow_state(ctx(gpu_obs(ul=2400, util=79)))
     assert v.verdict == "WARN" and "inconclusive" in v.summary

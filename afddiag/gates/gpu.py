@@ -202,6 +202,10 @@ BUSY_REMEDY = ("re-run `afddiag gpu --load` when the GPU is idle (stop or wait f
                "nothing is wrong with the GPU on this evidence")
 
 
+EXPLAINED_REMEDY = ("fix what gpu.clock-events names first (cooling, power delivery), then re-run `afddiag gpu --load`; "
+                    "an AC power cycle is advised only for low figures no clock event reason explains")
+
+
 def slow_state(ctx: Context) -> Verdict:
     gid = "gpu.slow-state"
     if (v := _need_gpu(ctx, gid)) is not None:
@@ -214,6 +218,7 @@ def slow_state(ctx: Context) -> Verdict:
     facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
                    "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
     busy_seen: list[str] = []
+    explained_seen = False
     for d in g.devices:
         ul = d.under_load
         label = _label(d)
@@ -255,6 +260,13 @@ def slow_state(ctx: Context) -> Verdict:
                 f[key] = {"achieved": got, "baseline": ref, "ratio": round(got / ref, 3)}
                 if got < SLOW_THROUGHPUT_FRACTION * ref and not any(x.startswith("class A") for x in found):
                     found.append(f"class B: {key} {got:g} {unit} is {got / ref:.0%} of baseline {ref:g}")
+        cause = ((d.clocks_event_reasons or 0) | (ul.clocks_event_reasons or 0)) & (FAIL_BITS | WARN_BITS)
+        if found and cause:  # thermal, HW slowdown or power brake explains the low figures: no AC power cycle
+            explained_seen = True
+            f["explained_by"] = reason_names(cause)
+            verdicts.append((WARN, f"{label}: not the slow state on this evidence: {', '.join(reason_names(cause))} "
+                                   f"active (gpu.clock-events names the cause) explains " + "; ".join(found)))
+            continue
         if found:
             verdicts.append((FAIL, f"{label}: " + "; ".join(found)))
             continue
@@ -273,7 +285,7 @@ def slow_state(ctx: Context) -> Verdict:
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
-    rem = {FAIL: remedy(gid), WARN: BUSY_REMEDY if busy_seen else
+    rem = {FAIL: remedy(gid), WARN: BUSY_REMEDY if busy_seen else EXPLAINED_REMEDY if explained_seen else
            "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
     return Verdict(gid, worst, summary, rem, facts)
