@@ -473,6 +473,18 @@ def _fabric_read(run: Run, progress: Any) -> dict[str, Any]:
             "order_notes": list(onotes or []), "addr_source": addr_source, "notes": notes}
 
 
+def _parsed(r: dict, artifact: str, parse, source_key: str, notes: list[str]):
+    """``(parse(r[artifact]), source)`` for a reading that is present and parses; ``(None, None)``
+    when absent; a ValueError from ``parse`` becomes a note naming the artifact."""
+    if r.get(artifact) is None:
+        return None, None
+    try:
+        return parse(r[artifact]), r.get(source_key) or artifact
+    except ValueError as e:
+        notes.append(f"{artifact}: {e}")
+        return None, None
+
+
 def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
     from afddiag.probes.sysfs import probe_fabric
@@ -480,20 +492,8 @@ def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     if r.get("sys") is None:
         return {"fabric": FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])}
     notes: list[str] = list(r.get("notes") or []) if not run.live else []
-    order = order_source = None
-    if r.get("rdma-dev.json") is not None:
-        try:
-            order = parse_rdma_dev_json(r["rdma-dev.json"])
-            order_source = r.get("order_source") or "rdma-dev.json"
-        except ValueError as e:
-            notes.append(f"rdma-dev.json: {e}")
-    addrs = addr_source = None
-    if r.get("ip-addr.json") is not None:
-        try:
-            addrs = parse_ip_addr_json(r["ip-addr.json"])
-            addr_source = r.get("addr_source") or "ip-addr.json"
-        except ValueError as e:
-            notes.append(f"ip-addr.json: {e}")
+    order, order_source = _parsed(r, "rdma-dev.json", parse_rdma_dev_json, "order_source", notes)
+    addrs, addr_source = _parsed(r, "ip-addr.json", parse_ip_addr_json, "addr_source", notes)
     if run.live:
         addr_source = addr_source or r.get("addr_source")
         notes += [n for n in r.get("notes") or [] if "addresses" in n]
