@@ -51,27 +51,7 @@ fi
 cp "$BASE" "$D/baseline.json" 2>/dev/null
 
 # 2. a competing job: torch bf16 8192^3 matmuls back to back, bounded to 90 s, killed when done
-cat > "$TMP/competitor.py" <<'EOF'
-import sys, time
-import torch
-n = 8192
-a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-torch.cuda.synchronize()
-print("running", flush=True)
-t0 = last = time.time()
-done = 0
-while time.time() - t0 < float(sys.argv[1]):
-    for _ in range(20):
-        torch.mm(a, b)
-    torch.cuda.synchronize()
-    done += 20
-    if time.time() - last > 5:
-        print(f"{time.time() - t0:6.1f} s: {2 * n ** 3 * done / (time.time() - t0) / 1e12:.0f} TFLOP/s average", flush=True)
-        last = time.time()
-print(f"stopped after {time.time() - t0:.1f} s, {done} matmuls", flush=True)
-EOF
-$PY "$TMP/competitor.py" 90 > "$D/competitor.log" 2>&1 &
+$PY benchmarks/h200/competitor.py 90 > "$D/competitor.log" 2>&1 &
 CPID=$!
 for _ in $(seq 1 60); do grep -q running "$D/competitor.log" 2>/dev/null && break; sleep 0.5; done
 sleep 3   # utilization settles at 100 %

@@ -16,24 +16,7 @@ log() { echo "$(date -u +%T) $*" >> "$D/log.txt"; }
 log "baseline record (idle)"
 timeout 60 python3 -m afddiag baseline record --path "$D/baseline.json" >> "$D/log.txt" 2>&1; log "exit $?"
 
-cat > "$TMP/competitor.py" <<'EOF'
-import sys, time
-import torch
-n = 8192
-a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-torch.cuda.synchronize()
-print("running", flush=True)
-t0 = time.time()
-done = 0
-while time.time() - t0 < float(sys.argv[1]):
-    for _ in range(20):
-        torch.mm(a, b)
-    torch.cuda.synchronize()
-    done += 20
-print(f"{2 * n ** 3 * done / (time.time() - t0) / 1e12:.0f} TFLOP/s average over {time.time() - t0:.1f} s", flush=True)
-EOF
-python3 "$TMP/competitor.py" 60 > "$D/competitor.log" 2>&1 &
+python3 benchmarks/h200/competitor.py 60 > "$D/competitor.log" 2>&1 &
 CPID=$!
 for _ in $(seq 1 60); do grep -q running "$D/competitor.log" 2>/dev/null && break; sleep 0.5; done
 sleep 3
