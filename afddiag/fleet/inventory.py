@@ -1,0 +1,222 @@
+"""The fleet inventory: the TOML file ``afddiag fleet`` reads (which hosts, how to reach them, what
+to run there, what the fleet gates expect), checked key by key, and what each host is given
+(:func:`remote_args`, :func:`peers_for`).
+
+Inventory (TOML)::
+
+    [fleet]                       # all optional
+    user = "root"                 # SSH user when a target names none
+    known_hosts = "~/.ssh/known_hosts"   # host keys are always verified (default: ~/.ssh/known_hosts)
+    identity = "~/.ssh/id_ed25519"       # client key (default: ssh-agent and ~/.ssh/id_*)
+    concurrency = 16              # hosts collected at once
+    timeout_s = 120               # per host, connect to last byte
+    connect_timeout_s = 10
+    max_output_mib = 32           # a host printing more is an ERROR row ("output over 32 MiB")
+    afddiag = "afddiag"           # the remote command (per host too)
+    python = "python3"            # the remote interpreter for --push
+    peers = "coordinator"         # --peer given to each host: "coordinator" (ranks get the
+                                  # coordinators' fabric IPs, coordinators every rank's), "all", "none"
+
+    [expect]                      # fleet-wide expectations for the fleet gates
+    capacity = 256                # every rank's capacity flag and the coordinator's batch flag
+    gid_index = 3                 # a stack forces this GID index everywhere
+    mtu = 4096                    # RoCE path MTU, bytes
+
+    [[host]]
+    name = "spark-a"
+    role = "expert"               # --role on that host
+    ssh = "root@10.0.0.11:22"     # SSH target (default: name)
+    fabric_ip = "192.168.100.10"  # --fabric-ip
+    launch_env = "/etc/afd/expert.env"   # --launch-env, a path on that host
+    args = ["--load"]             # extra arguments for `afddiag all`
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PEER_POLICIES = ("coordinator", "all", "none")
+_NAME_RE = __import__("re").compile(r"^[A-Za-z0-9_.:@\[\]\-]{1,253}$")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _spec(kind: str, lo: float | None = None, hi: float | None = None, choices: tuple | None = None):
+    """One key's type: (check(value) -> bool, what is allowed in words)."""
+    if kind == "str":
+        return (lambda v: isinstance(v, str) and v != "" and "\0" not in v and len(v) <= 4096), "a non-empty string"
+    if kind == "name":
+        return (lambda v: isinstance(v, str) and bool(_NAME_RE.match(v))), \
+            "a host name (letters, digits, . _ - : @ [ ], at most 253)"
+    if kind == "choice":
+        return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
+    if kind == "ipv4":
+        def ok(v: Any) -> bool:
+            try:
+                ipaddress.IPv4Address(v)
+                return isinstance(v, str)
+            except ValueError:
+                return False
+        return ok, "an IPv4 address in dotted form (e.g. \"192.168.100.10\")"
+    if kind == "args":
+        return (lambda v: isinstance(v, list) and all(isinstance(a, str) and "\0" not in a for a in v)), \
+            "a list of strings"
+    if kind == "int":
+        return (lambda v: _is_int(v) and lo <= v <= hi), f"an integer {lo}..{hi}"
+    return (lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and lo <= v <= hi),
+            f"a number {lo:g}..{hi:g}")  # "number"
+
+
+_FLEET_SPEC = {"user": _spec("str"), "known_hosts": _spec("str"), "identity": _spec("str"),
+               "concurrency": _spec("int", 1, 1024), "timeout_s": _spec("number", 1, 3600),
+               "connect_timeout_s": _spec("number", 0.5, 600), "afddiag": _spec("str"), "python": _spec("str"),
+               "peers": _spec("choice", choices=PEER_POLICIES), "max_output_mib": _spec("int", 1, 4096)}
+_EXPECT_SPEC = {"capacity": _spec("int", 1, 1 << 20), "gid_index": _spec("int", 0, 65535),
+                "mtu": _spec("choice", choices=(256, 512, 1024, 2048, 4096))}
+_HOST_SPEC = {"name": _spec("name"), "role": _spec("name"), "ssh": _spec("str"), "fabric_ip": _spec("ipv4"),
+              "launch_env": _spec("str"), "args": _spec("args"), "afddiag": _spec("str"), "python": _spec("str")}
+_FLEET_KEYS, _EXPECT_KEYS, _HOST_KEYS = set(_FLEET_SPEC), set(_EXPECT_SPEC), set(_HOST_SPEC)
+
+
+def _check_table(where: str, table: Any, spec: dict[str, Any], label: str) -> dict[str, Any]:
+    """``table`` checked against ``spec`` (key → (check, allowed)); raises InventoryError naming
+    ``where``, the key, the value and what is allowed."""
+    if not isinstance(table, dict):
+        raise InventoryError(f"{where}: {label} must be a table, not {type(table).__name__} {table!r:.40}")
+    bad = set(table) - set(spec)
+    if bad:
+        raise InventoryError(f"{where}: {label} unknown key(s) {', '.join(sorted(map(str, bad)))} "
+                             f"(known: {', '.join(sorted(spec))})")
+    for k, v in table.items():
+        check, allowed = spec[k]
+        if not check(v):
+            raise InventoryError(f"{where}: {label} {k} must be {allowed}, not {v!r:.60}")
+    return table
+
+
+class InventoryError(ValueError):
+    """An inventory that cannot be used (the message names the file, the entry and the fix)."""
+
+
+@dataclass
+class InvHost:
+    """One ``[[host]]`` of the inventory."""
+
+    name: str
+    ssh: str
+    role: str | None = None
+    fabric_ip: str | None = None
+    launch_env: str | None = None
+    args: list[str] = field(default_factory=list)
+    afddiag: str | None = None
+    python: str | None = None
+
+
+@dataclass
+class Inventory:
+    """The parsed inventory: hosts in file order, the ``[fleet]`` settings, the ``[expect]`` table."""
+
+    hosts: list[InvHost]
+    settings: dict[str, Any] = field(default_factory=dict)
+    expect: dict[str, Any] = field(default_factory=dict)
+    path: str = ""
+
+
+def load_inventory(path: str) -> Inventory:
+    """Parse the inventory TOML at ``path``.
+
+    Raises :class:`InventoryError` (naming the file and the entry) for an unreadable file, TOML
+    errors, unknown keys, a host without a name, duplicate names, or a fabric IP that is not IPv4.
+    """
+    from afddiag.reader import InputError, read_text
+
+    try:
+        data = tomllib.loads(read_text(path))
+    except FileNotFoundError as e:
+        raise InventoryError(f"inventory {path}: {e.strerror}: give the fleet's inventory file")
+    except InputError as e:
+        raise InventoryError(f"inventory {e}")
+    except tomllib.TOMLDecodeError as e:
+        raise InventoryError(f"inventory {path}: not TOML ({e})")
+    extra = set(data) - {"fleet", "expect", "host"}
+    if extra:
+        raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} (known: fleet, expect, host)")
+    settings = _check_table(f"inventory {path}", data.get("fleet", {}), _FLEET_SPEC, "[fleet]")
+    expect = _check_table(f"inventory {path}", data.get("expect", {}), _EXPECT_SPEC, "[expect]")
+    raw_hosts = data.get("host", [])
+    if not isinstance(raw_hosts, list):
+        raise InventoryError(f"inventory {path}: host = {raw_hosts!r:.40}: write each host as a [[host]] table")
+    hosts: list[InvHost] = []
+    seen: set[str] = set()
+    for i, h in enumerate(raw_hosts):
+        where = f"inventory {path}: host #{i + 1}"
+        if not isinstance(h, dict) or "name" not in h:
+            raise InventoryError(f"{where}: every [[host]] needs a name")
+        _check_table(where, h, _HOST_SPEC, "[[host]]")
+        name = h["name"]
+        if name in seen:
+            raise InventoryError(f"{where}: name {name!r} used twice")
+        seen.add(name)
+        hosts.append(InvHost(name=name, ssh=h.get("ssh") or name, role=h.get("role"), fabric_ip=h.get("fabric_ip"),
+                             launch_env=h.get("launch_env"), args=list(h.get("args") or []),
+                             afddiag=h.get("afddiag"), python=h.get("python")))
+    if not hosts:
+        raise InventoryError(f"inventory {path}: no [[host]] entries")
+    return Inventory(hosts=hosts, settings=dict(settings), expect=dict(expect), path=path)
+
+
+def parse_target(target: str, default_user: str | None = None) -> tuple[str | None, str, int]:
+    """``[user@]host[:port]`` (``[v6]:port`` for IPv6) → ``(user, host, port)``; port 22 by default."""
+    user, _, rest = target.rpartition("@")
+    user = user or default_user
+    port = 22
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail.startswith(":") and tail[1:].isdigit():
+            port = int(tail[1:])
+    elif rest.count(":") == 1:
+        host, _, p = rest.partition(":")
+        if p.isdigit():
+            port = int(p)
+        else:
+            host = rest
+    else:
+        host = rest
+    return user, host, port
+
+
+def peers_for(h: InvHost, inv: Inventory) -> list[str]:
+    """The ``--peer`` addresses ``h`` is given under the inventory's ``peers`` policy."""
+    policy = inv.settings.get("peers", "coordinator")
+    others = [o for o in inv.hosts if o is not h and o.fabric_ip and o.fabric_ip != h.fabric_ip]
+    if policy == "none":
+        return []
+    if policy == "all":
+        return [o.fabric_ip for o in others]
+    if h.role == "coordinator":
+        return [o.fabric_ip for o in others if o.role != "coordinator"]
+    return [o.fabric_ip for o in others if o.role == "coordinator"]
+
+
+def remote_args(h: InvHost, inv: Inventory) -> list[str]:
+    """The arguments of ``afddiag all --json`` on ``h`` (role, launch env, fabric IP, peers, args)."""
+    args = ["all", "--json"]
+    if h.role:
+        args += ["--role", h.role]
+    if h.launch_env:
+        args += ["--launch-env", h.launch_env]
+    if h.fabric_ip:
+        args += ["--fabric-ip", h.fabric_ip]
+    for p in peers_for(h, inv):
+        args += ["--peer", p]
+    return args + list(h.args)

@@ -1,0 +1,188 @@
+"""What ``afddiag fleet`` and ``afddiag merge`` share after collection: per-host reports read and
+checked (:func:`parse_report`, :func:`load_reports`), the fleet gates run over them and the fleet
+report built (:func:`judge`), and the fleet table (:func:`write_fleet_table`)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from afddiag import __version__
+from afddiag.gates.fleet import HostResult, run_fleet_gates
+from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, WARN
+
+FLEET_SCHEMA = "afddiag-fleet/1"  # kept in "schema" for readers of the first fleet reports
+FLEET_SCHEMA_VERSION = 1  # afddiag/schema/fleet.schema.json
+
+
+# ---------------------------------------------------------------- report parsing
+
+def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | None]:
+    """One host's stdout → ``(report, None)``, or ``(None, why)`` when it is not an afddiag report
+    (not JSON, not an object, no ``schema_version``/``gates``)."""
+    from afddiag.reader import InputError, parse_json
+
+    s = text.strip()
+    if not s:
+        return None, f"{where}: empty output"
+    try:
+        obj = parse_json(s, where)
+    except InputError as e:
+        return None, f"{e} (starts {s[:60]!r})"
+    why = _not_a_report(obj)
+    return (None, f"{where}: {why}") if why else (obj, None)
+
+
+def _not_a_report(obj: Any) -> str | None:
+    if not isinstance(obj, dict):
+        return f"JSON {type(obj).__name__}, not an afddiag report object"
+    if obj.get("kind") == "fleet" or obj.get("schema") == FLEET_SCHEMA:
+        return "a fleet report (afddiag fleet|merge --json), not one host's report: give the per-host reports"
+    if not isinstance(obj.get("gates"), list) or "schema_version" not in obj:
+        return "JSON object without schema_version/gates: not an afddiag report"
+    return None
+
+
+MAX_MERGE_FILE_BYTES = 256 << 20  # one merge input (1,000 reports of ~100 KiB in one JSON array)
+
+
+def load_reports(paths: list[str]) -> list[HostResult]:
+    """Per-host report files → one :class:`HostResult` per report. A file holds one report, a JSON
+    array of reports, or one report per line (JSON lines). A file that does not parse is an ERROR
+    row named after the file; a host name seen twice gets ``#2``, ``#3`` appended. Files are read
+    through :mod:`afddiag.reader`: a device, FIFO, a file over :data:`MAX_MERGE_FILE_BYTES` or JSON
+    nested deeper than its cap raises :class:`afddiag.reader.InputError` (the CLI's usage error)."""
+    from afddiag.reader import DepthError, InputError, parse_json, read_bytes
+
+    out: list[HostResult] = []
+    names: dict[str, int] = {}
+
+    def add(rep: dict[str, Any] | None, path: str, err: str | None = None) -> None:
+        name = str(rep.get("host") or Path(path).stem) if rep else Path(path).name
+        n = names.get(name, 0) + 1
+        names[name] = n
+        out.append(HostResult(name=name if n == 1 else f"{name}#{n}", target=path, report=rep, error=err))
+
+    for path in paths:
+        try:
+            text = read_bytes(path, max_bytes=MAX_MERGE_FILE_BYTES).decode("utf-8", "replace")
+        except FileNotFoundError as e:
+            add(None, path, f"{path}: {e.strerror}")
+            continue
+        try:
+            obj = parse_json(text, path)
+        except DepthError:
+            raise
+        except InputError:
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            if len(lines) > 1:
+                for i, ln in enumerate(lines, 1):
+                    rep, why = parse_report(ln, f"{path}:{i}")
+                    add(rep, f"{path}:{i}", why)
+                continue
+            add(None, path, parse_report(text, path)[1])
+            continue
+        for rep in obj if isinstance(obj, list) else [obj]:
+            why = _not_a_report(rep)
+            add(None if why else rep, path, f"{path}: {why}" if why else None)
+    return out
+
+
+# ---------------------------------------------------------------- judging and rendering
+
+def _host_row(h: HostResult) -> dict[str, Any]:
+    rep = h.report or {}
+    failing = [g["id"] for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("verdict") in (FAIL, ERROR)]
+    warned = [g["id"] for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("verdict") == WARN]
+    return {"name": h.name, "role": h.host_role if h.ok else h.role, "target": h.target,
+            "fabric_ip": h.fip if h.ok else h.fabric_ip, "status": "ok" if h.ok else "ERROR", "error": h.error,
+            "exit_code": rep.get("exit_code") if h.ok else EXIT_ERROR, "counts": rep.get("counts"),
+            "failing": failing, "warning": warned, "elapsed_s": h.elapsed_s,
+            "afddiag_version": rep.get("afddiag_version")}
+
+
+def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source: str = "merge",
+          keep_reports: bool = False) -> dict[str, Any]:
+    """Run the fleet gates over ``hosts`` and build the fleet report (``schema_version`` 1,
+    ``afddiag/schema/fleet.schema.json``; ``schema`` "afddiag-fleet/1" is kept for older readers).
+
+    Exit code: 2 if any host exited 2 or a fleet gate FAILs; else 3 if a host has no report, exited
+    3, or a fleet gate ERRORs; else 1 on any WARN; else 0. ``keep_reports`` embeds each per-host
+    report under ``reports`` (for ``fleet --json``)."""
+    from afddiag.facts import to_jsonable
+
+    verdicts = run_fleet_gates(hosts, expect or {})
+    rows = [_host_row(h) for h in hosts]
+    seen = {v.verdict for v in verdicts}
+    codes = {r["exit_code"] for r in rows}
+    if FAIL in seen or EXIT_FAIL in codes:
+        code = EXIT_FAIL
+    elif ERROR in seen or EXIT_ERROR in codes or any(r["status"] != "ok" for r in rows):
+        code = EXIT_ERROR
+    elif WARN in seen or EXIT_WARN in codes:
+        code = EXIT_WARN
+    else:
+        code = EXIT_OK
+    counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    for v in verdicts:
+        counts[v.verdict] += 1
+    out = {"schema_version": FLEET_SCHEMA_VERSION, "kind": "fleet", "schema": FLEET_SCHEMA, "afddiag_version": __version__, "source": source,
+           "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "expect": dict(expect or {}), "hosts": rows, "gates": [to_jsonable(v) for v in verdicts],
+           "counts": counts, "hosts_ok": sum(1 for r in rows if r["status"] == "ok"),
+           "hosts_error": sum(1 for r in rows if r["status"] != "ok"), "exit_code": code}
+    if keep_reports:
+        out["reports"] = {h.name: h.report for h in hosts if h.ok}
+    return out
+
+
+def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
+    """The fleet table: one row per host (status, exit, counts, failing gates or the error), then
+    one row per fleet gate with its remedy. Plain full-width text when ``out`` is not a terminal;
+    on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing. Names
+    and a remote's stderr are shown with control characters escaped (:mod:`afddiag.termsafe`)."""
+    from afddiag.render import COLORS, console_for, gate_table, write_gate_lines
+    from afddiag.termsafe import cleaned
+
+    fr = cleaned(fr)
+    out = out or sys.stdout
+
+    con = console_for(out, width)
+    w = max([len(r["name"]) for r in fr["hosts"]] + [4])
+    if con is None:
+        out.write(f"{'host':<{w}}  {'role':<12} {'collected':<9} exit  pass/warn/fail/skip/error  failing gates / error\n")
+        for r in fr["hosts"]:
+            c = r.get("counts") or {}
+            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
+            what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
+            out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<9} {r['exit_code']!s:<5} "
+                      f"{cnt:<26} {what}\n")
+        out.write("\n")
+        write_gate_lines(fr["gates"], out, 16)
+    else:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(title=f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+        t.add_column("host", overflow="fold")
+        t.add_column("role", overflow="fold")
+        t.add_column("status", no_wrap=True)
+        t.add_column("exit", no_wrap=True)
+        t.add_column("p/w/f/s/e", overflow="fold")
+        t.add_column("failing gates / error", overflow="fold", ratio=1)
+        for r in fr["hosts"]:
+            c = r.get("counts") or {}
+            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
+            what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
+            t.add_row(r["name"], str(r.get("role") or "-"), Text(r["status"], style="" if r["status"] == "ok"
+                      else COLORS["ERROR"]), str(r["exit_code"]), cnt, what)
+        con.print(t)
+        con.print(gate_table(fr["gates"], "cross-host gates"))
+    c = fr["counts"]
+    out.write(f"{fr['hosts_ok']} host(s) reported, {fr['hosts_error']} without a report; fleet gates: {c['PASS']} "
+              f"pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error — exit "
+              f"{fr['exit_code']}\n")
