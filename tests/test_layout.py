@@ -77,3 +77,18 @@ def test_one_nvml_wrapper_and_one_cuda_driver_binding():
                     if _opens_a_library(p) and "libcuda" in p.read_text() and p.name != "cudadrv.py"]
     assert cuda_openers == []
     assert _opens_a_library(PKG / "probes" / "cudadrv.py")
+
+
+def test_every_subpackage_is_installed():
+    """pyproject's explicit package list names every package under afddiag/ (a wheel holds only those:
+    a missing one installs an afddiag that fails on import)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")
+               if "__pycache__" not in p.parts}
+    assert {"afddiag", "afddiag.probes", "afddiag.gates"} <= on_disk  # the walk finds packages
+    assert on_disk - listed == set(), f"packages missing from pyproject.toml [tool.setuptools] packages: {on_disk - listed}"
