@@ -180,12 +180,19 @@ SWEEP = [
 
 def sweep(budget: float) -> None:
     """Run the probe in this process with each variant of the kernel constants; one line each."""
-    from afddiag.probes import load
+    from afddiag.probes import load, load_plan, load_ptx
+
+    def put(k: str, v: object) -> None:
+        """A constant lives in load_ptx (kernel shapes) or load_plan (limits); the modules that import it
+        hold a copy of the name: set it in every one, so the PTX, the plan and the run agree."""
+        for m in (load_ptx, load_plan, load):
+            if k in vars(m):
+                setattr(m, k, v)
 
     defaults = {k: getattr(load, k) for cfg in SWEEP for k in cfg}
     for cfg in SWEEP:
         for k, v in {**defaults, **cfg}.items():
-            setattr(load, k, v)
+            put(k, v)
         r = load.run_load_probe(0, budget)
         a = r["achieved"]
         print(
@@ -196,7 +203,7 @@ def sweep(budget: float) -> None:
             flush=True,
         )
     for k, v in defaults.items():
-        setattr(load, k, v)
+        put(k, v)
 
 
 def main() -> None:
