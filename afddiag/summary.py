@@ -21,11 +21,15 @@ Fields (None where the host did not say):
   gemv_gbps, copy_gbps}}]``), ``slow_state`` (``{verdict, summary}`` of ``gpu.slow-state``),
   ``gpu_busy`` (the GPU was busy with another job: figures inconclusive);
 - ``rails`` (``[{port, ip, subnet, gid_index}]``: the ports ``NCCL_IB_HCA`` selects besides the fabric port);
-- ``versions`` (``afddiag``, ``driver``, ``kernel``, ``bios``, ``rdma_core``, ``firmware``).
+- ``versions`` (``afddiag``, ``driver``, ``kernel``, ``bios``, ``rdma_core``, ``firmware``);
+- ``control_plane`` (:func:`control_plane_of`: ``{verdict, source, peers, ports, attempts: [{peer, port,
+  outcome}], not_tried: [{peer, port}], advertised_bad: [{key, value, why}]}`` from ``launch.control-plane``;
+  None when the report has no such gate: an older afddiag, or the launch gates were not run).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 SUMMARY_VERSION = 1
@@ -75,6 +79,43 @@ def versions_of(rep: dict[str, Any]) -> dict[str, str]:
     if fws:
         out["firmware"] = ", ".join(fws)
     return out
+
+
+_NOT_TRIED = re.compile(r"^(\S+):(\d+) not tried")
+
+
+def control_plane_of(rep: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``launch.control-plane`` found on this host, for ``fleet.control-plane``: ``{"verdict",
+    "source"`` (the fabric IP the connects were bound to), ``"peers"`` (IPv4 addresses), ``"ports"``
+    (TCP ports), ``"attempts": [{"peer", "port", "outcome"}]`` (outcome as
+    :func:`afddiag.probes.reach.connect_once` says: connected, refused, timeout, unreachable, bind failed,
+    error), ``"not_tried": [{"peer", "port"}]`` (the probe's time bound was used up), ``"advertised_bad":
+    [{"key", "value", "why"}]`` (launch-env addresses that are wildcards or loopback)``}``. None when the
+    report has no ``launch.control-plane`` gate. Never raises on odd content."""
+    g = next((g for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("id") == "launch.control-plane"), None)
+    if g is None:
+        return None
+    f = _d(g.get("facts"))
+    def seq(k: str) -> list[Any]:
+        v = f.get(k)
+        return v if isinstance(v, list) else []
+
+    attempts = []
+    for a in seq("attempts"):
+        if isinstance(a, dict) and isinstance(a.get("peer"), str) and as_int(a.get("port")) is not None:
+            attempts.append({"peer": a["peer"], "port": as_int(a["port"]), "outcome": str(a.get("outcome") or "error")})
+    not_tried = []
+    for n in seq("notes"):
+        m = _NOT_TRIED.match(str(n))
+        if m:
+            not_tried.append({"peer": m.group(1), "port": int(m.group(2))})
+    bad = [{"key": str(b.get("key")), "value": str(b.get("value")), "why": str(b.get("why"))}
+           for b in seq("advertised_bad") if isinstance(b, dict)]
+    verdict = g.get("verdict") if g.get("verdict") in ("PASS", "WARN", "FAIL", "SKIP", "ERROR") else None
+    return {"verdict": verdict, "source": f.get("source") if isinstance(f.get("source"), str) else None,
+            "peers": [str(p) for p in seq("peers")],
+            "ports": [p for p in map(as_int, seq("ports")) if p is not None and 0 < p < 65536],
+            "attempts": attempts, "not_tried": not_tried, "advertised_bad": bad}
 
 
 def from_report(rep: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +172,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         "rails": [{k: r.get(k) for k in ("port", "ip", "subnet", "gid_index")}
                   for r in gf("fabric.devicemap-env").get("rails") or [] if isinstance(r, dict)],
         "versions": versions_of(rep),
+        "control_plane": control_plane_of(rep),
     }
 
 
@@ -139,4 +181,8 @@ def of(rep: dict[str, Any] | None) -> dict[str, Any]:
     if not isinstance(rep, dict):
         return {}
     s = rep.get("summary")
-    return s if isinstance(s, dict) and s.get("summary_version") == SUMMARY_VERSION else from_report(rep)
+    if not (isinstance(s, dict) and s.get("summary_version") == SUMMARY_VERSION):
+        return from_report(rep)
+    if "control_plane" not in s:  # a summary made before control_plane joined it: read the gate's facts
+        s = {**s, "control_plane": control_plane_of(rep)}
+    return s

@@ -530,6 +530,144 @@ def rails(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
                    "nothing to do", facts)
 
 
+# ---------------------------------------------------------------- fleet.control-plane
+
+REACHED = ("connected", "refused")  # refused: the peer's kernel answered (nothing listens yet before launch)
+DROPPED = ("timeout", "unreachable")  # a firewall drops (or rejects with host-unreachable), or no route
+
+
+def _owners(fleet: Fleet) -> dict[str, str]:
+    """IPv4 address → the host holding it: each host's fabric IP first, then every other address its
+    netdevs hold (summary ``ipv4_prefixlen``)."""
+    own: dict[str, str] = {}
+    for h in fleet:
+        if h.ok and h.fip:
+            own.setdefault(h.fip, h.name)
+    for h in fleet:
+        if h.ok:
+            for addr in h.summary.get("ipv4_prefixlen") or {}:
+                own.setdefault(str(addr), h.name)
+    return own
+
+
+def _ports_txt(cells: dict[int, str]) -> str:
+    return ", ".join(f"{p} {o}" for p, o in sorted(cells.items()))
+
+
+def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+    """Cross-host control-plane reach, as one matrix: which host reached which peer's engine port
+    (summary ``control_plane.attempts``: each host's ``launch.control-plane`` TCP connects from its
+    fabric IP). FAIL names each (source host, peer, port) that timed out or was unreachable (refused
+    counts as reached: the peer answered), an asymmetric pair (A reaches B, B cannot reach A: the
+    side that drops is named), and launch-env addresses advertised as a wildcard or loopback on any
+    host. WARN names the pairs a role requires (coordinator ↔ every rank) that a host never tested
+    (the fleet member is not in its peer list). Hosts whose report has no connects are not judged."""
+    gid = "fleet.control-plane"
+    owner = _owners(fleet)
+    fip = {h.name: h.fip for h in fleet if h.ok}
+    matrix: dict[str, dict[str, dict[int, str]]] = {}
+    not_tried: dict[str, set[str]] = defaultdict(set)
+    advertised: dict[str, list[dict[str, str]]] = {}
+    unjudged: list[str] = []
+    for h in fleet:
+        if not h.ok:
+            continue
+        cp = h.summary.get("control_plane")
+        if not isinstance(cp, dict):
+            unjudged.append(f"{h.name} (no control-plane facts: launch gates not run, or an afddiag before them)")
+            continue
+        bad = [b for b in cp.get("advertised_bad") or [] if isinstance(b, dict)]
+        if bad:
+            advertised[h.name] = bad
+        row: dict[str, dict[int, str]] = {}
+        for a in cp.get("attempts") or []:
+            port = _int((a or {}).get("port")) if isinstance(a, dict) else None
+            if port is None or not isinstance(a.get("peer"), str):
+                continue
+            dst = owner.get(a["peer"], a["peer"])
+            if dst == h.name:
+                continue
+            row.setdefault(dst, {})[port] = str(a.get("outcome") or "error")
+        for t in cp.get("not_tried") or []:
+            if isinstance(t, dict) and isinstance(t.get("peer"), str):
+                not_tried[h.name].add(owner.get(t["peer"], t["peer"]))
+        if row:
+            matrix[h.name] = row
+        else:
+            unjudged.append(f"{h.name} (launch.control-plane {cp.get('verdict') or '?'}: no connection tried)")
+    down = {(s, d): {p: o for p, o in cells.items() if o not in REACHED}
+            for s, row in matrix.items() for d, cells in row.items()}
+    down = {k: v for k, v in down.items() if v}
+    reached = {(s, d) for s, row in matrix.items() for d, cells in row.items()
+               if any(o in REACHED for o in cells.values())}
+    asym: list[dict[str, Any]] = []
+    for (s, d), cells in down.items():
+        # d reaches s on every port it tried, s's connects to d are dropped (not a source that could not bind)
+        if (d, s) in reached and (d, s) not in down and all(o in DROPPED for o in cells.values()):
+            asym.append({"reaches": d, "cannot_reach_back": s, "drops": d, "ports": sorted(cells),
+                         "outcomes": {p: o for p, o in sorted(cells.items())}})
+    # the pairs a role requires: the coordinator(s) ↔ every rank
+    roles = {h.name: h.host_role for h in fleet if h.ok}
+    coords = [n for n, r in roles.items() if r == COORDINATOR]
+    ranks = [n for n, r in roles.items() if r != COORDINATOR]
+    required = [(c, r) for c in coords for r in ranks] + [(r, c) for c in coords for r in ranks]
+    not_tested: dict[str, list[str]] = defaultdict(list)
+    for s, d in required:
+        if s in matrix and d not in matrix[s] and fip.get(d):
+            not_tested[s].append(d)
+    facts: dict[str, Any] = {
+        "matrix": {s: {d: {str(p): o for p, o in sorted(cells.items())} for d, cells in row.items()}
+                   for s, row in matrix.items()},
+        "unreachable": [{"source": s, "peer": d, "peer_ip": fip.get(d) or d, "port": p, "outcome": o}
+                        for (s, d), cells in down.items() for p, o in sorted(cells.items())],
+        "asymmetric": asym, "not_tested": dict(not_tested),
+        "not_tried": {n: sorted(v) for n, v in not_tried.items()},
+        "advertised_bad": advertised, "hosts_not_judged": unjudged, "not_judged": _not_judged(fleet)}
+    tail = (f" ({len(unjudged)} host(s) not judged: {_names([u.split(' (')[0] for u in unjudged])})" if unjudged
+            else "") + _tail(fleet)
+    if not matrix and not advertised:
+        return Verdict(gid, SKIP, "no host report holds control-plane connects (launch.control-plane needs peers and "
+                       "engine ports)" + tail, remedy("fleet.control-plane.not-tested"), facts)
+    fails: list[str] = []
+    asym_keys = {(a["cannot_reach_back"], a["reaches"]) for a in asym}
+    for (s, d), cells in down.items():
+        if (s, d) in asym_keys:
+            continue
+        fails.append(f"{s} cannot reach {d} ({fip.get(d) or d}) port {_ports_txt(cells)}")
+    for a in asym:
+        s, d = a["cannot_reach_back"], a["reaches"]
+        fails.append(f"asymmetric: {d} reaches {s}, but {s} cannot reach {d} ({fip.get(d) or d}) port "
+                     f"{_ports_txt(down[(s, d)])}: {d}'s side drops incoming connections")
+    for n, bad in advertised.items():
+        fails.append(f"{n} advertises " + ", ".join(f"{b.get('key')}={b.get('value')} ({b.get('why')})" for b in bad))
+    untested = [f"{s} never tested {_names(ds)}" + (" (time bound used up)" if set(ds) & not_tried.get(s, set())
+                                                     else " (not in its peer list)")
+                for s, ds in not_tested.items()]
+    if fails:
+        txt = "; ".join(fails) + (f"; also {'; '.join(untested)}" if untested else "")
+        if down:
+            if asym and len(asym) == len(down):
+                fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
+                                  f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
+                                  f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
+                                  f"{a['ports'][0]}`, or nftables/iptables)" for a in asym)
+                rem = fixes + ": its firewall drops connections it does not start (the other way works)"
+            else:
+                rem = remedy(gid)
+            if advertised:
+                rem += "; and " + remedy("launch.control-plane.advertised")
+            return Verdict(gid, FAIL, txt + tail, rem, facts, action="OPEN_PORTS")
+        return Verdict(gid, FAIL, txt + tail, remedy("launch.control-plane.advertised"), facts, action="SET_ENV")
+    n_att = sum(len(c) for row in matrix.values() for c in row.values())
+    n_ref = sum(1 for row in matrix.values() for c in row.values() for o in c.values() if o == "refused")
+    if untested:
+        return Verdict(gid, WARN, "; ".join(untested) + f": not tested ({n_att} connection(s) tested reached)" + tail,
+                       remedy("fleet.control-plane.not-tested"), facts)
+    note = f", {n_ref} refused (the peer answered, nothing listens yet: start order)" if n_ref else ""
+    return Verdict(gid, PASS, f"{n_att} control connection(s) between {len(matrix)} host(s) and their peers reached"
+                   f"{note}" + tail, "nothing to do", facts)
+
+
 GATES: list[tuple[str, FleetGate]] = [
     ("fleet.capacity", capacity),
     ("fleet.fabric-ip", fabric_ip),
@@ -539,6 +677,7 @@ GATES: list[tuple[str, FleetGate]] = [
     ("fleet.gpu", gpu),
     ("fleet.versions", versions),
     ("fleet.rails", rails),
+    ("fleet.control-plane", control_plane),
 ]
 
 
