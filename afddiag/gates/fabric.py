@@ -727,9 +727,14 @@ def mem_registration(ctx: Context) -> Verdict:
     if (v := not_probed(gid, m, "memory registration (--no-qp skips it)",
                         "run on the host without --no-qp, or replay a capture made with this afddiag")) is not None:
         return v
-    if not m.devices:
+    if not m.devices:  # nothing registered; the CUDA and driver side was still read: keep it in the facts
+        side = {"verbs_why": m.verbs_why, "open_kernel_module": m.open_kernel_module, "peermem_loaded": m.peermem_loaded,
+                "gpus": m.gpus, "dmabuf_export": m.dmabuf_export, "cuda_why": m.cuda_why,
+                "cma_total_kb": m.cma_total_kb, "cma_free_kb": m.cma_free_kb, "kho_off": m.kho_off,
+                "kernel_release": m.kernel_release, "memlock_soft_bytes": m.memlock_soft_bytes}
         return Verdict(gid, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
-                       remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"))
+                       remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"),
+                       side)
     pb = ctx.playbook
     k = mem_kinds(m)
     gpu_ok = k["gpu_peermem"] or k["gpu_dmabuf"]
