@@ -1,13 +1,19 @@
 """The gate catalog (``checks/gates.toml``): what each gate checks, reads, and its remedy.
 
 ``checks/`` is installed as the package ``afddiag.checks``; from a source tree it is read in place.
+
+``checks/gates.json`` is the same catalog parsed, with the size and CRC-32 of the ``gates.toml`` it was
+made from: a run reads it when they match (``tomllib`` parsing the catalog was a tenth of a whole
+`afddiag gpu` run), else parses the TOML, so an edited catalog is never shadowed by a stale twin.
+``python -m afddiag.catalog`` rewrites the twin; a test keeps it current, as it does docs/GATES.md.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import sys
-from importlib import resources
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +29,33 @@ def load() -> dict[str, Any]:
 
     Raises FileNotFoundError when the catalog is not installed (a broken install).
     """
+    from afddiag.packaged import read_text
+
+    text = read_text("checks", "gates.toml")
     try:
-        text = resources.files("afddiag.checks").joinpath("gates.toml").read_text(encoding="utf-8")
-    except ModuleNotFoundError:  # run from a source tree (PYTHONPATH=repo) without installing
-        text = (Path(__file__).resolve().parent.parent / "checks" / "gates.toml").read_text(encoding="utf-8")
+        twin = json.loads(read_text("checks", TWIN))
+        if twin.get("source_digest") == _digest(text):
+            return twin["catalog"]
+    except (OSError, ValueError, KeyError, AttributeError):  # no twin, or not ours: parse the TOML
+        pass
     return tomllib.loads(text)
+
+
+TWIN = "gates.json"
+
+
+def _digest(text: str) -> str:
+    """``"<bytes>:<crc32 hex>"`` of the catalog's UTF-8 text (zlib: hashlib's OpenSSL import alone
+    would cost a fifth of what the twin saves); it tells an edited catalog, not a forged one."""
+    data = text.encode("utf-8")
+    return f"{len(data)}:{zlib.crc32(data):08x}"
+
+
+def compiled(text: str) -> str:
+    """The twin of catalog TOML ``text``: JSON ``{"source_digest", "catalog"}`` (keys in the
+    TOML's order), ending in a newline. Raises ``tomllib.TOMLDecodeError`` on a bad catalog."""
+    doc = {"source_digest": _digest(text), "catalog": tomllib.loads(text)}
+    return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
 def remedy(key: str) -> str:
@@ -78,3 +106,14 @@ def markdown() -> str:
             "| action | drain | meaning |", "| --- | --- | --- |"]
     out += [f"| `{name}` | {'yes' if a.get('drain') else 'no'} | {a['meaning']} |" for name, a in cat["actions"].items()]
     return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    """``python -m afddiag.catalog``: rewrite ``checks/gates.json`` from ``checks/gates.toml`` (source tree)."""
+    src = Path(__file__).resolve().parent.parent / "checks"
+    (src / TWIN).write_text(compiled((src / "gates.toml").read_text(encoding="utf-8")), encoding="utf-8")
+    print(src / TWIN)
+
+
+if __name__ == "__main__":
+    main()

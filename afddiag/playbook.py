@@ -11,7 +11,6 @@ import fnmatch
 import os
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -154,19 +153,16 @@ def available() -> dict[str, str]:
 
 
 def _packaged() -> list[str]:
-    try:
-        return [p.name for p in resources.files("afddiag.playbooks").iterdir() if p.name.endswith(".toml")]
-    except ModuleNotFoundError:
-        return [p.name for p in (Path(__file__).resolve().parent.parent / "playbooks").glob("*.toml")]
+    from afddiag.packaged import names
+
+    return [n for n in names("playbooks") if n.endswith(".toml")]
 
 
 def _read(ref: str) -> str:
     if ref.startswith("<packaged>/"):
-        name = ref.split("/", 1)[1]
-        try:
-            return resources.files("afddiag.playbooks").joinpath(name).read_text(encoding="utf-8")
-        except ModuleNotFoundError:
-            return (Path(__file__).resolve().parent.parent / "playbooks" / name).read_text(encoding="utf-8")
+        from afddiag.packaged import read_text
+
+        return read_text("playbooks", ref.split("/", 1)[1])
     return Path(ref).read_text(encoding="utf-8")
 
 

@@ -34,3 +34,44 @@ def test_remedy_keys_used_by_gates_exist():
     assert keys <= known, keys - known
     for dyn in ("fabric.qp-rtr.no-pyverbs", "fabric.qp-rtr.timeout", "gpu.clock-events.hw", "gpu.clock-events.thermal"):
         assert catalog.remedy(dyn), dyn
+
+
+def test_compiled_twin_is_current():
+    """checks/gates.json is what a run reads instead of parsing the TOML: it must be the TOML's."""
+    toml_text = (REPO / "checks" / "gates.toml").read_text(encoding="utf-8")
+    on_disk = (REPO / "checks" / catalog.TWIN).read_text(encoding="utf-8")
+    assert on_disk == catalog.compiled(toml_text), "checks/gates.json is stale: run `python -m afddiag.catalog`"
+
+
+def test_stale_twin_is_ignored(monkeypatch):
+    """An edited gates.toml beside an old twin: the run parses the TOML (the edit is what it sees)."""
+    import afddiag.packaged as packaged
+
+    real = packaged.read_text
+    edited = (REPO / "checks" / "gates.toml").read_text(encoding="utf-8").replace(
+        'title = "Control connections', 'title = "EDITED Control connections', 1)
+    assert "EDITED" in edited
+    with monkeypatch.context() as m:
+        m.setattr(packaged, "read_text", lambda sub, name: edited if name == "gates.toml" else real(sub, name))
+        catalog.load.cache_clear()
+        try:
+            assert catalog.load()["gates"]["launch.control-plane"]["title"].startswith("EDITED")
+        finally:
+            catalog.load.cache_clear()
+    assert not catalog.load()["gates"]["launch.control-plane"]["title"].startswith("EDITED")
+
+
+def test_twin_is_read_when_current(monkeypatch):
+    """With a current twin the TOML parser is not called at all."""
+    import afddiag.catalog as cat_mod
+
+    def boom(_text):
+        raise AssertionError("tomllib parsed the catalog although the twin is current")
+
+    monkeypatch.setattr(cat_mod.tomllib, "loads", boom)
+    catalog.load.cache_clear()
+    try:
+        assert "gpu.present" in catalog.load()["gates"]
+    finally:
+        monkeypatch.undo()
+        catalog.load.cache_clear()
