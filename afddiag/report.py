@@ -8,15 +8,19 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from afddiag import __version__
 from afddiag.envvars import MAP_VAR, format_device_map
-from afddiag.endpoint import device_map, launch_exports  # noqa: F401 - decided in one place
 from afddiag.model import to_jsonable
-from afddiag.model.fabric import FabricFacts
 from afddiag.render import COLORS  # noqa: F401 - importable from here too
 from afddiag.verdict import Verdict, exit_code
+
+if TYPE_CHECKING:
+    from afddiag.model.fabric import FabricFacts
+
+# afddiag.endpoint decides the device map (and the launch exports); it is imported only when there are
+# fabric facts to map, so a GPU-only run does not load the fabric model.
 
 SCHEMA_VERSION = 1
 
@@ -43,13 +47,21 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "inputs": inputs,
         "diagnosis": diagnosis,
         "gates": [to_jsonable(v) for v in verdicts],
-        "device_map": device_map(fabric),
+        "device_map": _device_map(fabric),
         "counts": counts,
         "exit_code": exit_code(verdicts),
         "notes": list(notes or []),
         "facts": to_jsonable(facts or {}),
         "expectations": to_jsonable(expectations or {}),
     }
+
+
+def _device_map(fabric: FabricFacts | None) -> dict[str, str]:
+    if fabric is None:
+        return {}
+    from afddiag.endpoint import device_map
+
+    return device_map(fabric)
 
 
 def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:

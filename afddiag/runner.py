@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,7 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
         obs = Observation(host=root.name, source=f"snapshot {root}")
         run = registry.Run(inputs, obs, root=root)
     else:
-        import socket
-
-        obs = Observation(host=socket.gethostname(), source="live")
+        obs = Observation(host=os.uname().nodename, source="live")  # as socket.gethostname()
         run = registry.Run(inputs, obs, host=host or registry.Sources())
     part_s = inputs.timeout("fabric_s")  # one snapshot part's read: --timeout bounds it too
     for p in _probes(inputs.families):

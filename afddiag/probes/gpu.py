@@ -19,7 +19,6 @@ import ctypes
 import errno
 import json
 import os
-import platform
 import re
 import stat
 import threading
@@ -688,7 +687,7 @@ def read_gpu(
       ``nvmlSystemGetCudaDriverVersion_v2`` (same encoding) when CUDA is not read or did not answer.
     - ``cuda_view``: ``{"read": bool, "why": str | None}``: whether the CUDA driver was asked, and why
       (or why not).
-    - ``versions``: ``kernel`` (``platform.release()``), ``bios`` (``/sys/class/dmi/id/bios_version``),
+    - ``versions``: ``kernel`` (``uname(2)`` release, as ``platform.release()``), ``bios`` (``/sys/class/dmi/id/bios_version``),
       ``nvml`` (``nvmlSystemGetNVMLVersion``).
     - ``devices`` (list), NVML index order, NVML and CUDA joined by UUID:
 
@@ -759,7 +758,7 @@ def read_gpu(
     }
     notes: list[str] = out["notes"]
     try:
-        out["versions"]["kernel"] = platform.release() or None
+        out["versions"]["kernel"] = os.uname().release or None
         try:
             with open(BIOS_VERSION_PATH, encoding="utf-8", errors="replace") as f:
                 out["versions"]["bios"] = f.read().strip() or None

@@ -93,7 +93,7 @@ class Sources:
     rules: Any = None
     rdma_core: Any = LIVE
     environ: Mapping[str, str] | None = None
-    hostname: Callable[[], str] | None = None  # None: socket.gethostname()
+    hostname: Callable[[], str] | None = None  # None: uname(2) nodename, as socket.gethostname()
     reader: Callable[[str], str] | None = None
 
 
@@ -254,9 +254,7 @@ def _root(run: Run) -> str:
 def _host_read(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "gethostname"
     if run.host.hostname is None:
-        import socket
-
-        return {"host": socket.gethostname().strip() or "unknown"}
+        return {"host": os.uname().nodename.strip() or "unknown"}
     return {"host": (run.host.hostname() or "").strip() or "unknown"}
 
 
@@ -696,7 +694,7 @@ def _dmi(run: Run, name: str) -> str | None:
 
 
 def _versions_read(run: Run, progress: Any) -> dict[str, Any]:
-    import platform
+    import sys
 
     from afddiag import __version__
 
@@ -713,7 +711,7 @@ def _versions_read(run: Run, progress: Any) -> dict[str, Any]:
     gpu = (run.readings.get("gpu") or {}).get("gpu.json") or {}
     osrel = _try(run, os.path.join(src.root, "proc", "sys", "kernel", "osrelease"))
     return {"versions.json": {
-        "kernel": osrel or (platform.release() if src.root == "/" else None),
+        "kernel": osrel or (os.uname().release if src.root == "/" else None),
         "bios": _dmi(run, "bios_version"),
         "rdma_core": rdma.get("version"),
         "rdma_core_source": rdma.get("source"),
@@ -724,7 +722,7 @@ def _versions_read(run: Run, progress: Any) -> dict[str, Any]:
         "board": {k: _dmi(run, k) for k in ("sys_vendor", "product_name", "board_name")},
         "hca_firmware": fw,
         "afddiag": __version__,
-        "python": platform.python_version(),
+        "python": "{}.{}.{}".format(*sys.version_info[:3]),
     }, "proc/sys/kernel/osrelease": osrel}
 
 
