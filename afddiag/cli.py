@@ -545,8 +545,11 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
             return 2
         pairs = [p for p in endpoint.launch_exports(obs.fabric, fip.ip) if p[0].startswith("NCCL_")]
         if not pairs:
-            click.echo(f"afddiag devicemap: fabric IP {fip.ip} has no IPv4 RoCE v2 GID on an ACTIVE port: give "
-                       f"--fabric-ip with one of {', '.join(sorted(dm))}", err=True)
+            down = next((e for e in fip.candidates if e.ip == fip.ip), None)
+            why = (f"{down.device} port {down.port} carries it, but that port is {down.port_state or 'in an unknown state'} "
+                   "and NCCL uses only ACTIVE ports (`afddiag fabric` judges the link in fabric.link)" if down else
+                   f"no IPv4 RoCE v2 GID on an ACTIVE port carries it: give --fabric-ip with one of {', '.join(sorted(dm))}")
+            click.echo(f"afddiag devicemap: fabric IP {fip.ip}: {why}", err=True)
             return 2
         click.echo(report.format_exports(pairs, "env"))
         return 0

@@ -4,8 +4,9 @@ One module decides, for every caller (the gates, the QP walk, the pair test, the
 ``devicemap``); each decision is a pure function of the fabric facts (no I/O):
 
 - :func:`resolve_fabric_ip`: ``--fabric-ip`` (or the launch env's ``AFD_FABRIC_IP``) when given,
-  else the only IPv4 RoCE v2 GID on an ACTIVE port, else (no port ACTIVE) the only IPv4 RoCE v2 GID
-  on any port, else none ("ambiguous" lists the candidates);
+  else the only IPv4 address with a RoCE v2 GID on any port, whatever its link does (a pulled cable
+  must not turn another rail's address into the fabric IP: ``fabric.link`` says the link is down),
+  else none ("ambiguous" lists the candidates, each with its port state);
 - :func:`fabric_entry`: the inventory row that carries the fabric IP (RoCE v2 on an ACTIVE port
   first, then any carrier) — what ``fabric.link``, ``fabric.mtu``, ``fabric.route`` judge;
 - :func:`usable_entry` / :func:`pick_endpoint`: the IPv4 RoCE v2 GID on an ACTIVE port for the
@@ -32,7 +33,8 @@ class FabricIp:
     """The fabric IP the gates judge, and how it was chosen."""
 
     ip: str | None
-    source: str  # "--fabric-ip", "only IPv4 RoCE v2 GID on an ACTIVE port", "ambiguous", "none"
+    source: str  # "--fabric-ip", "only IPv4 RoCE v2 GID on an ACTIVE port", "only IPv4 RoCE v2 GID (its port
+    # is not ACTIVE)", "ambiguous", "none"
     candidates: list[Entry] = field(default_factory=list)
 
     @property
@@ -42,18 +44,21 @@ class FabricIp:
 
 def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp:
     """``given`` (``--fabric-ip``, or ``AFD_FABRIC_IP`` from the launch env) when set; else the only
-    IPv4 address with a RoCE v2 GID on an ACTIVE port whose netdev holds it; else None (source
-    "ambiguous" with several candidates, "none" without)."""
-    cands = usable_rocev2(fabric) if fabric else []
+    IPv4 address that has a RoCE v2 GID (on a port whose netdev holds the address) on any port, ACTIVE
+    or not; else None (source "ambiguous" with several candidate addresses, "none" without).
+
+    The candidates do not depend on the link state: with two addressed rails the fabric IP stays
+    ambiguous when one rail's cable is pulled (it is not silently the other rail's address), and with
+    one addressed rail it stays that rail's address (``fabric.link`` FAILs on its port). ``candidates``
+    are the IPv4 RoCE v2 entries (:func:`afddiag.model.fabric.rocev2_carriers`, ACTIVE ports first)."""
+    cands = rocev2_carriers(fabric) if fabric else []
     if given:
         return FabricIp(given, "--fabric-ip", cands)
     ips = sorted({e.ip for e in cands})
     if len(ips) == 1:
-        return FabricIp(ips[0], "only IPv4 RoCE v2 GID on an ACTIVE port", cands)
-    if not ips and fabric:  # no port is ACTIVE: the only RoCE v2 address anywhere (fabric.link judges the link)
-        down = rocev2_carriers(fabric)
-        if len({e.ip for e in down}) == 1:
-            return FabricIp(down[0].ip, "only IPv4 RoCE v2 GID (its port is not ACTIVE)", down)
+        if any(e.port_state == "ACTIVE" for e in cands):
+            return FabricIp(ips[0], "only IPv4 RoCE v2 GID on an ACTIVE port", cands)
+        return FabricIp(ips[0], "only IPv4 RoCE v2 GID (its port is not ACTIVE)", cands)
     return FabricIp(None, "ambiguous" if ips else "none", cands)
 
 
@@ -103,19 +108,20 @@ def gid_of(fabric: FabricFacts, e: Entry) -> str | None:
 
 def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int, int, str, str]:
     """``(device, port, gid_index, gid, ip)`` of the IPv4 RoCE v2 GID for ``fabric_ip`` (or for the
-    only such address when ``fabric_ip`` is None). Raises ValueError (one line: what to give) when
-    there is none or the choice is ambiguous."""
+    only such address when ``fabric_ip`` is None). Raises ValueError (one line: what to give or fix)
+    when there is none, the choice is ambiguous, or the fabric IP's port is not ACTIVE."""
     fip = resolve_fabric_ip(fabric, fabric_ip)
-    if fabric_ip:
-        e = usable_entry(fabric, fabric_ip)
-        if e is None:
-            raise ValueError(f"fabric IP {fabric_ip}: no IPv4 RoCE v2 GID on an ACTIVE port carries it")
-    elif fip.ip is None:
+    if fip.ip is None:
         n = len({c.ip for c in fip.candidates})
-        raise ValueError("give --fabric-ip: " + (f"{n} candidates" if n else "no IPv4 RoCE v2 GID on an ACTIVE port"))
-    else:
-        e = usable_entry(fabric, fip.ip)
-    assert e is not None
+        raise ValueError("give --fabric-ip: " + (f"{n} candidates" if n else "no IPv4 RoCE v2 GID on any port"))
+    e = usable_entry(fabric, fip.ip)
+    if e is None:
+        down = next((c for c in fip.candidates if c.ip == fip.ip), None)
+        if down is not None:  # the address is right; its link is not (fabric.link)
+            raise ValueError(f"fabric IP {fip.ip}: {down.device} port {down.port} carries it, but that port is "
+                             f"{down.port_state or 'in an unknown state'} (`afddiag fabric` judges the link in "
+                             "fabric.link)")
+        raise ValueError(f"fabric IP {fip.ip}: no IPv4 RoCE v2 GID on an ACTIVE port carries it")
     return e.device, e.port, e.gid_index, gid_of(fabric, e) or "", e.ip
 
 

@@ -194,6 +194,61 @@ def test_link_down_without_fabric_ip_still_finds_it(tmp_path):
     assert gates(rep)["fabric.link"]["verdict"] == FAIL
 
 
+def test_pulled_cable_does_not_make_the_other_rail_the_fabric_ip(tmp_path):
+    """Case 02 holds two addressed rails (192.168.100.11 on rocep1s0f1, 192.168.101.11 on
+    roceP2p1s0f1): with both up and no --fabric-ip the fabric IP is ambiguous. Pulling the fabric
+    rail's cable must not turn the other rail's address into the fabric IP (then fabric.link would PASS
+    on the wrong port and the pulled cable would go unreported): still ambiguous, the DOWN candidate
+    listed as such, the map unchanged."""
+    snap = link_down(tmp_path / "s")
+    rep, _ = report(["fabric", "--snapshot", str(snap)])
+    assert rep["inputs"]["fabric_ip"] is None and rep["inputs"]["fabric_ip_source"] == "ambiguous"
+    link = gates(rep)["fabric.link"]
+    assert link["verdict"] == WARN and link["action"] == "RERUN", link
+    assert "192.168.100.11 (rocep1s0f1 GID 3, port DOWN)" in link["summary"], link
+    assert "192.168.101.11 (roceP2p1s0f1 GID 3)" in link["summary"], link
+    assert rep["device_map"] == {"192.168.100.11": "rocep1s0f1", "192.168.101.11": "roceP2p1s0f1"}
+
+
+def test_only_carrier_down_is_the_fabric_ip_whatever_the_gid_indexes(tmp_path, capsys):
+    """Case 04 (one addressed rail, rocep1s0f1; roceP2p1s0f1 ACTIVE with no IPv4 RoCE v2 GID) with the
+    addressed rail's cable pulled and its address on two RoCE v2 GID indexes: that address is still
+    the fabric IP (fabric.link FAILs on its port), and the pair test's endpoint says the port is DOWN
+    instead of crashing."""
+    from afddiag.endpoint import pick_endpoint, resolve_fabric_ip
+    from afddiag.model.fabric import usable_rocev2
+    from afddiag.model.run import Inputs
+    from afddiag.runner import gather
+
+    src = fabric_case("04-")
+    meta = json.loads((src / "case.json").read_text())
+    ip, dev = meta["fabric_ip"], meta["expected"]["device_map"][meta["fabric_ip"]]
+    idx = meta["expected"]["rocev2_ipv4_gid_index"][dev]
+    port, spare = f"sys/class/infiniband/{dev}/ports/1", 4
+    einval = [i for i in (src / port / "gid_attrs" / "EINVAL-SLOTS").read_text().split() if i != str(spare)]
+    snap = derive(src, tmp_path / "s", {
+        f"{port}/state": "1: DOWN\n", f"{port}/phys_state": "3: Disabled\n",
+        f"{port}/gids/{spare}": (src / port / "gids" / str(idx)).read_text(),
+        f"{port}/gid_attrs/types/{spare}": "RoCE v2\n",
+        f"{port}/gid_attrs/ndevs/{spare}": (src / port / "gid_attrs" / "ndevs" / str(idx)).read_text(),
+        f"{port}/gid_attrs/EINVAL-SLOTS": "\n".join(einval) + "\n"})
+    fab = gather(Inputs(snapshot=str(snap), families=frozenset({"fabric"}))).fabric
+    assert usable_rocev2(fab) == [] and any(p.active for d in fab.devices for p in d.ports)  # ACTIVE ports, no IPv4
+    fip = resolve_fabric_ip(fab, None)
+    assert fip.ip == ip and "not ACTIVE" in fip.source, fip
+    assert sorted(e.gid_index for e in fip.candidates) == sorted({idx, spare})
+    with pytest.raises(ValueError, match=f"fabric IP {ip}: {dev} port 1 carries it, but that port is DOWN"):
+        pick_endpoint(fab, None)
+    rep, _ = report(["fabric", "--snapshot", str(snap)])
+    assert rep["inputs"]["fabric_ip"] == ip and gates(rep)["fabric.link"]["verdict"] == FAIL
+    assert rep["device_map"] == {ip: dev}
+    capsys.readouterr()
+    assert run(["devicemap", "--snapshot", str(snap), "--format", "nccl"]) == 2
+    out, err = capsys.readouterr()
+    assert "NCCL_IB_HCA" not in out  # NCCL uses only ACTIVE ports
+    assert f"fabric IP {ip}: {dev} port 1 carries it, but that port is DOWN" in err, err
+
+
 def test_report_opens_with_the_diagnosis(tmp_path):
     snap = link_down(tmp_path / "s")
     res = CliRunner().invoke(cli, ["all", "--no-history", "--snapshot", str(snap), "--fabric-ip", "192.168.100.11"],

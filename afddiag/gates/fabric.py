@@ -40,11 +40,14 @@ def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
         return Verdict(gid, SKIP, "no RDMA device on this host", remedy("fabric.rdma-present"))
     fip = ctx.fabric_ip
     if fip.ip is None:
-        cands = sorted({f"{e.ip} ({e.device} GID {e.gid_index})" for e in fip.candidates})
+        cands = sorted({f"{e.ip} ({e.device} GID {e.gid_index}"
+                        + ("" if e.port_state == "ACTIVE" else f", port {e.port_state or 'state unknown'}") + ")"
+                        for e in fip.candidates})
         if fip.ambiguous:
-            return Verdict(gid, WARN, f"fabric IP ambiguous: {len(cands)} IPv4 RoCE v2 GIDs on ACTIVE ports: "
+            n = len({e.ip for e in fip.candidates})
+            return Verdict(gid, WARN, f"fabric IP ambiguous: {n} IPv4 addresses have a RoCE v2 GID: "
                            + ", ".join(cands), remedy("fabric.ambiguous"), {"candidates": cands}, action="RERUN")
-        return Verdict(gid, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on an ACTIVE port and no --fabric-ip",
+        return Verdict(gid, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on any port and no --fabric-ip",
                        remedy("fabric.rocev2-ipv4"))
     return None
 
