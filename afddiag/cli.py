@@ -422,7 +422,8 @@ def all_(**kw) -> int:
 @click.option("--export", "export", is_flag=True,
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
                    "UCX_NET_DEVICES, MC_GID_INDEX) on stdout; one the launch env already sets (and fabric.devicemap-env "
-                   "did not FAIL) is kept, not printed (named on stderr).")
+                   "did not FAIL) is kept, not printed (named on stderr). NCCL_IB_GID_INDEX printed is always the index "
+                   "of the NCCL_IB_HCA in effect (kept or printed); when none suits it, it is left out and stderr says why.")
 def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
 
@@ -489,9 +490,12 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         pairs = endpoint.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
         env_failed = any(g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL" for g in rep["gates"])
         pairs, kept = endpoint.exports_to_print(pairs, obs.env, env_failed)
+        pairs, notes = endpoint.pair_gid_with_hca(obs.fabric, rep["inputs"]["fabric_ip"], obs.env, pairs, kept)
         if kept:
             click.echo(f"afddiag preflight --export: kept the launch env's {', '.join(kept)} "
                        f"({obs.env_source}); printing only what it does not set", err=True)
+        for note in notes:
+            click.echo(f"afddiag preflight --export: {note}", err=True)
         if pairs:
             click.echo(report.format_exports(pairs, "shell"))
     if prom_path:

@@ -155,6 +155,81 @@ def exports_to_print(pairs: list[tuple[str, str]], env: dict[str, str] | None,
     return [(k, v) for k, v in pairs if k not in kept], kept
 
 
+def nccl_gid_index_for(fabric: FabricFacts, hca: str, fabric_ip: str | None) -> tuple[int | None, str]:
+    """The one ``NCCL_IB_GID_INDEX`` that suits every ACTIVE port the ``NCCL_IB_HCA`` value ``hca``
+    selects (NCCL skips ports that are not ACTIVE), from the GID tables (sysfs ``ports/<p>/gids``):
+    per port, the fabric IP's RoCE v2 GID when the port carries it, else the port's own IPv4 RoCE v2
+    GID (a rail; a routable one before a link-local one unless the fabric IP is link-local). One
+    index is used for every port NCCL opens, so ``(index, "")`` only when all those ports have theirs
+    at the same index, else ``(None, why)`` (no ACTIVE port selected, a port without an IPv4 RoCE v2
+    GID, or different indexes). Raises nothing; a value NCCL cannot parse gives ``(None, why)``."""
+    from afddiag.envvars import parse_nccl_hca
+    from afddiag.model.fabric import is_link_local_v4
+
+    try:
+        spec = parse_nccl_hca(hca)
+    except ValueError as e:
+        return None, f"NCCL_IB_HCA={hca!r}: {e}"
+    per: dict[str, int | None] = {}
+    for d in fabric.devices:
+        for p in d.ports:
+            if not p.active or not spec.selects(d.name, p.num):
+                continue
+            mine = [e for e in rocev2_carriers(fabric, active_first=False) if e.device == d.name and e.port == p.num]
+            mine.sort(key=lambda e: (e.ip != fabric_ip, is_link_local_v4(e.ip) and not is_link_local_v4(fabric_ip)))
+            per[f"{d.name}:{p.num}"] = mine[0].gid_index if mine else None
+    if not per:
+        return None, f"NCCL_IB_HCA={hca} selects no ACTIVE port"
+    if none := [k for k, v in per.items() if v is None]:
+        return None, f"NCCL_IB_HCA={hca} selects {', '.join(none)}, which has no IPv4 RoCE v2 GID"
+    if len(set(per.values())) > 1:
+        return None, (f"NCCL_IB_HCA={hca} selects ports whose IPv4 RoCE v2 GIDs sit at different indexes ("
+                      + ", ".join(f"{k} GID {v}" for k, v in per.items()) + "), and NCCL_IB_GID_INDEX is one index "
+                      "for all of them")
+    return next(iter(per.values())), ""
+
+
+def pair_gid_with_hca(fabric: FabricFacts | None, fabric_ip: str | None, env: dict[str, str] | None,
+                      to_print: list[tuple[str, str]], kept: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Keep ``NCCL_IB_GID_INDEX`` with the ``NCCL_IB_HCA`` it goes with, after :func:`exports_to_print`
+    (``to_print``, ``kept``; ``env`` the judged launch env). Returns ``(to print, notes)``:
+
+    - the launch env's ``NCCL_IB_HCA`` kept, ``NCCL_IB_GID_INDEX`` to print: the index printed is the
+      one every ACTIVE port of the kept HCA has its IPv4 RoCE v2 GID at (:func:`nccl_gid_index_for`);
+      when there is no such index, ``NCCL_IB_GID_INDEX`` is not printed and a note says why;
+    - the launch env's ``NCCL_IB_GID_INDEX`` kept, ``NCCL_IB_HCA`` to print (the fabric IP's port):
+      printed only when the kept index is the fabric IP's RoCE v2 GID on that port, else left out
+      with a note. Never prints half of a mismatched pair."""
+    hca, gidx = "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"
+    env = env or {}
+    out, notes = list(to_print), []
+    names = [k for k, _ in out]
+    if fabric is None:
+        return out, notes
+    if hca in kept and gidx in names:
+        idx, why = nccl_gid_index_for(fabric, env[hca], fabric_ip)
+        if idx is None:
+            out = [(k, v) for k, v in out if k != gidx]
+            notes.append(f"{gidx} not printed: {why}; leave {gidx} unset (NCCL 2.21 and later pick each port's "
+                         f"RoCE v2 GID by address family) or set {hca} to ports whose IPv4 RoCE v2 GIDs share "
+                         "one index")
+        else:
+            mine = dict(out)[gidx]
+            out = [(k, str(idx) if k == gidx else v) for k, v in out]
+            if str(idx) != mine:
+                notes.append(f"{gidx}={idx}: the GID index of the ports the kept {hca}={env[hca]} selects "
+                             f"(the fabric IP's GID is index {mine})")
+    if gidx in kept and hca in names:
+        e = usable_entry(fabric, fabric_ip)
+        raw = env.get(gidx, "").strip()
+        if e is not None and raw != str(e.gid_index):
+            out = [(k, v) for k, v in out if k != hca]
+            notes.append(f"{hca} not printed: the kept {gidx}={raw} is not fabric IP {fabric_ip}'s RoCE v2 GID on "
+                         f"{e.device}:{e.port} (that is index {e.gid_index}): set {gidx}={e.gid_index} in the "
+                         "launch env or unset it")
+    return out, notes
+
+
 @dataclass
 class SgidChoice:
     """Which port and source GID the walk uses on one device, and why."""

@@ -296,3 +296,66 @@ def test_exports_to_print_overrides_only_a_failed_env():
                                                                            ["NCCL_IB_HCA"])
     assert exports_to_print(pairs, {"NCCL_IB_HCA": "=mlx5_0:1"}, True) == (pairs, [])
     assert exports_to_print(pairs, None, False) == (pairs, [])
+
+
+def _rails_at_different_gid_indexes(tmp_path):
+    """Case 02 (spark-b: 192.168.100.11 on rocep1s0f1 GID 3, 192.168.101.11 on roceP2p1s0f1) with a global
+    IPv6 address on the second rail's netdev taking GID slots 2/3 first, so its IPv4 sits at 4 (v1) / 5 (v2)."""
+    from snapfix import derive, fabric_case
+
+    src = fabric_case("02-")
+    port = "sys/class/infiniband/roceP2p1s0f1/ports/1"
+    v4 = (src / port / "gids" / "3").read_text()
+    v6 = "fd00:0000:0000:0101:0000:00ff:fe02:0201\n"
+    einval = [i for i in (src / port / "gid_attrs" / "EINVAL-SLOTS").read_text().split() if i not in ("4", "5")]
+    edits = {f"{port}/gids/{i}": g for i, g in ((2, v6), (3, v6), (4, v4), (5, v4))}
+    edits.update({f"{port}/gid_attrs/types/{i}": t for i, t in ((4, "IB/RoCE v1\n"), (5, "RoCE v2\n"))})
+    edits.update({f"{port}/gid_attrs/ndevs/{i}": "enP2p1s0f1np1\n" for i in (4, 5)})
+    edits[f"{port}/gid_attrs/EINVAL-SLOTS"] = "\n".join(einval) + "\n"
+    return derive(src, tmp_path / "snap", edits)
+
+
+def test_export_never_pairs_a_kept_dual_rail_hca_with_one_rails_gid_index(tmp_path):
+    """The launch env's dual-rail NCCL_IB_HCA is kept; its rails hold their IPv4 RoCE v2 GIDs at 3 and 5.
+    One NCCL_IB_GID_INDEX serves every port NCCL opens, so printing the fabric IP's 3 would make the
+    second rail use an IPv6 GID: it is left out and stderr says why."""
+    snap = _rails_at_different_gid_indexes(tmp_path)
+    env = envfile(tmp_path, "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1,"
+                  "192.168.101.11=roceP2p1s0f1\nNCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1\n"
+                  "AFD_FABRIC_IP=192.168.100.11\n")
+    res = CliRunner().invoke(cli, ["preflight", "--snapshot", str(snap), "--role", "generic", "--launch-env", str(env),
+                                   "--export"], standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0, res.stderr
+    assert "NCCL_IB_HCA" not in res.stdout and "NCCL_IB_GID_INDEX" not in res.stdout, res.stdout
+    assert "export UCX_NET_DEVICES=rocep1s0f1:1" in res.stdout
+    assert ("NCCL_IB_GID_INDEX not printed: NCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1 selects ports whose IPv4 "
+            "RoCE v2 GIDs sit at different indexes (rocep1s0f1:1 GID 3, roceP2p1s0f1:1 GID 5)") in res.stderr, res.stderr
+
+
+def test_exported_gid_index_belongs_to_the_hca_in_effect(tmp_path):
+    """On recorded facts: a kept HCA gets its own ports' index (or none), a kept GID index keeps afddiag
+    from printing an HCA it does not suit; afddiag's own pair is printed as it is."""
+    from afddiag.endpoint import exports_to_print, launch_exports, pair_gid_with_hca
+    from afddiag.model.run import Inputs
+    from afddiag.runner import gather
+
+    fab = gather(Inputs(snapshot=str(_rails_at_different_gid_indexes(tmp_path)), families=frozenset({"fabric"}))).fabric
+    ip = "192.168.100.11"
+    pairs = launch_exports(fab, ip)
+    assert ("NCCL_IB_HCA", "=rocep1s0f1:1") in pairs and ("NCCL_IB_GID_INDEX", "3") in pairs
+
+    def export(env):
+        return pair_gid_with_hca(fab, ip, env, *exports_to_print(pairs, env, False))
+
+    out, notes = export({})  # nothing kept: afddiag's own pair
+    assert dict(out)["NCCL_IB_HCA"] == "=rocep1s0f1:1" and dict(out)["NCCL_IB_GID_INDEX"] == "3" and notes == []
+    out, notes = export({"NCCL_IB_HCA": "=roceP2p1s0f1:1"})  # another rail kept: its own IPv4 RoCE v2 GID
+    assert dict(out)["NCCL_IB_GID_INDEX"] == "5" and "NCCL_IB_HCA" not in dict(out)
+    assert len(notes) == 1 and "NCCL_IB_GID_INDEX=5" in notes[0] and "index 3" in notes[0]
+    out, notes = export({"NCCL_IB_HCA": "=rocep1s0f0:1"})  # a DOWN port only: NCCL opens nothing there
+    assert "NCCL_IB_GID_INDEX" not in dict(out) and "selects no ACTIVE port" in notes[0]
+    out, notes = export({"NCCL_IB_GID_INDEX": "5"})  # kept index is not the fabric IP's GID on rocep1s0f1
+    assert "NCCL_IB_HCA" not in dict(out) and "NCCL_IB_GID_INDEX" not in dict(out)
+    assert "NCCL_IB_HCA not printed: the kept NCCL_IB_GID_INDEX=5" in notes[0] and "index 3" in notes[0]
+    out, notes = export({"NCCL_IB_GID_INDEX": "3"})
+    assert dict(out)["NCCL_IB_HCA"] == "=rocep1s0f1:1" and notes == []
