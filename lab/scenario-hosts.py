@@ -28,9 +28,14 @@ this process for ``afddiag fleet``):
                    bytes verified; hw_counters deltas of every device around it
   pair-rail1       ``--serve`` on spark-b rail 1 (rxsb1), ``--pair`` from spark-a rail 1 (rxsa1)
   fleet-faults     ``afddiag fleet --json`` over SSH (management addresses) to the three hosts, each
-                   with its launch env (role, capacity 256, its own device map), with spark-a's f0 at
-                   MTU 9000 (RoCE MTU 4096 against 1024), spark-b's AFD_EXPERT_CAPACITY 128 and spark-b's
-                   map cloned from spark-a's
+                   with its launch env (role, capacity 256, its own device map, AFD_ENGINE_PORTS 29500:
+                   launch.control-plane connects to the peers the inventory gives, nothing listening, so
+                   "refused" is an answer), with spark-a's f0 at MTU 9000 (RoCE MTU 4096 against 1024),
+                   spark-b's AFD_EXPERT_CAPACITY 128, spark-b's map cloned from spark-a's, and spark-b
+                   dropping what it sends from TCP port 29500 (``ip rule ipproto tcp sport 29500
+                   blackhole``: its RST/SYN-ACK never leaves, as a firewall dropping inbound connects
+                   looks from outside) → coord's connect to spark-b times out, spark-b's to coord is
+                   refused: fleet.control-plane names the pair asymmetric
   fleet-link-down  faults undone (the cross-host gates agree again: the healthy baseline), spark-b's f0
                    (its fabric IP's link) down. Two runs, not three: each costs 2.5-4 min under TCG.
 
@@ -62,6 +67,8 @@ HOSTS = {
 }
 RXE_ORDER = ["rxsa1", "rxco0", "rxsa0", "rxsb0", "rxsb1"]  # rxsa1 first: index 0
 CAPACITY = 256
+ENGINE_PORT = 29500  # AFD_ENGINE_PORTS in every launch env: launch.control-plane connects to it
+DROP_RULE = ["rule", "add", "ipproto", "tcp", "sport", str(ENGINE_PORT), "blackhole"]
 FLEET_DIR = "/tmp/lab-fleet"  # the guest's /tmp (tmpfs), seen from every namespace
 HOST_ARGS = ["--no-history", "--timeout", "120", "--qp-timeout", "20"]
 
@@ -138,7 +145,7 @@ def write_env(host: str, capacity: int = CAPACITY, device_map: str | None = None
     key = "AFD_PREFILL_CAPACITY" if role == "coordinator" else "AFD_EXPERT_CAPACITY"
     with open(f"{FLEET_DIR}/{host}.env", "w") as f:
         f.write(f"AFD_ROLE={role}\nAFD_FABRIC_IP={fip(host)}\n{key}={capacity}\n"
-                f"{MAP_VAR}={device_map or own_map(host)}\n")
+                f"{MAP_VAR}={device_map or own_map(host)}\nAFD_ENGINE_PORTS={ENGINE_PORT}\n")
 
 
 def start_fleet(outdir: str) -> dict:
@@ -261,9 +268,11 @@ def main() -> int:
         inv = fl["inventory"]
         for name, apply in (
             ("fleet-faults", lambda: (sh(["ip", "-n", "spark-a", "link", "set", "f0", "mtu", "9000"]),
-                                      write_env("spark-b", capacity=128, device_map=own_map("spark-a")))),
+                                      write_env("spark-b", capacity=128, device_map=own_map("spark-a")),
+                                      sh(["ip", "-n", "spark-b", *DROP_RULE]))),
             ("fleet-link-down", lambda: (sh(["ip", "-n", "spark-a", "link", "set", "f0", "mtu", "1500"]),
-                                         write_env("spark-b"), sh(["ip", "-n", "spark-b", "link", "set", "f0", "down"]))),
+                                         write_env("spark-b"), sh(["ip", "-n", "spark-b", "rule", "del", *DROP_RULE[2:]]),
+                                         sh(["ip", "-n", "spark-b", "link", "set", "f0", "down"]))),
         ):
             t = time.monotonic()
             apply()

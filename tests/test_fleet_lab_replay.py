@@ -4,7 +4,11 @@ run's `afddiag fleet --json` outputs, per-host reports embedded, and its invento
 
 - fleet-faults:    coord, spark-a, spark-b (capacity 256, each host's own device map) with spark-a's f0 at
                    MTU 9000, spark-b's AFD_EXPERT_CAPACITY 128, spark-b's map cloned from spark-a;
-- fleet-link-down: faults undone (the cross-host baseline), spark-b's f0 down.
+- fleet-link-down: faults undone (the cross-host baseline), spark-b's f0 down;
+- fleet-faults-control-plane: fleet-faults again, recorded after launch.control-plane and fleet.control-plane
+                   joined (issue 15): every launch env has AFD_ENGINE_PORTS=29500 and spark-b drops what it
+                   sends from port 29500 (an ip rule blackhole), so coord's connect to spark-b times out
+                   while spark-b's to coord is refused (answered).
 
 The same reports through `merge` (files, as Slurm or Ansible would collect them) must give the verdicts
 the live `fleet` gave.
@@ -95,3 +99,21 @@ def test_link_down_fails_that_host_only(capsys, tmp_path):
     assert "fabric.link" not in rows["coord"]["failing"] + rows["spark-a"]["failing"]
     # the link is the root: the map is still right
     assert _gate(fr, "fleet.devicemap")["verdict"] == "PASS"
+
+
+def test_control_plane_recorded_across_namespaces_merges_to_the_live_verdicts(capsys, tmp_path):
+    """The lab's real TCP connects (fleet-faults-control-plane): merge gives every verdict the live fleet
+    gave, and fleet.control-plane names the asymmetric pair and the side that drops."""
+    live = _live("fleet-faults-control-plane")
+    rc, fr = _merge(capsys, tmp_path, "fleet-faults-control-plane", per_host_files=True)
+    assert rc == fr["exit_code"] == live["exit_code"] == 2
+    assert {g["id"]: g["verdict"] for g in fr["gates"]} == {g["id"]: g["verdict"] for g in live["gates"]}
+    cp, live_cp = _gate(fr, "fleet.control-plane"), _gate(live, "fleet.control-plane")
+    assert cp["summary"] == live_cp["summary"] and cp["facts"]["matrix"] == live_cp["facts"]["matrix"]
+    assert cp["summary"].startswith("asymmetric: spark-b reaches coord, but coord cannot reach spark-b (10.9.0.12) "
+                                    "port 29500 timeout"), cp
+    assert cp["facts"]["matrix"]["spark-b"] == {"coord": {"29500": "refused"}}
+    # the per-host summaries carry what the fleet gate read
+    cps = {n: r["summary"]["control_plane"] for n, r in live["reports"].items()}
+    assert cps["coord"]["peers"] == ["10.9.0.11", "10.9.0.12"] and cps["coord"]["source"] == "10.9.0.10"
+    assert [a["outcome"] for a in cps["coord"]["attempts"]] == ["refused", "timeout"]

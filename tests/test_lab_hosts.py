@@ -1,7 +1,8 @@
 """The multi-host soft-RoCE lab on the trixie-backports kernel (lab/scenario-hosts.py; one boot for the
 module): three namespace hosts (a coordinator and two dual-rail Sparks) with their own veths, addresses,
 rxe devices and sshd. The incident with traffic, the pair test across namespaces with real data on both
-rails, and ``afddiag fleet`` over SSH to all three with faults between runs.
+rails, and ``afddiag fleet`` over SSH to all three with faults between runs (fleet.control-plane on real
+TCP connects between the namespaces among them).
 
 Needs lab/setup.sh to have run (as root); outside CI a missing lab skips, under CI it fails.
 """
@@ -206,6 +207,39 @@ def test_fleet_link_down_on_one_peer(hostlab):
     # still resolve while spark-b's link is down).
     coord_rtr = next(g for g in fr["reports"]["coord"]["gates"] if g["id"] == "fabric.qp-rtr")
     print(f"\nlink down: coord fabric.qp-rtr {coord_rtr['verdict']}: {coord_rtr['summary']}", file=sys.stderr)
+
+
+def test_fleet_control_plane_names_the_asymmetric_pair(hostlab):
+    """Real TCP connects across the namespaces: spark-b drops what it sends from the engine port (an ip rule
+    blackholes sport 29500, so its RST never leaves, as behind a firewall dropping inbound connects): coord's
+    connect to spark-b times out while spark-b's to coord is refused (answered). Each host alone sees half of
+    it; the fleet names the pair asymmetric and the side that drops."""
+    fr = _fleet(hostlab, "fleet-faults")
+    cp = _fgate(fr, "fleet.control-plane")
+    assert cp["verdict"] == "FAIL" and cp["action"] == "OPEN_PORTS", cp
+    assert cp["facts"]["matrix"] == {"coord": {"spark-a": {"29500": "refused"}, "spark-b": {"29500": "timeout"}},
+                                     "spark-a": {"coord": {"29500": "refused"}},
+                                     "spark-b": {"coord": {"29500": "refused"}}}, cp["facts"]["matrix"]
+    assert cp["summary"].startswith("asymmetric: spark-b reaches coord, but coord cannot reach spark-b (10.9.0.12) "
+                                    "port 29500 timeout: spark-b's side drops incoming connections"), cp
+    assert cp["remedy"].startswith("on spark-b, open port(s) 29500 to coord's fabric address 10.9.0.10"), cp
+    assert cp["facts"]["not_tested"] == {} and cp["facts"]["hosts_not_judged"] == []
+    per_host = {h: next(g for g in fr["reports"][h]["gates"] if g["id"] == "launch.control-plane") for h in HOSTS}
+    assert per_host["coord"]["verdict"] == "FAIL" and "10.9.0.12:29500 timeout" in per_host["coord"]["summary"]
+    assert per_host["spark-b"]["verdict"] == "PASS", per_host["spark-b"]  # spark-b alone sees nothing wrong
+
+
+def test_fleet_control_plane_link_down_fails_both_ways(hostlab):
+    """The drop undone, spark-b's f0 down: neither side reaches the other (no asymmetry to name);
+    spark-a still answers the coordinator."""
+    fr = _fleet(hostlab, "fleet-link-down")
+    cp = _fgate(fr, "fleet.control-plane")
+    m = cp["facts"]["matrix"]
+    assert cp["verdict"] == "FAIL" and cp["facts"]["asymmetric"] == [], cp
+    assert m["coord"]["spark-a"] == {"29500": "refused"} and m["spark-a"]["coord"] == {"29500": "refused"}, m
+    assert m["coord"]["spark-b"]["29500"] in ("timeout", "unreachable"), m
+    assert m["spark-b"]["coord"]["29500"] in ("timeout", "unreachable"), m
+    assert "coord cannot reach spark-b" in cp["summary"] and "spark-b cannot reach coord" in cp["summary"], cp
 
 
 def test_nothing_left_behind(hostlab):
