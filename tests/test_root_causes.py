@@ -619,3 +619,39 @@ def test_roots_sharing_one_remedy_and_action_are_named_once():
     # a different action is a different fault, even with the same words
     vs[1] = Verdict("fabric.mtu", "WARN", "fabric IP ambiguous", same, action="SET_ENV")
     assert [e["gate"] for e in diagnosis.diagnose(vs)] == ["fabric.first-device", "fabric.link", "fabric.mtu"]
+
+
+# --- one wrong AFD_FABRIC_IP is one fault ----------------------------------------------------
+
+def test_afd_fabric_ip_on_no_netdev_is_one_fault_in_the_diagnosis(tmp_path):
+    """Case 02 (spark-b: 192.168.100.11 on rocep1s0f1) launched with AFD_FABRIC_IP=192.168.100.99, an address
+    no netdev here holds: launch.fabric-address and fabric.rocev2-ipv4 both see it; the diagnosis names it
+    once (fabric.rocev2-ipv4, whose remedy names this host's address) and explains the launch gate with it."""
+    from conftest import CASES
+
+    env = tmp_path / "launch.env"
+    env.write_text("AFD_FABRIC_IP=192.168.100.99\nDS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1\n")
+    rep, _ = report(["all", "--snapshot", str(CASES / "fabric" / "02-spark-map-set-healthy"), "--role", "generic",
+                     "--launch-env", str(env)])
+    g = gates(rep)
+    assert g["launch.fabric-address"]["verdict"] == FAIL and g["fabric.rocev2-ipv4"]["verdict"] == FAIL
+    about = [d for d in rep["diagnosis"] if "192.168.100.99" in d["summary"]
+             or d["gate"] in ("launch.fabric-address", "fabric.rocev2-ipv4")]
+    assert len(about) == 1, about
+    [root] = about
+    assert root["gate"] == "fabric.rocev2-ipv4" and "launch.fabric-address" in root["explains"], root
+    assert root["action"] == "SET_ENV" and "192.168.100.11" in root["remedy"] and not root["drain"], root
+
+
+def test_afd_fabric_ip_missing_stays_its_own_fault(tmp_path):
+    """The dependency does not swallow an independent launch fault: AFD_FABRIC_IP unset while the host's
+    RoCE v2 addresses are fine is launch.fabric-address's own root."""
+    from conftest import CASES
+
+    env = tmp_path / "launch.env"
+    env.write_text("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1\n")
+    rep, _ = report(["all", "--snapshot", str(CASES / "fabric" / "02-spark-map-set-healthy"), "--role", "generic",
+                     "--launch-env", str(env), "--fabric-ip", "192.168.100.11"])
+    assert gates(rep)["fabric.rocev2-ipv4"]["verdict"] == PASS
+    [root] = [d for d in rep["diagnosis"] if d["gate"] == "launch.fabric-address"]
+    assert root["verdict"] == WARN and "AFD_FABRIC_IP is not set" in root["summary"]
