@@ -15,7 +15,8 @@ Fields (None where the host did not say):
   fabric IP's IPv4 RoCE v2 GID), ``netdev``, ``netdev_mtu_bytes``, ``roce_mtu_bytes``;
 - ``device_map`` (this host's own map), ``device_map_env`` (the map the launcher exports),
   ``gid_index_env`` (``NCCL_IB_GID_INDEX``), ``devicemap_env`` (``{verdict, summary}`` of
-  ``fabric.devicemap-env``);
+  ``fabric.devicemap-env``), ``fabric_link`` (``{verdict, summary}`` of ``fabric.link``: a host whose
+  link is down explains the connections to and from it);
 - ``capacity`` (``{key, value, set}``: this role's capacity flag);
 - ``gpus`` (``[{name, uuid, sm_count, under_load: {clock_sm_mhz, fp32_tflops, bf16_tflops,
   gemv_gbps, copy_gbps}}]``), ``slow_state`` (``{verdict, summary}`` of ``gpu.slow-state``),
@@ -165,6 +166,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         "device_map_env": env.get(MAP_VAR),
         "gid_index_env": env.get(NCCL_GID_VAR),
         "devicemap_env": _verdict(_d(gates.get("fabric.devicemap-env"))),
+        "fabric_link": _verdict(_d(gates.get("fabric.link"))),
         "capacity": capacity,
         "gpus": gpus,
         "slow_state": _verdict(_d(gates.get("gpu.slow-state"))),
@@ -185,4 +187,7 @@ def of(rep: dict[str, Any] | None) -> dict[str, Any]:
         return from_report(rep)
     if "control_plane" not in s:  # a summary made before control_plane joined it: read the gate's facts
         s = {**s, "control_plane": control_plane_of(rep)}
+    if "fabric_link" not in s:  # likewise fabric_link
+        s = {**s, "fabric_link": _verdict(_d(_d({g.get("id"): g for g in rep.get("gates") or []
+                                                  if isinstance(g, dict)}).get("fabric.link")))}
     return s

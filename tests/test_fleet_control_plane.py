@@ -121,6 +121,38 @@ def test_asymmetric_pair_names_the_side_that_drops(tmp_path, capsys):
         [("coord", "spark-b", 29500), ("coord", "spark-b", 29501)]
 
 
+def _link_down(rep: dict) -> dict:
+    """The report as a host whose own fabric.link FAILed would carry it (the summary the fleet reads)."""
+    rep["summary"]["fabric_link"] = {"verdict": "FAIL", "summary": "mlx5_1 port 1 (enp1s0f1np1): DOWN"}
+    return rep
+
+
+def test_connects_to_a_host_whose_link_is_down_blame_the_link_not_a_firewall(tmp_path, capsys):
+    # the same outcomes as the asymmetric case, but spark-b's fabric link is down: no firewall is blamed
+    reps = [_report(tmp_path, capsys, "coord", {"spark-a": "connected", "spark-b": "timeout"}),
+            _report(tmp_path, capsys, "spark-a", {"coord": "connected"}),
+            _link_down(_report(tmp_path, capsys, "spark-b", {"coord": "connected"}))]
+    v = _cp(_fleet(tmp_path, capsys, reps))
+    assert v["verdict"] == "FAIL" and v["action"] == "FIX_LINK", (v["action"], v["summary"])
+    assert "asymmetric" not in v["summary"] and v["facts"]["asymmetric"] == []
+    assert "coord cannot reach spark-b (10.9.0.12) port 29500 timeout, 29501 timeout: spark-b's fabric link is down" \
+        in v["summary"]
+    assert v["remedy"].startswith("fix the fabric link first on spark-b (fabric.link there: mlx5_1 port 1"), v["remedy"]
+    assert "ufw" not in v["remedy"]
+    assert v["facts"]["explained_by_link_down"] == [{"source": "coord", "peer": "spark-b"}]
+
+
+def test_a_down_link_and_a_firewall_elsewhere_are_both_named(tmp_path, capsys):
+    reps = [_report(tmp_path, capsys, "coord", {"spark-a": "timeout", "spark-b": "timeout"}),
+            _report(tmp_path, capsys, "spark-a", {"coord": "timeout"}),
+            _link_down(_report(tmp_path, capsys, "spark-b", {"coord": "unreachable"}))]
+    v = _cp(_fleet(tmp_path, capsys, reps))
+    assert v["verdict"] == "FAIL" and v["action"] == "OPEN_PORTS"
+    assert v["remedy"].startswith(fg.remedy("fleet.control-plane")) and "fix the fabric link first on spark-b" in v["remedy"]
+    assert {(e["source"], e["peer"]) for e in v["facts"]["explained_by_link_down"]} == \
+        {("coord", "spark-b"), ("spark-b", "coord")}
+
+
 def test_both_ways_dropped_is_plain_failure_on_each_side(tmp_path, capsys):
     reps = [_report(tmp_path, capsys, "coord", {"spark-a": {29500: "unreachable", 29501: "unreachable"},
                                                 "spark-b": "connected"}),

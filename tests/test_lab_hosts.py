@@ -240,6 +240,9 @@ def test_fleet_control_plane_link_down_fails_both_ways(hostlab):
     assert m["coord"]["spark-b"]["29500"] in ("timeout", "unreachable"), m
     assert m["spark-b"]["coord"]["29500"] in ("timeout", "unreachable"), m
     assert "coord cannot reach spark-b" in cp["summary"] and "spark-b cannot reach coord" in cp["summary"], cp
+    # spark-b's own fabric.link FAILs: that is the root, not a firewall (no ufw advice)
+    assert cp["action"] == "FIX_LINK" and cp["remedy"].startswith("fix the fabric link first on spark-b"), cp
+    assert "ufw" not in cp["remedy"], cp
 
 
 def test_nothing_left_behind(hostlab):

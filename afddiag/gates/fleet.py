@@ -598,11 +598,17 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     down = {(s, d): {p: o for p, o in cells.items() if o not in REACHED}
             for s, row in matrix.items() for d, cells in row.items()}
     down = {k: v for k, v in down.items() if v}
+    # a host whose own fabric.link FAILs explains every connection to and from it: that is the root
+    link_down = {h.name: str(h.summary["fabric_link"].get("summary") or "") for h in fleet
+                 if h.ok and isinstance(h.summary.get("fabric_link"), dict) and h.summary["fabric_link"].get("verdict") == FAIL}
+    by_link = {k: v for k, v in down.items() if k[0] in link_down or k[1] in link_down}
     reached = {(s, d) for s, row in matrix.items() for d, cells in row.items()
                if any(o in REACHED for o in cells.values())}
     asym: list[dict[str, Any]] = []
     for (s, d), cells in down.items():
         # d reaches s on every port it tried, s's connects to d are dropped (not a source that could not bind)
+        if (s, d) in by_link:  # a link that is down is no firewall
+            continue
         if (d, s) in reached and (d, s) not in down and all(o in DROPPED for o in cells.values()):
             asym.append({"reaches": d, "cannot_reach_back": s, "drops": d, "ports": sorted(cells),
                          "outcomes": {p: o for p, o in sorted(cells.items())}})
@@ -621,6 +627,8 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         "unreachable": [{"source": s, "peer": d, "peer_ip": fip.get(d) or d, "port": p, "outcome": o}
                         for (s, d), cells in down.items() for p, o in sorted(cells.items())],
         "asymmetric": asym, "not_tested": dict(not_tested),
+        "link_down": link_down,
+        "explained_by_link_down": [{"source": s, "peer": d} for (s, d) in by_link],
         "not_tried": {n: sorted(v) for n, v in not_tried.items()},
         "advertised_bad": advertised, "hosts_not_judged": unjudged, "not_judged": _not_judged(fleet)}
     tail = (f" ({len(unjudged)} host(s) not judged: {_names([u.split(' (')[0] for u in unjudged])})" if unjudged
@@ -633,7 +641,9 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for (s, d), cells in down.items():
         if (s, d) in asym_keys:
             continue
-        fails.append(f"{s} cannot reach {d} ({fip.get(d) or d}) port {_ports_txt(cells)}")
+        why = (f": {s}'s fabric link is down" if s in link_down else
+               f": {d}'s fabric link is down" if d in link_down else "")
+        fails.append(f"{s} cannot reach {d} ({fip.get(d) or d}) port {_ports_txt(cells)}{why}")
     for a in asym:
         s, d = a["cannot_reach_back"], a["reaches"]
         fails.append(f"asymmetric: {d} reaches {s}, but {s} cannot reach {d} ({fip.get(d) or d}) port "
@@ -645,8 +655,15 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
                 for s, ds in not_tested.items()]
     if fails:
         txt = "; ".join(fails) + (f"; also {'; '.join(untested)}" if untested else "")
+        link_fix = ("fix the fabric link first on " + "; on ".join(
+            f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
+                {h for k in by_link for h in k if h in link_down}))
+            + ": the connections to and from it are judged again once it is up") if by_link else ""
+        if down and len(by_link) == len(down):  # every dropped connection is explained by a link that is down
+            rem = link_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else "")
+            return Verdict(gid, FAIL, txt + tail, rem, facts, action="FIX_LINK")
         if down:
-            if asym and len(asym) == len(down):
+            if asym and len(asym) == len(down) - len(by_link):
                 fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
                                   f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
                                   f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
@@ -654,6 +671,8 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
                 rem = fixes + ": its firewall drops connections it does not start (the other way works)"
             else:
                 rem = remedy(gid)
+            if link_fix:
+                rem += "; and " + link_fix
             if advertised:
                 rem += "; and " + remedy("launch.control-plane.advertised")
             return Verdict(gid, FAIL, txt + tail, rem, facts, action="OPEN_PORTS")
