@@ -326,13 +326,25 @@ def cli() -> None:
               help="TCP port of the pair test's handshake.")
 @click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Time bound of the pair session (and of --serve's wait for a client), seconds.")
+@click.option("--bandwidth", "bw_seconds", type=click.FloatRange(0.5, 600), is_flag=False, flag_value=5.0, default=None,
+              metavar="[SECONDS]", help="With --pair: the bandwidth run instead of the short phases: RDMA WRITEs kept "
+              "queued on several RC QPs for SECONDS (default 5) over this rail, judged in Gb/s (1e9 bits/s of payload) "
+              "against the role's [fabric] rail bands, with both ports' error counters around it. One rail per "
+              "session: --fabric-ip picks it (run once per rail).")
+@click.option("--bw-size", type=click.IntRange(4096, 64 << 20), default=1 << 20, show_default=True,
+              help="Bandwidth run: bytes per RDMA WRITE.")
+@click.option("--bw-qps", type=click.IntRange(1, 64), default=4, show_default=True, help="Bandwidth run: RC QPs.")
+@click.option("--bw-depth", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="Bandwidth run: RDMA WRITEs kept outstanding per QP.")
 @click.option("--gids", is_flag=True, help="Print the GID table instead (show_gids: DEV PORT INDEX GID IPv4 VER "
               "NETDEV, enumeration order, marking the device the engine opens and the fabric IP's GID); no gates.")
-def fabric(serve, pair_target, pair_port, pair_timeout, gids, **kw) -> int:
+def fabric(serve, pair_target, pair_port, pair_timeout, bw_seconds, bw_size, bw_qps, bw_depth, gids, **kw) -> int:
     """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR.
 
     With --serve / --pair HOST[:PORT]: the host-to-host pair test instead (exit 0 when every phase
-    moved and verified its bytes, 2 otherwise). With --gids: the GID table alone.
+    moved and verified its bytes, 2 otherwise). With --pair HOST --bandwidth [SECONDS]: one rail's
+    bandwidth run, judged (fabric.rail-bandwidth, fabric.port-counters with the link gates; exit code
+    as for `fabric`). With --gids: the GID table alone.
     """
     if gids:
         if serve or pair_target:
@@ -345,13 +357,30 @@ def fabric(serve, pair_target, pair_port, pair_timeout, gids, **kw) -> int:
                              playbook_path=kw.get("playbook_path"), launch_env_path=kw.get("launch_env_path"))
         return _gids(inputs, "table")
     output_format(kw.get("as_json"), kw.get("fmt"))
+    bw = None
+    if bw_seconds is not None:
+        if not pair_target:
+            raise click.UsageError("--bandwidth runs on the client side: give --pair HOST (the peer runs `afddiag "
+                                   "fabric --serve`, which serves whichever mode the client asks)")
+        from afddiag.probes.pair import BandwidthSpec
+
+        bw = BandwidthSpec(bw_seconds, bw_size, bw_qps, bw_depth)
+        if (why := bw.problem()) is not None:
+            raise click.UsageError(f"--bandwidth: {why}")
+        if bw_seconds + 20 > pair_timeout:
+            raise click.UsageError(f"--bandwidth {bw_seconds:g} s needs --pair-timeout of at least {bw_seconds + 20:g} s "
+                                   f"(set up, run, drain, the peer's check); got {pair_timeout:g}")
     if serve or pair_target:
-        return _pair(serve, pair_target, pair_port, pair_timeout, kw)
+        return _pair(serve, pair_target, pair_port, pair_timeout, kw, bw)
     return _run("fabric", **kw)
 
 
-def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict) -> int:
-    """The pair test's CLI: run one side, print text (or JSON with --json), exit 0 / 2."""
+def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict, bandwidth=None) -> int:
+    """The pair test's CLI: run one side, print text (or JSON with --json). The short phases: exit 0
+    when every phase verified, 2 otherwise. A bandwidth run (client with --bandwidth, or a server whose
+    client asked for one): its facts go through the registry's pair entry and are judged with the
+    link gates (:data:`PAIR_GATES`); the report follows the facts (JSON: under ``report``), exit code
+    as the report's (2 as well when an object was not destroyed)."""
     import json as _json
 
     from afddiag.facts import to_jsonable
@@ -362,23 +391,60 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
 
     if serve and target:
         raise click.UsageError("give --serve or --pair, not both")
+    inputs = make_inputs(timeout_s=kw.get("timeout_s"), fabric_ip=kw.get("fabric_ip"), no_qp=True, role=kw.get("role"),
+                         playbook_path=kw.get("playbook_path"), launch_env_path=kw.get("launch_env_path"))
     # --timeout bounds this fabric read too (rxe's 1024-slot GID tables under emulation outrun 10 s)
     fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"}), probe_timeout_s=kw.get("timeout_s")),
                          only={"fabric"}).fabric
     if serve:
-        facts = pairmod.serve(port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s, fabric=fab)
+        facts = pairmod.serve(port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab)
     else:
         try:
             host, port = pairmod.parse_hostport(target, port)
         except ValueError as e:
             raise click.UsageError(f"--pair {e}")
-        facts = pairmod.pair(host, port, fabric_ip=kw.get("fabric_ip"), timeout_s=timeout_s, fabric=fab)
-    if kw.get("as_json") or kw.get("fmt") == "json":
-        click.echo(_json.dumps(to_jsonable(facts), indent=2))
+        facts = pairmod.pair(host, port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab,
+                             bandwidth=bandwidth)
+    as_json = kw.get("as_json") or kw.get("fmt") == "json"
+    if facts.bandwidth is None:
+        if as_json:
+            click.echo(_json.dumps(to_jsonable(facts), indent=2))
+        else:
+            click.echo(pairmod.format_pair(facts))
+        ok = facts.error is None and facts.destroyed and all(p.verified for p in facts.phases)
+        return 0 if ok else 2
+    rep = judge_pair(inputs, fab, to_jsonable(facts))
+    if as_json:
+        click.echo(_json.dumps({**to_jsonable(facts), "report": rep}, indent=2, default=str))
     else:
+        from afddiag import report
+
         click.echo(pairmod.format_pair(facts))
-    ok = facts.error is None and facts.destroyed and all(p.verified for p in facts.phases)
-    return 0 if ok else 2
+        report.write_table(rep)
+    return rep["exit_code"] if facts.destroyed else 2
+
+
+#: What a bandwidth run is judged by: the rail's link, its speed and MTU, the run, the counters.
+PAIR_GATES = ("fabric.link", "fabric.mtu", "fabric.link-speed", "fabric.rail-bandwidth", "fabric.port-counters")
+
+
+def judge_pair(inputs: Inputs, fabric, pair_json: dict) -> dict:
+    """The JSON report of one side's bandwidth run: ``pair_json`` (the pair test's JSON) read through
+    the probe registry's pair entry (as a replay of a saved one is), this host's fabric facts, and the
+    gates of :data:`PAIR_GATES` the role runs, on the rail the pair test used."""
+    import dataclasses
+
+    from afddiag import runner
+    from afddiag.playbook import Playbook
+    from afddiag.probes.registry import Sources
+
+    pb = inputs.playbook or Playbook()
+    pb = dataclasses.replace(pb, gates=[g for g in PAIR_GATES if pb.runs(g)])
+    inp = dataclasses.replace(inputs, families=frozenset({"fabric"}), playbook=pb, run_qp=False,
+                              fabric_ip=pair_json.get("fabric_ip") or inputs.fabric_ip)
+    obs = runner.gather(inp, host=Sources(pair=lambda: pair_json), only={"pair"})
+    obs.fabric = fabric
+    return runner.judge(inp, obs)
 
 
 @cli.command()

@@ -22,7 +22,7 @@ SITE_DIRS = ("/etc/afddiag/playbooks",)
 _TOP = {"name", "description", "gates", "requires", "gpu", "launch", "host", "fabric", "plan", "aliases"}
 _GPU = {"model", "reserve_fraction", "reserve_bytes", "min_memory_bytes", "load_probe"}
 _HOST = {"cpu_min_mhz"}
-_FABRIC = {"link_speed_mbps", "engine_registers"}
+_FABRIC = {"link_speed_mbps", "engine_registers", "rail_healthy_gbps", "rail_stale_init_gbps", "rail_fail_below_gbps"}
 REGISTERS = ("", "host", "gpu")  # [fabric] engine_registers: which memory the engine hands the NIC
 # [plan]: the engine's memory constants (launch.memory-plan); bytes unless named otherwise.
 PLAN_KEYS = {"weights_bytes", "drafter_bytes", "runtime_headroom_bytes", "fit_offset_bytes",
@@ -59,6 +59,10 @@ class Playbook:
     engine_ports: list[int] = field(default_factory=list)  # launch.control-plane: the peers' engine TCP ports
     engine_registers: str = ""  # fabric.mem-registration: "host" (pinned host memory), "gpu" (GPU memory), "" unknown
     link_speed_mbps: int = 0  # fabric.link-speed: the RoCE netdev's expected negotiated speed, Mb/s (0: none)
+    # fabric.rail-bandwidth bands, Gb/s (1e9 bits/s of payload) of one rail's bandwidth run:
+    rail_healthy_gbps: float = 0.0  # at or above: PASS (0: no expectation, the figure is named)
+    rail_stale_init_gbps: tuple[float, ...] = ()  # (low, high): the NIC's stale-initialization signature (REBOOT)
+    rail_fail_below_gbps: float = 0.0  # below: FAIL without power advice (0: never)
     cpu_min_mhz: int = 0  # host.cpu-clock: the clock under load must reach this (0: not checked)
     plan: dict[str, float] = field(default_factory=dict)  # [plan]: launch.memory-plan's engine constants
     aliases: dict[str, str] = field(default_factory=dict)
@@ -88,6 +92,8 @@ def parse(text: str, path: str) -> Playbook:
     if bad_req:
         raise PlaybookError(f"playbook {path}: requires may hold 'gpu' and 'rdma', not {sorted(bad_req)}")
     g, la = d.get("gpu", {}), d.get("launch", {})
+    if not isinstance(d.get("fabric", {}).get("rail_stale_init_gbps", []), list):
+        raise PlaybookError(f"playbook {path}: [fabric] rail_stale_init_gbps: give [low, high] Gb/s (or [] for none)")
     try:
         pb = Playbook(
             name=str(d.get("name") or Path(path).stem),
@@ -106,6 +112,9 @@ def parse(text: str, path: str) -> Playbook:
             cpu_min_mhz=int(d.get("host", {}).get("cpu_min_mhz", 0)),
             link_speed_mbps=int(d.get("fabric", {}).get("link_speed_mbps", 0)),
             engine_registers=str(d.get("fabric", {}).get("engine_registers", "")),
+            rail_healthy_gbps=float(d.get("fabric", {}).get("rail_healthy_gbps", 0.0)),
+            rail_stale_init_gbps=tuple(float(x) for x in d.get("fabric", {}).get("rail_stale_init_gbps", ())),
+            rail_fail_below_gbps=float(d.get("fabric", {}).get("rail_fail_below_gbps", 0.0)),
             plan={str(k): (bool(v) if k == "drafter_default" else float(v)) for k, v in d.get("plan", {}).items()},
             aliases={str(k): str(v) for k, v in d.get("aliases", {}).items()},
             timeouts={str(k): float(v) for k, v in d.get("timeouts", {}).items()},
@@ -119,6 +128,8 @@ def parse(text: str, path: str) -> Playbook:
         raise PlaybookError(f"playbook {path}: launch.engine_ports {pb.engine_ports}: give TCP ports 1..65535")
     if pb.engine_registers not in REGISTERS:
         raise PlaybookError(f"playbook {path}: fabric.engine_registers {pb.engine_registers!r}: give \"host\" or \"gpu\"")
+    if (bad := rail_band_problem(pb)) is not None:
+        raise PlaybookError(f"playbook {path}: [fabric] {bad}")
     if pb.reserve_bytes < 0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_bytes {pb.reserve_bytes} is negative; give bytes (0: none planned)")
     bad_plan = sorted(k for k, v in pb.plan.items()
@@ -130,6 +141,21 @@ def parse(text: str, path: str) -> Playbook:
         raise PlaybookError(f"playbook {path}: [timeouts] {', '.join(f'{k} = {v:g}' for k, v in bad_t.items())}: "
                             "give seconds within 0.1..600")
     return pb
+
+
+def rail_band_problem(pb: Playbook) -> str | None:
+    """What is wrong with the ``[fabric]`` rail bands (Gb/s), or None: every value ≥ 0, the stale band
+    two values low ≤ high, below the healthy line when one is set, the FAIL line not above the healthy one."""
+    h, s, f = pb.rail_healthy_gbps, pb.rail_stale_init_gbps, pb.rail_fail_below_gbps
+    if h < 0 or f < 0 or any(x < 0 for x in s):
+        return "rail bands must be Gb/s >= 0"
+    if s and (len(s) != 2 or s[0] > s[1]):
+        return f"rail_stale_init_gbps {list(s)}: give [low, high] Gb/s, low <= high (or [] for none)"
+    if h and s and s[1] >= h:
+        return f"rail_stale_init_gbps {list(s)} must lie below rail_healthy_gbps {h:g}"
+    if h and f > h:
+        return f"rail_fail_below_gbps {f:g} is above rail_healthy_gbps {h:g}"
+    return None
 
 
 def timeout_for(pb: Playbook | None, kind: str) -> float:

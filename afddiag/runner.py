@@ -160,7 +160,8 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
         obs.fabric, notes,
         {"fabric": obs.fabric, "qp": obs.qp,
          "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
-         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions},
+         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions,
+         **({"pair": obs.pair} if obs.pair is not None else {})},
         expectations={k: v for k, v in vars(expect).items() if v not in (None, {})})
     from afddiag import summary
 

@@ -10,6 +10,7 @@ from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_ma
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
                                   order_known, rocev2_carriers, usable_rocev2)
+from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, not_probed, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -787,6 +788,182 @@ def mem_registration(ctx: Context) -> Verdict:
     return Verdict(gid, PASS, f"{names}: {host_txt}{note}; {gpu_txt}; {role}", "nothing to do", facts)
 
 
+# --- one rail's bandwidth run and the port counters around it (the pair test) ---------------------
+
+
+def _bandwidth_run(ctx: Context, gid: str):
+    """``(pair facts, bandwidth run)``, or the SKIP/ERROR verdict that stops a gate judging it."""
+    p = ctx.obs.pair
+    if (v := probe_failed(gid, p)) is not None:
+        return v
+    how = ("`afddiag fabric --pair <peer-fabric-ip> --bandwidth --fabric-ip <this rail's IP>` with `afddiag fabric "
+           "--serve --fabric-ip <its IP>` on the peer, one session per rail")
+    if p is None:
+        where = ("the snapshot holds no pair-test result" if ctx.obs.source.startswith("snapshot")
+                 else "no bandwidth run in this command")
+        return Verdict(gid, SKIP, f"{where}: the pair test's bandwidth mode measures a rail", f"run {how}")
+    if p.bandwidth is None:
+        return Verdict(gid, SKIP, "the pair test ran its short SEND/WRITE phases only (no --bandwidth)", f"run {how}")
+    return p, p.bandwidth
+
+
+def _rail(p) -> str:
+    return f"rail {p.device} port {p.port} ({p.fabric_ip} <-> {(p.peer or '?').rsplit(':', 1)[0]})"
+
+
+def grown(pc, kind: str) -> dict[str, int]:
+    """``{name: growth}`` of one side's counters of ``kind`` ("error", "congestion", "unknown") that grew. Pure."""
+    from afddiag.model.pair import counter_kind
+
+    return {k: v for k, v in sorted(pc.counters().items()) if v > 0 and counter_kind(k) == kind}
+
+
+def judge_rail_bandwidth(gbps: float, healthy: float, stale: tuple[float, ...], fail_below: float,
+                         link_ok: bool | None, errors: bool) -> tuple[str, str]:
+    """``(verdict, band)`` for one rail's Gb/s against the role's bands (Gb/s = 1e9 bits/s of payload):
+
+    - ``healthy`` 0: PASS "no-band"; at or above ``healthy``: PASS "healthy";
+    - inside ``stale`` = (low, high) inclusive: FAIL "stale-init" (the NIC's stale-initialization
+      signature) only when ``link_ok`` is True (the link negotiated the role's speed) and no error
+      counter grew (``errors`` False); with ``link_ok`` None (speed not read) FAIL "stale-unconfirmed";
+      otherwise the link or the loss explains the figure and it is judged as below the band;
+    - below ``fail_below``: FAIL "far-below"; else below ``healthy``: WARN "below".
+    Pure."""
+    if healthy <= 0:
+        return PASS, "no-band"
+    if gbps >= healthy:
+        return PASS, "healthy"
+    if len(stale) == 2 and stale[0] <= gbps <= stale[1] and not errors:
+        if link_ok is True:
+            return FAIL, "stale-init"
+        if link_ok is None:
+            return FAIL, "stale-unconfirmed"
+    if gbps < fail_below:
+        return FAIL, "far-below"
+    return WARN, "below"
+
+
+def rail_bandwidth(ctx: Context) -> Verdict:
+    gid = "fabric.rail-bandwidth"
+    got = _bandwidth_run(ctx, gid)
+    if isinstance(got, Verdict):
+        return got
+    p, bw = got
+    pb = ctx.playbook
+    rail = _rail(p)
+    errs = {c.side: grown(c, "error") for c in bw.counters}
+    facts = {"role": p.role, "device": p.device, "port": p.port, "fabric_ip": p.fabric_ip, "peer": p.peer,
+             "netdev": p.netdev, "link_speed_mbps": p.link_speed_mbps, "path_mtu": p.path_mtu,
+             "gbps": bw.gbps, "seconds": bw.seconds, "seconds_asked": bw.seconds_asked, "bytes": bw.bytes,
+             "size": bw.size, "qps": bw.qps, "depth": bw.depth, "verified": bw.verified, "stage": bw.stage,
+             "error": bw.error or p.error, "per_qp_gbps": [q.gbps for q in bw.per_qp],
+             "bands_gbps": {"healthy": pb.rail_healthy_gbps or None, "stale_init": list(pb.rail_stale_init_gbps) or None,
+                            "fail_below": pb.rail_fail_below_gbps or None, "role": pb.name},
+             "error_counters_grew": {k: v for k, v in errs.items() if v}}
+    error = bw.error or p.error
+    if not bw.bytes or bw.gbps is None:
+        if bw.stage == "handshake":
+            return Verdict(gid, ERROR, f"{rail}: not measured: {error or 'the bandwidth run did not start'}",
+                           remedy(gid + ".not-run"), facts, action="RERUN")
+        if p.role == "server":  # the client measures: its figures never came
+            return Verdict(gid, FAIL, f"{rail}: the client's end of the run never arrived ({error or 'no figures'}, "
+                           f"stage {bw.stage})", remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"),
+                           facts, action="CHECK_FABRIC")
+        return Verdict(gid, FAIL, f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
+                       remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                       action="CHECK_FABRIC")
+    per = [q.gbps for q in bw.per_qp if q.gbps is not None]
+    figure = (f"{bw.gbps:.2f} Gb/s over {bw.qps} QPs ({bw.size} B RDMA WRITEs, {bw.depth} deep, {bw.seconds:.1f} s"
+              + (f"; per QP {min(per):.2f}-{max(per):.2f} Gb/s" if per else "") + ")")
+    if error:
+        return Verdict(gid, FAIL, f"{rail}: the run stopped at {figure}: {error}",
+                       remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                       action="CHECK_FABRIC")
+    if not bw.verified:
+        return Verdict(gid, FAIL, f"{rail}: {figure}, but the peer's buffer does not hold what each QP wrote "
+                       "(or the peer's check was not received)",
+                       remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                       action="CHECK_FABRIC")
+    want_mbps = pb.link_speed_mbps or int(pb.rail_healthy_gbps * 1000)
+    speed = p.link_speed_mbps
+    link_ok = None if speed is None or speed <= 0 else speed >= want_mbps
+    any_err = any(errs.values())
+    verdict, band = judge_rail_bandwidth(bw.gbps, pb.rail_healthy_gbps, pb.rail_stale_init_gbps,
+                                         pb.rail_fail_below_gbps, link_ok, any_err)
+    facts["band"] = band
+    h, st = pb.rail_healthy_gbps, pb.rail_stale_init_gbps
+    link = f"link {speed} Mb/s" if speed and speed > 0 else "link speed not read"
+    because = []
+    if any_err:
+        because.append("error counters grew during the run (" + "; ".join(
+            f"{side}: " + ", ".join(f"{k} +{v}" for k, v in e.items()) for side, e in errs.items() if e) + ")")
+    if link_ok is False:
+        because.append(f"the {link} is below the role's {want_mbps} Mb/s (fabric.link-speed)")
+    why = ("; " + "; ".join(because)) if because else ""
+    fmt = {"netdev": p.netdev or "the fabric netdev", "healthy": f"{h:g}"}
+    if band == "no-band":
+        return Verdict(gid, PASS, f"{rail}: {figure}; role {pb.name} sets no band ([fabric] rail_healthy_gbps)",
+                       "nothing to do (set [fabric] rail_healthy_gbps in the role's playbook to judge it)", facts)
+    if band == "healthy":
+        return Verdict(gid, PASS, f"{rail}: {figure}, at or above role {pb.name}'s {h:g} Gb/s", "nothing to do", facts)
+    if band == "stale-init":
+        return Verdict(gid, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band with the "
+                       f"{link} and no error counter grown: the NIC's stale-initialization signature",
+                       remedy(gid + ".stale"), facts, action="REBOOT")
+    if band == "stale-unconfirmed":
+        return Verdict(gid, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band, but the "
+                       "link speed was not read, so the signature is not confirmed",
+                       remedy(gid + ".unconfirmed").format(**fmt), facts, action="CHECK_FABRIC")
+    if band == "far-below":
+        return Verdict(gid, FAIL, f"{rail}: {figure}, below role {pb.name}'s {pb.rail_fail_below_gbps:g} Gb/s{why}",
+                       remedy(gid + ".far-below").format(**fmt), facts, action="CHECK_FABRIC")
+    return Verdict(gid, WARN, f"{rail}: {figure}, below role {pb.name}'s {h:g} Gb/s"
+                   + (f" (not the {st[0]:g}-{st[1]:g} Gb/s stale-initialization signature)" if len(st) == 2 else "")
+                   + why, remedy(gid).format(**fmt), facts, action="CHECK_FABRIC")
+
+
+def _side(pc) -> str:
+    return f"{pc.side} {pc.device or '?'} port {pc.port if pc.port is not None else '?'}"
+
+
+def port_counters(ctx: Context) -> Verdict:
+    gid = "fabric.port-counters"
+    got = _bandwidth_run(ctx, gid)
+    if isinstance(got, Verdict):
+        return got
+    p, bw = got
+    read = [c for c in bw.counters if c.read]
+    facts = {"seconds": bw.seconds, "stage": bw.stage, "sides": [
+        {"side": c.side, "device": c.device, "port": c.port, "netdev": c.netdev, "read": c.read,
+         "counters_read": sum(len(v) for v in c.delta.values()), "errors": grown(c, "error"),
+         "congestion": grown(c, "congestion"), "unknown": grown(c, "unknown"), "notes": c.notes[:20]}
+        for c in bw.counters]}
+    if not read:
+        notes = "; ".join(n for c in bw.counters for n in c.notes[:3])
+        return Verdict(gid, SKIP, f"{_rail(p)}: port counters not read around the run"
+                       + (f" ({notes})" if notes else f" (the run stopped at stage {bw.stage})"),
+                       "read them on the host: `rdma statistic show link <dev>/<port>`, /sys/class/infiniband/<dev>/"
+                       "ports/<port>/hw_counters/", facts)
+    during = f"during the {bw.seconds:.1f} s run" if bw.seconds else f"around the run (stopped at stage {bw.stage})"
+    errors = [(c, grown(c, "error")) for c in read]
+    errors = [(c, e) for c, e in errors if e]
+    cong = [(c, grown(c, "congestion")) for c in read]
+    cong = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items()) for c, g in cong if g)
+    unknown = [(c, grown(c, "unknown")) for c in read]
+    unknown = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items()) for c, g in unknown if g)
+    tail = ((f"; congestion signals (the fabric paced the traffic, not a port error): {cong}" if cong else "")
+            + (f"; changed, not judged (names afddiag does not know): {unknown}" if unknown else "")
+            + ("" if len(read) > 1 else "; the peer's counters were not received"))
+    if errors:
+        flap = any(k in LINK_FLAP_NAMES for _, e in errors for k in e)
+        text = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in e.items()) for c, e in errors)
+        return Verdict(gid, WARN, f"{_rail(p)}: error counters grew {during}: {text}{tail}",
+                       remedy(gid + ".flap" if flap else gid).format(netdev=p.netdev or "the fabric netdev"), facts,
+                       action="FIX_LINK" if flap else "CHECK_FABRIC")
+    sides = "; ".join(f"{_side(c)}: {sum(len(v) for v in c.delta.values())} counters" for c in read)
+    return Verdict(gid, PASS, f"{_rail(p)}: no error counter grew {during} ({sides}){tail}", "nothing to do", facts)
+
+
 GATES = [
     ("fabric.rdma-present", rdma_present),
     ("fabric.link", link),
@@ -799,4 +976,6 @@ GATES = [
     ("fabric.mem-registration", mem_registration),
     ("fabric.route", route),
     ("fabric.arp", arp),
+    ("fabric.rail-bandwidth", rail_bandwidth),
+    ("fabric.port-counters", port_counters),
 ]

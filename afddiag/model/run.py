@@ -75,6 +75,7 @@ class Observation:
     memreg: MemRegFacts | None = None  # which memory the NIC can register; None: not probed
     pcie: PcieFacts | None = None  # PCIe links of the RDMA NICs and GPUs; None: not probed
     reach: ReachFacts | None = None  # TCP connects to the peers' engine ports; None: not probed
+    pair: Any = None  # afddiag.model.pair.PairFacts: the pair test's result (bandwidth run); None: not run
     notes: list[str] = field(default_factory=list)
 
 

@@ -17,6 +17,21 @@ Sizes default to 64 B … 64 KiB: one packet up to several path MTUs (1024 B on 
 4096 B at MTU 9000). Everything is bounded by a deadline (``timeout_s``); every QP, CQ, MR, PD and
 device context is destroyed (``PairFacts.destroyed``). Never raises: failures become ``error``.
 
+The bandwidth run (``--pair HOST --bandwidth [SECONDS]``, instead of the phases): ``qps`` more RC
+QPs (default 4) on each side, each kept ``depth`` (8) signalled RDMA WRITEs of ``size`` bytes
+(1 MiB) deep for ``seconds`` (5 s), like ``ib_write_bw -q 4 -s 1048576 -D 5``; Gb/s = payload bits /
+(first post → last completion) / 1e9, overall and per QP; the server checks that each QP's slot of
+its buffer holds that QP's pattern. Around it each side reads its port's counters
+(:mod:`afddiag.probes.counters`) and sends its deltas to the other, so both sides' facts hold both
+ports'. One rail (device/port, the fabric IP's GID) per session: run one session per ``--fabric-ip``.
+
+Handshake protocol 2 (compatible): the client's first line says ``"proto": 2, "mode": "phases" |
+"bandwidth"``, the server's says ``"proto": 2, "modes": [...]``. A protocol-1 server (no ``modes``)
+is told ``bye`` and the client's ``error`` names it: no hang. A protocol-1 client never asks for the
+bandwidth run. Bandwidth messages: ``{"op": "bandwidth", seconds, size, qps, depth, peers: [{qpn,
+psn}]}`` → ``{qps: [{qpn, psn}], addr, rkey, len}`` or ``{"error"}``; ``{"op": "bw_done", seconds,
+bytes, gbps, error, per_qp, seeds, counters}`` → ``{ok, counters}``.
+
 Sources: ``ibv_rc_pingpong(1)`` and ``ib_send_lat``/``ib_write_bw`` (perftest) for the method;
 rdma-core ``tests/utils.py`` for pyverbs usage (``SendWR``, ``RecvWR``, ``SGE``, ``set_wr_rdma``).
 Command-line equivalent (roughly): ``ibv_rc_pingpong -d <dev> -g <gid-index> -s <size> [host]``.
@@ -30,10 +45,12 @@ import random
 import socket
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from afddiag.facts import FabricFacts
+from afddiag.model import to_jsonable
+from afddiag.model.pair import BandwidthRun, PairFacts, PairPhase, PortCounters, RailQp  # noqa: F401
 from afddiag.probes.qp import (AH_HOP_LIMIT, RTR_MAX_DEST_RD_ATOMIC, RTR_MIN_RNR_TIMER, RTS_MAX_RD_ATOMIC,
                                RTS_RETRY_CNT, RTS_RNR_RETRY, RTS_TIMEOUT, _err_code, _import_pyverbs,
                                mtu_enum_to_bytes)
@@ -43,43 +60,40 @@ DEFAULT_SIZES = (64, 512, 1024, 4096, 65536)
 LAT_ITERS = 20
 BW_COUNT = 16
 QUEUE_DEPTH = 32
+PROTO = 2  # handshake protocol: 1 = phases only (no "proto" key); 2 adds "modes"/"mode" and the bandwidth run
+MODES = ("phases", "bandwidth")
+# The bandwidth run: payload Gb/s = 1e9 bits/s.
+BW_SECONDS = 5.0  # per rail
+BW_SIZE = 1 << 20  # bytes per RDMA WRITE
+BW_QPS = 4
+BW_DEPTH = 8  # WRITEs kept outstanding per QP
+BW_LIMITS = {"seconds": (0.5, 600.0), "size": (4096, 64 << 20), "qps": (1, 64), "depth": (1, 256)}
+BW_MAX_BUFFER = 256 << 20  # qps x size on each side, bytes
+BW_STALL_S = 10.0  # no completion for this long while WRITEs are outstanding: the run stops
+BW_DRAIN_S = 15.0  # after the run (or an error), outstanding WRITEs get this long to complete
 
 
-@dataclass
-class PairPhase:
-    """One measured phase: ``op`` "send" or "write" at ``size`` bytes."""
+@dataclass(frozen=True)
+class BandwidthSpec:
+    """What the bandwidth run asks: ``seconds`` of ``qps`` RC QPs each kept ``depth`` RDMA WRITEs of
+    ``size`` bytes deep. :meth:`problem` says what is out of bounds."""
 
-    op: str
-    size: int
-    iters: int = 0
-    rtt_us_median: float | None = None  # round trip, microseconds
-    rtt_us_min: float | None = None
-    bw_count: int = 0
-    bw_gbps: float | None = None  # GB/s (1e9 bytes per second) of payload
-    verified: bool = False  # the bytes arrived as sent (server check; echo check for send)
-    error: str | None = None
+    seconds: float = BW_SECONDS
+    size: int = BW_SIZE
+    qps: int = BW_QPS
+    depth: int = BW_DEPTH
 
-
-@dataclass
-class PairFacts:
-    """The pair test's result on one side."""
-
-    role: str  # "server" or "client"
-    peer: str | None = None  # the other side's address (TCP)
-    device: str | None = None
-    port: int | None = None
-    gid_index: int | None = None
-    gid: str | None = None
-    fabric_ip: str | None = None
-    qp_num: int | None = None
-    peer_qp_num: int | None = None
-    peer_gid: str | None = None
-    path_mtu: int | None = None  # bytes
-    phases: list[PairPhase] = field(default_factory=list)
-    error: str | None = None
-    elapsed_s: float = 0.0
-    destroyed: bool = True
-    notes: list[str] = field(default_factory=list)
+    def problem(self) -> str | None:
+        """None when every value is within :data:`BW_LIMITS` and ``qps * size`` ≤ :data:`BW_MAX_BUFFER`,
+        else one line naming the value and its bounds."""
+        for k, (lo, hi) in BW_LIMITS.items():
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                return f"bandwidth {k} {v!r} is outside {lo:g}..{hi:g}"
+        if self.qps * self.size > BW_MAX_BUFFER:
+            return (f"bandwidth buffer {self.qps} QPs x {self.size} bytes = {self.qps * self.size} bytes exceeds "
+                    f"{BW_MAX_BUFFER} bytes: fewer QPs or smaller WRITEs")
+        return None
 
 
 class PairError(Exception):
@@ -149,31 +163,34 @@ class _Rdma:
         self.created.append(obj)
         return obj
 
-    def connect(self, peer: dict[str, Any]) -> int:
-        """RESET→INIT→RTR→RTS toward ``peer`` (its qpn, gid, psn, mtu enum); returns the path MTU enum."""
+    def connect(self, peer: dict[str, Any], qp: Any = None, psn: int | None = None) -> int:
+        """RESET→INIT→RTR→RTS of ``qp`` (default: the handshake QP, with its PSN ``self.psn``) toward
+        ``peer`` (its qpn, gid, psn, mtu enum); returns the path MTU enum."""
         e, qpm, addr = self.e, self.pv["qp"], self.pv["addr"]
+        qp = qp if qp is not None else self.qp
+        psn = self.psn if psn is None else psn
         a = qpm.QPAttr()
         a.qp_state, a.pkey_index, a.port_num = e.IBV_QPS_INIT, 0, self.port
         a.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-        self._step("INIT", a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+        self._step(qp, "INIT", a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
         mtu = min(self.mtu_enum, int(peer["mtu"]))
         gr = addr.GlobalRoute(dgid=addr.GID(peer["gid"]), sgid_index=self.gid_index, hop_limit=AH_HOP_LIMIT)
         a = qpm.QPAttr()
         a.qp_state, a.path_mtu, a.dest_qp_num, a.rq_psn = e.IBV_QPS_RTR, mtu, int(peer["qpn"]), int(peer["psn"])
         a.max_dest_rd_atomic, a.min_rnr_timer = RTR_MAX_DEST_RD_ATOMIC, RTR_MIN_RNR_TIMER
         a.ah_attr = addr.AHAttr(gr=gr, is_global=1, port_num=self.port)
-        self._step("RTR", a, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN
+        self._step(qp, "RTR", a, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN
                    | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
         a = qpm.QPAttr()
         a.qp_state, a.timeout, a.retry_cnt, a.rnr_retry = e.IBV_QPS_RTS, RTS_TIMEOUT, RTS_RETRY_CNT, RTS_RNR_RETRY
-        a.sq_psn, a.max_rd_atomic = self.psn, RTS_MAX_RD_ATOMIC
-        self._step("RTS", a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
+        a.sq_psn, a.max_rd_atomic = psn, RTS_MAX_RD_ATOMIC
+        self._step(qp, "RTS", a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
                    | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
         return mtu
 
-    def _step(self, to: str, attr: Any, mask: int) -> None:
+    def _step(self, qp: Any, to: str, attr: Any, mask: int) -> None:
         try:
-            self.qp.modify(attr, mask)
+            qp.modify(attr, mask)
         except Exception as exc:  # noqa: BLE001
             from afddiag.probes.qp import decode_errno
 
@@ -184,14 +201,36 @@ class _Rdma:
         sge = self.wr.SGE(self.mr.buf + offset, size, self.mr.lkey)
         self.qp.post_recv(self.wr.RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]))
 
-    def post_send(self, offset: int, size: int, wr_id: int = 0, rdma: tuple[int, int] | None = None) -> None:
+    def post_send(self, offset: int, size: int, wr_id: int = 0, rdma: tuple[int, int] | None = None,
+                  qp: Any = None, mr: Any = None) -> None:
+        """One signalled SEND (or RDMA WRITE to ``rdma`` = (rkey, remote address)) of ``size`` bytes at
+        ``offset`` of ``mr`` (default: the handshake MR) on ``qp`` (default: the handshake QP)."""
         e = self.e
-        sge = self.wr.SGE(self.mr.buf + offset, size, self.mr.lkey)
+        mr = mr if mr is not None else self.mr
+        sge = self.wr.SGE(mr.buf + offset, size, mr.lkey)
         wr = self.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE if rdma else e.IBV_WR_SEND, num_sge=1,
                             sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
         if rdma:
             wr.set_wr_rdma(rdma[0], rdma[1])
-        self.qp.post_send(wr)
+        (qp if qp is not None else self.qp).post_send(wr)
+
+    def bandwidth_objects(self, qps: int, depth: int, buf_bytes: int) -> tuple[Any, Any, list[Any], list[int]]:
+        """A CQ of ``qps * depth`` entries, an MR of ``buf_bytes`` (local write, remote write) and ``qps``
+        RC QPs of send depth ``depth`` on the session's PD → ``(cq, mr, qps, psns)``; all destroyed by
+        :meth:`close`. Raises :class:`PairError` naming what could not be created."""
+        import pyverbs.mr as mrmod
+
+        e, qpm = self.e, self.pv["qp"]
+        try:
+            cq = self._keep(self.pv["cq"].CQ(self.ctx, qps * depth + 16))
+            mr = self._keep(mrmod.MR(self.pd, buf_bytes, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE))
+            cap = qpm.QPCap(max_send_wr=depth, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+            out = [self._keep(qpm.QP(self.pd, qpm.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap)))
+                   for _ in range(qps)]
+        except Exception as exc:  # noqa: BLE001
+            raise PairError(f"bandwidth run: create CQ ({qps * depth + 16} entries), MR ({buf_bytes} bytes) or "
+                            f"{qps} QPs of depth {depth} failed: {exc}") from None
+        return cq, mr, out, [random.randrange(1 << 24) for _ in out]
 
     def poll(self, n: int, deadline: float) -> list[Any]:
         """``n`` completions (any kind), in order; raises PairError on a bad status or the deadline."""
@@ -239,6 +278,7 @@ def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: Pa
         raise PairError("pyverbs is not installed: apt install python3-pyverbs")
     dev, port, gidx, gid, ip = pick_endpoint(fabric if fabric is not None else FabricFacts(), fabric_ip)
     facts.device, facts.port, facts.gid_index, facts.gid, facts.fabric_ip = dev, port, gidx, gid, ip
+    facts.netdev, facts.link_speed_mbps = _rail_netdev(fabric, dev, port, gidx)
     try:
         r = _Rdma(pv, dev, port, gidx, buf)
     except PairError:
@@ -249,9 +289,29 @@ def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: Pa
     return r
 
 
-def _hello(r: _Rdma, facts: PairFacts) -> dict[str, Any]:
-    return {"qpn": r.qp.qp_num, "psn": r.psn, "gid": facts.gid, "mtu": int(r.mtu_enum), "addr": r.mr.buf,
-            "rkey": r.mr.rkey, "len": r.mr.length, "device": facts.device}
+def _rail_netdev(fabric: FabricFacts | None, dev: str, port: int, gid_index: int) -> tuple[str | None, int | None]:
+    """The netdev of ``dev``/``port``'s GID ``gid_index`` (gid_attrs/ndevs) and its speed in Mb/s
+    (/sys/class/net/<if>/speed as the fabric probe read it), None where unknown."""
+    for d in (fabric.devices if fabric else []):
+        for p in d.ports:
+            for g in p.gids:
+                if d.name == dev and p.num == port and g.index == gid_index and g.netdev:
+                    nd = fabric.netdevs.get(g.netdev)
+                    return g.netdev, (nd.speed_mbps if nd else None)
+    return None, None
+
+
+def _hello(r: _Rdma, facts: PairFacts, mode: str | None = None) -> dict[str, Any]:
+    """The handshake line: QP number, PSN, GID, MTU enum, buffer address/rkey/length, device, and the
+    protocol version with what this side does (a client: ``mode``; a server: ``modes`` it serves).
+    A peer of protocol 1 (no ``proto`` key) ignores the extra keys and knows the phases only."""
+    h = {"qpn": r.qp.qp_num, "psn": r.psn, "gid": facts.gid, "mtu": int(r.mtu_enum), "addr": r.mr.buf,
+         "rkey": r.mr.rkey, "len": r.mr.length, "device": facts.device, "proto": PROTO}
+    if mode is None:
+        h["modes"] = list(MODES)
+    else:
+        h["mode"] = mode
+    return h
 
 
 def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | None = None,
@@ -286,6 +346,9 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
             op = msg.get("op")
             if op == "bye":
                 break
+            if op == "bandwidth":
+                _serve_bandwidth(r, ch, msg, hello, facts, deadline)
+                continue
             size, n = int(msg["size"]), int(msg.get("n", 0))
             if op == "send_pingpong":
                 big = max(DEFAULT_SIZES)
@@ -334,15 +397,245 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
     return facts
 
 
+def _read_counters(facts: PairFacts) -> dict[str, Any]:
+    """This side's rail counters now (:func:`afddiag.probes.counters.read_port_counters`)."""
+    from afddiag.probes.counters import read_port_counters
+
+    if not facts.device or facts.port is None:
+        return {"values": {}, "notes": ["no RDMA device/port: counters not read"]}
+    return read_port_counters(facts.device, facts.port, facts.netdev)
+
+
+def _local_delta(facts: PairFacts, before: dict[str, Any]) -> PortCounters:
+    from afddiag.probes.counters import port_delta
+
+    return port_delta(before, _read_counters(facts), facts.device, facts.port, facts.netdev, "local")
+
+
+def _peer_counters(raw: Any) -> PortCounters | None:
+    from afddiag.model.pair import port_counters
+
+    pc = port_counters(raw, "peer")
+    if pc is not None:
+        pc.side = "peer"
+    return pc
+
+
+def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, Any], facts: PairFacts,
+                     deadline: float) -> None:
+    """The server's half of the bandwidth run: check the client's ask, create its QPs and MR, bring
+    each QP to RTS toward the client's QP, answer with their numbers, the buffer address and rkey; wait
+    for the client's end of run; check the buffer (each QP's slot holds its pattern); answer with the
+    check and this port's counter deltas. The client's figures and counters are kept in ``facts``."""
+    try:
+        spec = BandwidthSpec(float(msg.get("seconds", 0)), int(msg.get("size", 0)), int(msg.get("qps", 0)),
+                             int(msg.get("depth", 0)))
+    except (TypeError, ValueError):
+        spec = BandwidthSpec(-1.0)
+    facts.mode = "bandwidth"
+    bw = facts.bandwidth = BandwidthRun(seconds_asked=spec.seconds, size=spec.size, qps=spec.qps, depth=spec.depth)
+    why = spec.problem()
+    peers = msg.get("peers") if isinstance(msg.get("peers"), list) else []
+    if why is None and len(peers) != spec.qps:
+        why = f"the client named {len(peers)} QPs for a run of {spec.qps}"
+    if why:
+        bw.error = f"refused the client's bandwidth run: {why}"
+        ch.send({"error": why})
+        return
+    before = _read_counters(facts)
+    local: PortCounters | None = None
+    try:
+        bw.stage = "setup"
+        cq, mr, qps, psns = r.bandwidth_objects(spec.qps, spec.depth, spec.qps * spec.size)
+        for i, (qp, psn) in enumerate(zip(qps, psns)):
+            r.connect({**hello, "qpn": int(peers[i]["qpn"]), "psn": int(peers[i]["psn"])}, qp, psn)
+            bw.per_qp.append(RailQp(i, qp.qp_num, int(peers[i]["qpn"])))
+        ch.send({"qps": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns)], "addr": mr.buf, "rkey": mr.rkey,
+                 "len": mr.length})
+        bw.stage = "run"
+        done = ch.recv()  # the client's end of run (bounded by the session deadline)
+        if done.get("op") != "bw_done":
+            raise PairError(f"expected the client's end of the bandwidth run, got {str(done)[:200]}")
+        bw.stage = "verify"
+        seeds = done.get("seeds") if isinstance(done.get("seeds"), list) else []
+        ok = len(seeds) == spec.qps and all(
+            mr.read(spec.size, i * spec.size) == _pattern(spec.size, int(sd)) for i, sd in enumerate(seeds))
+        local = _local_delta(facts, before)
+        ch.send({"ok": ok, "counters": to_jsonable(local)})
+        got = bandwidth_from_client(done)
+        bw.seconds, bw.bytes, bw.gbps, bw.error = got.seconds, got.bytes, got.gbps, got.error
+        for q, g in zip(bw.per_qp, got.per_qp):
+            q.writes, q.bytes, q.gbps = g.writes, g.bytes, g.gbps
+        bw.verified = ok
+        peer = _peer_counters(done.get("counters"))
+        bw.counters = [local] + ([peer] if peer else [])
+        bw.stage = "done" if bw.error is None else "run"
+    except PairError as e:
+        bw.error = bw.error or str(e)
+        raise
+    finally:
+        if local is None:  # what this port saw up to the failure
+            bw.counters = [_local_delta(facts, before)]
+
+
+def bandwidth_from_client(done: dict[str, Any]) -> BandwidthRun:
+    """The client's figures from its end-of-run message (bytes, seconds, Gb/s, per QP, error); odd
+    values become None/0. Never raises."""
+    from afddiag.model.pair import bandwidth_run
+
+    return bandwidth_run({k: done.get(k) for k in ("seconds", "bytes", "gbps", "per_qp", "error")}) or BandwidthRun()
+
+
+def _client_bandwidth(r: _Rdma, ch: _Chan, peer: dict[str, Any], facts: PairFacts, spec: BandwidthSpec,
+                      deadline: float, bar: Any) -> None:
+    """The client's bandwidth run (``facts.bandwidth``): counters, QPs and MR, the server's QPs, then
+    ``spec.seconds`` of RDMA WRITEs kept ``spec.depth`` deep on each QP, then the server's buffer check
+    and counters. Raises :class:`PairError` with the run's error (a bad completion, a stall, the
+    deadline) after the counters are read and the server was told."""
+    facts.mode = "bandwidth"
+    bw = facts.bandwidth = facts.bandwidth or BandwidthRun(seconds_asked=spec.seconds, size=spec.size, qps=spec.qps,
+                                                           depth=spec.depth)
+    if "bandwidth" not in (peer.get("modes") or []):
+        bw.error = (f"the server at {facts.peer} does not know the bandwidth mode (its afddiag speaks handshake "
+                    f"protocol {peer.get('proto', 1)}): update afddiag there, or run without --bandwidth")
+        ch.send({"op": "bye"})  # an older server ends its session cleanly
+        raise PairError(bw.error)
+    before = _read_counters(facts)
+    bw.stage = "setup"
+    cq, mr, qps, psns = r.bandwidth_objects(spec.qps, spec.depth, spec.qps * spec.size)
+    seeds = [(0x41 + 29 * i) & 0xFF for i in range(spec.qps)]
+    for i in range(spec.qps):
+        mr.write(_pattern(spec.size, seeds[i]), spec.size, i * spec.size)
+    ch.send({"op": "bandwidth", "seconds": spec.seconds, "size": spec.size, "qps": spec.qps, "depth": spec.depth,
+             "peers": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns)]})
+    rep = ch.recv()
+    if rep.get("error"):
+        bw.error = f"the server refused the bandwidth run: {rep['error']}"
+        ch.send({"op": "bye"})
+        raise PairError(bw.error)
+    theirs = rep.get("qps") if isinstance(rep.get("qps"), list) else []
+    if len(theirs) != spec.qps:
+        raise PairError(f"the server answered {len(theirs)} QPs for a run of {spec.qps}")
+    for i, (qp, psn) in enumerate(zip(qps, psns)):
+        r.connect({**peer, "qpn": int(theirs[i]["qpn"]), "psn": int(theirs[i]["psn"])}, qp, psn)
+        bw.per_qp.append(RailQp(i, qp.qp_num, int(theirs[i]["qpn"])))
+    bw.stage = "run"
+    bar.step(f"RDMA WRITE {spec.size} B x {spec.qps} QPs, {spec.seconds:g} s")
+    _write_for(r, bw, cq, mr, qps, (int(rep["rkey"]), int(rep["addr"])), spec, deadline)
+    local = _local_delta(facts, before)
+    bw.counters = [local]
+    if bw.error is not None:  # the path may be gone (TCP too): tell the server, but do not wait long for it
+        ch.deadline = min(ch.deadline, time.monotonic() + 10.0)
+    bw.stage = "verify"
+    try:
+        ch.send({"op": "bw_done", "seconds": bw.seconds, "bytes": bw.bytes, "gbps": bw.gbps, "error": bw.error,
+                 "per_qp": to_jsonable(bw.per_qp), "seeds": seeds, "counters": to_jsonable(local)})
+        res = ch.recv()
+        bw.verified = res.get("ok") is True
+        peer_c = _peer_counters(res.get("counters"))
+        if peer_c is not None:
+            bw.counters.append(peer_c)
+    except (PairError, OSError) as e:
+        if bw.error is None:
+            raise
+        facts.notes.append(f"after the run's error, the server's check and counters were not received: {e}")
+    if bw.error is not None:
+        try:
+            ch.send({"op": "bye"})  # the server's session ends now, not at its deadline
+        except OSError:
+            pass
+        raise PairError(bw.error)
+    bw.stage = "done"
+
+
+def _write_for(r: _Rdma, bw: BandwidthRun, cq: Any, mr: Any, qps: list[Any], remote: tuple[int, int],
+               spec: BandwidthSpec, deadline: float) -> None:
+    """Keep ``spec.depth`` signalled RDMA WRITEs outstanding on each QP for ``spec.seconds`` (QP ``i``
+    writes its slot ``i * size`` of ``mr`` to the same slot of the remote buffer ``remote`` = (rkey,
+    address)), then let the outstanding ones complete. Fills ``bw`` (bytes, seconds, Gb/s, per QP);
+    a bad completion status, no completion for :data:`BW_STALL_S` or the session deadline sets
+    ``bw.error``. Polls the CQ, sleeping 0.2 ms when it is empty (the queues stay full meanwhile)."""
+    rkey, addr = remote
+    size, n = spec.size, len(qps)
+    outstanding = [0] * n
+
+    def post(i: int) -> None:
+        r.post_send(i * size, size, wr_id=i, rdma=(rkey, addr + i * size), qp=qps[i], mr=mr)
+        outstanding[i] += 1
+
+    t0 = time.perf_counter()
+    end_at = time.monotonic() + spec.seconds
+    last = t0
+    last_seen = time.monotonic()
+    stopping_at: float | None = None
+    try:
+        for i in range(n):
+            for _ in range(spec.depth):
+                post(i)
+    except Exception as e:  # noqa: BLE001
+        bw.error = f"post RDMA WRITE failed: {e}"
+        stopping_at = time.monotonic()
+    while sum(outstanding):
+        got, wcs = cq.poll(num_entries=64)
+        now = time.monotonic()
+        if stopping_at is None and (now >= end_at or now >= deadline):
+            stopping_at = now
+        if not got:
+            if now - last_seen > BW_STALL_S:  # nothing completes: waiting longer for the rest changes nothing
+                bw.error = bw.error or (f"no RDMA WRITE completed for {BW_STALL_S:g} s with {sum(outstanding)} "
+                                        "outstanding (no ACK from the peer)")
+                break
+            if stopping_at is not None and now - stopping_at > min(BW_DRAIN_S, max(0.0, deadline - stopping_at)):
+                bw.error = bw.error or (f"{sum(outstanding)} RDMA WRITE(s) still outstanding {BW_DRAIN_S:g} s after "
+                                        "the run (no ACK from the peer)")
+                break
+            time.sleep(0.0002)
+            continue
+        last_seen = now
+        for wc in wcs[:got]:
+            i = int(wc.wr_id)
+            outstanding[i] -= 1
+            if wc.status != 0:
+                if bw.error is None:
+                    bw.error = (f"work completion status {wc.status} ({_wc_status(wc.status)}) on QP {qps[i].qp_num} "
+                                f"after {now - (end_at - spec.seconds):.2f} s of the run")
+                stopping_at = stopping_at or now
+                continue
+            bw.per_qp[i].writes += 1
+            bw.per_qp[i].bytes += size
+            last = time.perf_counter()
+            if stopping_at is None:
+                try:
+                    post(i)
+                except Exception as e:  # noqa: BLE001
+                    bw.error = f"post RDMA WRITE failed: {e}"
+                    stopping_at = now
+    bw.bytes = sum(q.bytes for q in bw.per_qp)
+    bw.seconds = round(last - t0, 6) if last > t0 else None
+    if bw.seconds:
+        bw.gbps = round(bw.bytes * 8 / bw.seconds / 1e9, 6)
+        for q in bw.per_qp:
+            q.gbps = round(q.bytes * 8 / bw.seconds / 1e9, 6)
+
+
 def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, sizes: tuple[int, ...] = DEFAULT_SIZES,
          lat_iters: int = LAT_ITERS, bw_count: int = BW_COUNT, timeout_s: float = 60.0,
-         fabric: FabricFacts | None = None) -> PairFacts:
+         fabric: FabricFacts | None = None, bandwidth: BandwidthSpec | None = None) -> PairFacts:
     """Connect to a ``serve`` on ``host:port`` and run SEND ping-pong, SEND stream and WRITE phases
     at each of ``sizes`` (bytes, at most 64 KiB). Returns the client's facts (latency in µs,
-    bandwidth in GB/s per phase); ``error`` says where it stopped. Bounded by ``timeout_s``."""
+    bandwidth in GB/s per phase); ``error`` says where it stopped. Bounded by ``timeout_s``.
+
+    With ``bandwidth``: the bandwidth run instead of the phases (``facts.bandwidth``: Gb/s = 1e9
+    bits/s of payload, per QP, the server's buffer check, both ports' counter deltas). A server whose
+    afddiag does not know the mode is told goodbye and named in ``error``; the session still ends
+    within ``timeout_s``."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     facts = PairFacts(role="client", peer=f"{host}:{port}")
+    if bandwidth is not None:
+        facts.mode = "bandwidth"
+        facts.bandwidth = BandwidthRun(seconds_asked=bandwidth.seconds, size=bandwidth.size, qps=bandwidth.qps,
+                                       depth=bandwidth.depth)
     r: _Rdma | None = None
     sock = None
     big = max(DEFAULT_SIZES)
@@ -362,7 +655,7 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
             except OSError as e:
                 raise PairError(f"cannot reach {host}:{port} over TCP: {e.strerror or e}") from None
         ch = _Chan(sock, deadline)
-        ch.send(_hello(r, facts))
+        ch.send(_hello(r, facts, "bandwidth" if bandwidth else "phases"))
         peer = ch.recv()
         facts.peer_qp_num, facts.peer_gid = peer["qpn"], peer["gid"]
         facts.path_mtu = mtu_enum_to_bytes(r.connect(peer))
@@ -370,8 +663,12 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
             raise PairError("the server did not reach RTS")
         from afddiag.progress import steps
 
-        with steps("pair test", len(sizes)) as bar:
-            _client_phases(r, ch, peer, facts, sizes, big, lat_iters, bw_count, deadline, bar)
+        if bandwidth is not None:
+            with steps("bandwidth run", 1) as bar:
+                _client_bandwidth(r, ch, peer, facts, bandwidth, deadline, bar)
+        else:
+            with steps("pair test", len(sizes)) as bar:
+                _client_phases(r, ch, peer, facts, sizes, big, lat_iters, bw_count, deadline, bar)
         ch.send({"op": "bye"})
     except PairError as e:
         facts.error = str(e)
@@ -458,7 +755,8 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
 
 
 def format_pair(f: PairFacts) -> str:
-    """Plain text: one line per phase (size, latency µs, bandwidth GB/s, verified)."""
+    """Plain text: one line per phase (size, latency µs, bandwidth GB/s, verified); for a bandwidth
+    run its Gb/s, per QP, and the counters that changed on each side."""
     head = (f"afddiag pair ({f.role}): {f.device} port {f.port} GID {f.gid_index} ({f.fabric_ip}) ↔ {f.peer}, "
             f"QP {f.qp_num} ↔ {f.peer_qp_num}, path MTU {f.path_mtu}")
     lines = [head]
@@ -466,6 +764,21 @@ def format_pair(f: PairFacts) -> str:
         lines.append(f"  {p.op:<5} {p.size:>6} B  rtt median {p.rtt_us_median} µs (min {p.rtt_us_min})  "
                      f"bw {p.bw_gbps} GB/s  {'verified' if p.verified else 'NOT verified'}"
                      + (f"  error: {p.error}" if p.error else ""))
+    bw = f.bandwidth
+    if bw is not None:
+        lines.append(f"  bandwidth: {bw.gbps if bw.gbps is not None else '-'} Gb/s (1e9 bits/s of payload) in "
+                     f"{bw.seconds if bw.seconds is not None else '-'} s of {bw.seconds_asked:g} s asked, "
+                     f"{bw.qps} QPs x {bw.depth} deep RDMA WRITEs of {bw.size} B, {bw.bytes} B moved, "
+                     f"{'verified' if bw.verified else 'NOT verified'} (stage {bw.stage})")
+        for q in bw.per_qp:
+            lines.append(f"    QP {q.qp_num} -> {q.peer_qp_num}: {q.gbps if q.gbps is not None else '-'} Gb/s, "
+                         f"{q.writes} WRITEs")
+        for c in bw.counters:
+            grew = {k: v for k, v in c.counters().items() if v}
+            lines.append(f"    counters ({c.side} {c.device} port {c.port}, {c.netdev}): "
+                         + (", ".join(f"{k} +{v}" for k, v in sorted(grew.items())) if grew else
+                            ("none changed" if c.read else "not read"))
+                         + (f"; notes: {'; '.join(c.notes[:3])}" if c.notes else ""))
     lines.append(f"{'ERROR: ' + f.error if f.error else 'OK'} in {f.elapsed_s:.2f} s; "
                  f"{'all objects destroyed' if f.destroyed else 'NOT all objects destroyed'}")
     return "\n".join(lines)

@@ -76,7 +76,8 @@ class Sources:
     (raises on failure); ``gpu() -> GPU readings dict``; ``limits() -> limits dict``; ``cpu() -> dict``;
     ``route() -> ip -j route JSON`` (raises on failure); ``rules() -> ip -j rule JSON`` (None: read live
     with the routes when ``route`` is LIVE, else not captured); ``memreg() -> memreg.json readings``;
-    ``rdma_core() -> {"version", "source"}``;
+    ``rdma_core() -> {"version", "source"}``; ``pair() -> the pair test's JSON`` (None: no pair test ran; a
+    live run has none unless ``afddiag fabric --pair/--serve`` hands its result in);
     ``environ``: the process environment (filtered by :func:`env_allowed`); ``hostname()``;
     ``reader(path) -> str`` reads one sysfs file (raises OSError as the kernel answers).
     """
@@ -92,6 +93,7 @@ class Sources:
     route: Any = LIVE
     rules: Any = None
     rdma_core: Any = LIVE
+    pair: Any = None  # () -> the pair test's JSON (`fabric --pair/--serve` hands its result in); None: not run
     environ: Mapping[str, str] | None = None
     hostname: Callable[[], str] | None = None  # None: uname(2) nodename, as socket.gethostname()
     reader: Callable[[str], str] | None = None
@@ -990,6 +992,34 @@ def _reach_failed(why: str) -> dict[str, Any]:
     return {"reach": ReachFacts(captured=False, failed=why, notes=[why])}
 
 
+# ---------------------------------------------------------------------------------------------
+# the pair test's result (the bandwidth run and the port counters around it)
+
+PAIR_ARTIFACT = "pair.json"  # the JSON `afddiag fabric --pair HOST --bandwidth --json` prints
+
+
+def _pair_wanted(run: Run) -> bool:
+    # a replay reads a saved result; a live run only the one the pair command hands in (a capture has none)
+    return not run.live or (run.host is not None and run.host.pair is not None and not run.capturing)
+
+
+def _pair_read(run: Run, progress: Any) -> dict[str, Any]:
+    progress.doing = "taking the pair test's result"
+    return {PAIR_ARTIFACT: run.host.pair()}
+
+
+def _pair_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.pair import pair_facts
+
+    return {"pair": pair_facts(r.get(PAIR_ARTIFACT))}
+
+
+def _pair_failed(why: str) -> dict[str, Any]:
+    from afddiag.model.pair import PairFacts
+
+    return {"pair": PairFacts(role="unknown", failed=why, notes=[why])}
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("host", "hostname", "limits_s", (Artifact("host", "text", 4096), Artifact("case.json")),
           _host_read, _host_facts, lambda why: {}),
@@ -1021,6 +1051,8 @@ PROBES: tuple[Probe, ...] = (
           (Artifact("reach.json"),), _reach_read, _reach_facts, _reach_failed, frozenset({"launch"}), _reach_wanted),
     Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _cpu_read, _cpu_facts,
           lambda why: {"cpu": {"why": why, "failed": why}}, frozenset({"host"})),
+    Probe("pair", "pair-test result (bandwidth run, port counters)", "fabric_s", (Artifact(PAIR_ARTIFACT),),
+          _pair_read, _pair_facts, _pair_failed, frozenset({"fabric"}), _pair_wanted),
     Probe("versions", "version probe (kernel, BIOS, rdma-core)", "fabric_s",
           (Artifact("versions.json"), Artifact("proc/sys/kernel/osrelease", "text", 4096),
            Artifact("sys/class/dmi/id/bios_version", "text", 4096)),
