@@ -10,7 +10,7 @@
 - replay: the saved `--pair --bandwidth --json` output as pair.json in a snapshot gives the same verdicts;
 - playbook band validation and the CLI's usage errors.
 
-The real exchange (rxe between namespace hosts) runs in the lab.
+The real exchange (rxe between namespace hosts) runs in the lab: tests/test_lab_rail.py.
 """
 
 from __future__ import annotations
@@ -565,6 +565,13 @@ def test_playbook_bands_are_validated():
             parse(base + bad + "\n", "x.toml")
 
 
+def test_lab_playbook_parses_and_has_no_stale_band():
+    from conftest import REPO
+
+    pb = parse((REPO / "lab" / "playbook-rxe.toml").read_text(), "lab/playbook-rxe.toml")
+    assert pb.rail_healthy_gbps > 0 and pb.rail_stale_init_gbps == () and pb.rail_fail_below_gbps < pb.rail_healthy_gbps
+
+
 def test_cli_bandwidth_usage_errors(capsys):
     assert cli.run(["fabric", "--serve", "--bandwidth"]) == 64
     assert cli.run(["fabric", "--pair", "h", "--bandwidth", "50", "--pair-timeout", "60"]) == 64
@@ -582,3 +589,47 @@ def test_cli_bandwidth_without_a_device_reports_and_judges(capsys):
     assert set(g) == set(cli.PAIR_GATES)
     assert g["fabric.rail-bandwidth"]["verdict"] == ERROR and rc == out["report"]["exit_code"] != 0
 
+
+# --- the lab's recorded runs (tests/fixtures/lab-rail: one rail boot's pair-test JSON, see lab/README.md) ---
+
+
+def _lab_replay(tmp_path, name: str, *role_args: str) -> dict:
+    from conftest import REPO
+
+    import shutil
+
+    snap = tmp_path / name
+    snap.mkdir()
+    shutil.copy(REPO / "tests" / "fixtures" / "lab-rail" / f"{name}.json", snap / "pair.json")
+    args = list(role_args) or ["--playbook", str(REPO / "lab" / "playbook-rxe.toml")]
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(cli.cli, ["fabric", "--json", "--no-history", "--snapshot", str(snap)] + args,
+                             catch_exceptions=False)
+    return {g["id"]: g for g in json.loads(res.stdout)["gates"]}
+
+
+def test_lab_run_replays_pass_with_the_lab_band_and_names_rxe_retransmissions(tmp_path):
+    g = _lab_replay(tmp_path, "bw-client")
+    rb, pc = g["fabric.rail-bandwidth"], g["fabric.port-counters"]
+    assert rb["verdict"] == PASS and rb["facts"]["gbps"] > rb["facts"]["bands_gbps"]["healthy"] > 0
+    assert rb["facts"]["bands_gbps"]["role"] == "lab-rxe" and rb["facts"]["verified"]
+    # that boot's rxe retransmitted under TCG: one completer retry on the client, duplicates at the server
+    assert pc["verdict"] == WARN and "completer_retry_err +1" in pc["summary"] and "duplicate_request +40" in pc["summary"]
+    sides = {s["side"]: s for s in pc["facts"]["sides"]}
+    assert sides["local"]["counters_read"] >= 17 and sides["peer"]["device"] == "rxrb"
+
+
+def test_lab_run_under_the_expert_bands_is_far_below_without_power_advice(tmp_path):
+    rb = _lab_replay(tmp_path, "bw-client", "--role", "expert")["fabric.rail-bandwidth"]
+    assert rb["verdict"] == FAIL and rb["facts"]["band"] == "far-below" and rb["action"] == "CHECK_FABRIC"
+    assert "reboot the node" not in rb["remedy"]
+
+
+def test_lab_fault_replays_fail_with_the_stop_and_the_retries(tmp_path):
+    g = _lab_replay(tmp_path, "bw-fault-client")
+    rb, pc = g["fabric.rail-bandwidth"], g["fabric.port-counters"]
+    assert rb["verdict"] == FAIL and "the run stopped" in rb["summary"] and "no ACK" in rb["summary"]
+    assert pc["verdict"] == WARN and "completer_retry_err +576" in pc["summary"]
+    s = _lab_replay(tmp_path, "bw-fault-server")["fabric.rail-bandwidth"]
+    assert s["verdict"] == FAIL and "client's end of the run never arrived" in s["summary"]
