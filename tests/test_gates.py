@@ -171,6 +171,22 @@ def test_slow_state_low_utilization_is_inconclusive_never_pass():
     assert gpu.slow_state(ctx(gpu_obs())).verdict == "SKIP"  # no under-load readings
 
 
+@pytest.mark.parametrize("util,verdict", [(7, "WARN"), (79.9, "WARN"), (80, "FAIL"), (None, "FAIL")])
+def test_slow_state_low_utilization_figures_are_idle_not_class_a(util, verdict):
+    """Figures recorded while the GPU was not kept busy (P8, 232 MHz at 7 % utilization) are idle
+    figures: inconclusive, never class A and never the AC power cycle; at 80 % and above (or with no
+    utilization recorded) a clock under half of max is judged as before."""
+    o = gpu_obs(ul=232, mx=3090, util=util)
+    o.gpu.devices[0].under_load.pstate = 8
+    v = gpu.slow_state(ctx(o))
+    assert v.verdict == verdict, v.summary
+    if verdict == "WARN":
+        assert "inconclusive" in v.summary and "class A" not in v.summary and "232 MHz, P8" in v.summary
+        assert "power-cycle" not in v.remedy
+    else:
+        assert "class A" in v.summary
+
+
 @pytest.mark.parametrize("mask,verdict", [(0x1, "PASS"), (0x4, "PASS"), (0x2 | 0x10, "PASS"), (0x20, "WARN"),
                                           (0x8, "FAIL"), (0x40, "FAIL"), (0x80, "FAIL"), (0x24, "WARN")])
 def test_clock_event_bits(mask, verdict):

@@ -235,6 +235,17 @@ def slow_state(ctx: Context) -> Verdict:
         if ul is None or (ul.clock_sm_mhz is None and all(getattr(ul, k) is None for k, _ in THROUGHPUT)):
             verdicts.append((SKIP, f"{label}: no under-load readings (idle clocks are low by design)"))
             continue
+        if ul.utilization_pct is not None and ul.utilization_pct < MIN_UTILIZATION_PCT:
+            # a GPU kept busy is busy longer when slow, never less: low utilization means these are idle
+            # figures (low clock, low power, P8 by design), whatever they show: never class A or B
+            facts[str(d.index)] = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "pstate_under_load": ul.pstate,
+                                   "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct}
+            seen = ", ".join(x for x in (f"{ul.clock_sm_mhz:g} MHz" if ul.clock_sm_mhz is not None else "",
+                                         f"P{ul.pstate}" if ul.pstate is not None else "") if x)
+            verdicts.append((WARN, f"{label}: inconclusive, utilization under load {ul.utilization_pct:g} % "
+                                   f"(< {MIN_UTILIZATION_PCT:g} %): the GPU was not kept busy, so its figures"
+                                   + (f" ({seen})" if seen else "") + " are idle ones, not the slow state"))
+            continue
         eb = ctx.expect.gpu_baselines.get(d.index)  # host baseline, snapshot expect, reference table
         base, src = (eb.value, eb.source) if eb is not None else ({}, "")
         f: dict = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "clock_sm_max_mhz": d.clock_sm_max_mhz,
@@ -269,10 +280,6 @@ def slow_state(ctx: Context) -> Verdict:
             continue
         if found:
             verdicts.append((FAIL, f"{label}: " + "; ".join(found)))
-            continue
-        if ul.utilization_pct is not None and ul.utilization_pct < MIN_UTILIZATION_PCT:
-            verdicts.append((WARN, f"{label}: inconclusive, utilization under load {ul.utilization_pct:g} % "
-                                   f"(< {MIN_UTILIZATION_PCT:g} %)"))
             continue
         compared = [k for k, _ in THROUGHPUT if k in f]
         if clk is None and not compared:
