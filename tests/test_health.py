@@ -128,6 +128,26 @@ def test_gpu_processes_fail_only_where_memory_is_reserved():
     assert gpu.processes(ctx(obs_with(dev(processes="NOT_SUPPORTED")))).verdict == "SKIP"
 
 
+@pytest.mark.parametrize("procs,own,verdict", [
+    ([{"pid": 4242, "name": "afddiag", "used_bytes": 1 << 29, "type": "compute"}], 4242, "PASS"),
+    ([{"pid": 4242, "name": "python3", "used_bytes": 1 << 29, "type": "compute"}], 4242, "PASS"),
+    ([{"pid": 5151, "name": "afddiag-old", "used_bytes": 1 << 29, "type": "compute"}], 4242, "PASS"),
+    ([{"pid": 4242, "name": "afddiag", "used_bytes": 1 << 29, "type": "compute"},
+      {"pid": 77, "name": "python3", "used_bytes": 1 << 30, "type": "compute"}], 4242, "FAIL"),
+    ([{"pid": 4242, "name": "python3", "used_bytes": 1 << 29, "type": "compute"}], 1, "FAIL"),
+])
+def test_gpu_processes_leave_out_afddiag_itself(procs, own, verdict):
+    """The CUDA context afddiag opens to read the SM count is listed by NVML like any other; it is
+    not another tenant (it exits before the engine starts): only the others count."""
+    v = gpu.processes(ctx(obs_with(dev(processes=procs), probe_pid=own), role="coordinator"))
+    assert v.verdict == verdict, v.summary
+    if verdict == "PASS":
+        assert "afddiag's own context left out" in v.summary
+    else:
+        assert "pid 77 python3" in v.summary or own == 1
+        assert "afddiag " not in v.summary
+
+
 @pytest.mark.parametrize("cpu,base,role,verdict", [
     ({"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0}, None, "expert", "PASS"),
     ({"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0}, None, "expert", "FAIL"),

@@ -6,7 +6,7 @@ import re
 
 from afddiag.catalog import remedy
 from afddiag.model import to_jsonable
-from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names
+from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names, is_own_process
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -180,18 +180,26 @@ def _baseline_kind(src: str) -> str:
     return "baseline"
 
 
+def own_pids(d: GpuDevice, g: GpuFacts) -> set[int]:
+    """The pids that are afddiag on ``d``: the GPU probe's (``probe_pid``) and the load probe's
+    (``own_pid`` of its busy checks before and after). Pure."""
+    own = {g.probe_pid} - {None}
+    ul = d.under_load
+    for chk in (d.load_busy_before or (ul.busy_before if ul else None) or {}, (ul.busy_after if ul else None) or {}):
+        if isinstance(chk.get("own_pid"), int):
+            own.add(chk["own_pid"])
+    return own
+
+
 def gpu_busy(d: GpuDevice, g: GpuFacts) -> list[str]:
     """Evidence that another job computes on ``d``: compute processes other than afddiag (NVML, at
     the GPU probe's read, just before and right after the load probe) and utilization at or above
     :data:`afddiag.facts.BUSY_UTILIZATION_PCT` at the GPU probe's read or just before the load probe.
     [] when none was seen. Pure: reads the recorded facts only."""
-    own = {g.probe_pid} - {None}
+    own = own_pids(d, g)
     ul = d.under_load
     before = d.load_busy_before or (ul.busy_before if ul else None) or {}
     after = (ul.busy_after if ul else None) or {}
-    for chk in (before, after):
-        if isinstance(chk.get("own_pid"), int):
-            own.add(chk["own_pid"])
     found = busy_evidence(d.processes, d.utilization_pct, own, "at the GPU probe's read")
     found += busy_evidence(before.get("processes"), before.get("utilization_pct"), own)
     found += busy_evidence(after.get("processes"), None, own)
@@ -521,13 +529,17 @@ def processes(ctx: Context) -> Verdict:
     if (v := _need_gpu(ctx, gid)) is not None:
         return v
     g = ctx.obs.gpu
-    others, unknown, facts = [], [], {}
+    others, unknown, mine, facts = [], [], [], {}
     for d in g.devices:
         facts[str(d.index)] = d.processes
         if isinstance(d.processes, list):
-            others += [(d, p) for p in d.processes if isinstance(p, dict)]
+            own = own_pids(d, g)  # afddiag's own CUDA context is not another tenant: it exits before launch
+            others += [(d, p) for p in d.processes if isinstance(p, dict) and not is_own_process(p, own)]
+            mine += [p.get("pid") for p in d.processes if is_own_process(p, own)]
         else:
             unknown.append(d)
+    if mine:
+        facts["own_pids_left_out"] = sorted({p for p in mine if isinstance(p, int)})
     if others:
         names = "; ".join(f"{_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
                           + (f" {p['used_bytes'] / 2**30:.2f} GiB" if isinstance(p.get("used_bytes"), int) else "")
@@ -543,7 +555,8 @@ def processes(ctx: Context) -> Verdict:
         return Verdict(gid, SKIP, "GPU process list not read (" + ", ".join(
             f"{_label(d)}: {d.processes or 'not captured'}" for d in unknown) + ")",
             "run on the host as a user NVML may ask (root in containers)", facts)
-    return Verdict(gid, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other process holds GPU memory",
+    return Verdict(gid, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other process holds GPU memory"
+                   + (" (afddiag's own context left out: pid " + ", ".join(str(p) for p in mine) + ")" if mine else ""),
                    "nothing to do", facts)
 
 

@@ -75,14 +75,21 @@ def _meminfo(raw: Any) -> dict[str, int] | None:
 BUSY_UTILIZATION_PCT = 10.0  # GPU utilization at or above this while afddiag runs no kernel: another job
 
 
+def is_own_process(p: Any, own_pids: set | frozenset = frozenset()) -> bool:
+    """True when an NVML process entry (``{pid, name, ...}``) is afddiag itself: its pid is one of
+    ``own_pids`` (the probing process, ``GpuFacts.probe_pid``) or its name starts with ``afddiag``
+    (the CUDA context afddiag opens to read the SM count shows in ``nvidia-smi`` like any other)."""
+    return isinstance(p, dict) and (p.get("pid") in own_pids or str(p.get("name") or "").startswith("afddiag"))
+
+
 def other_compute(processes: Any, own_pids: set | frozenset = frozenset()) -> list[dict[str, Any]]:
     """The compute processes in an NVML process list (``[{pid, name, used_bytes, type}]``) that are
-    not afddiag: ``type`` "graphics" (a display server) and ``own_pids`` (the probing process) are
-    left out, as are processes named ``afddiag*``. A list without ``type`` counts as compute."""
+    not afddiag: ``type`` "graphics" (a display server) and afddiag's own (:func:`is_own_process`)
+    are left out. A list without ``type`` counts as compute."""
     if not isinstance(processes, list):
         return []
     return [p for p in processes if isinstance(p, dict) and p.get("type", "compute") != "graphics"
-            and p.get("pid") not in own_pids and not str(p.get("name") or "").startswith("afddiag")]
+            and not is_own_process(p, own_pids)]
 
 
 def busy_evidence(processes: Any, utilization_pct: Any, own_pids: set | frozenset = frozenset(),
