@@ -94,6 +94,22 @@ def test_port_down_fails_link_and_rocev1_fails_rocev2():
     assert v.verdict == "FAIL" and "only as RoCE v1" in v.summary
 
 
+@pytest.mark.parametrize("state,operstate,verdict", [(None, "up", "SKIP"), (None, None, "SKIP"),
+                                                     (None, "down", "FAIL"), ("DOWN", "up", "FAIL"),
+                                                     ("ACTIVE", "up", "PASS")])
+def test_link_unread_port_state_is_no_evidence_of_a_down_link(state, operstate, verdict):
+    """A port state that could not be read (an unreadable or missing ports/<p>/state) is not DOWN:
+    fabric.link says it was not read, never the cable remedy; a netdev read as down still FAILs."""
+    obs = host(second_state=state)
+    obs.fabric.devices[1].ports[0].phys_state = None if state is None else "LinkUp"
+    obs.fabric.netdevs["vc"].operstate = operstate
+    v = fabric.link(ctx(obs, "10.9.0.2"))
+    assert v.verdict == verdict, v.summary
+    if verdict == "SKIP":
+        assert "port state not read" in v.summary and "cable" not in v.remedy
+        assert "state not read" in fabric.rocev2_ipv4(ctx(obs, "10.9.0.2")).summary
+
+
 def test_ambiguous_fabric_ip_warns_and_lists_candidates():
     obs = host()
     dev = obs.fabric.devices[0]

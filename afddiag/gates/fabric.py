@@ -124,6 +124,13 @@ def link(ctx: Context) -> Verdict:
     facts = {"device": e.device, "port": e.port, "state": port.state, "phys_state": port.phys_state,
              "rate": port.rate, "netdev": e.netdev, "netdev_operstate": nd.operstate if nd else None}
     subject = f"{e.device} port {e.port} (fabric IP {ip}, {e.netdev})"
+    if port.state is None and not (nd and nd.operstate in ("down", "lowerlayerdown", "notpresent")):
+        # an unread state is no evidence of a down link: never the cable remedy (a drain) on it
+        why = "; ".join(port.notes) or f"ports/{e.port}/state absent or unreadable"
+        return Verdict(gid, SKIP, f"{subject}: port state not read ({why}); netdev {e.netdev} is "
+                       f"{nd.operstate if nd and nd.operstate else 'in an unknown state'}",
+                       f"read the port state on the host: `cat /sys/class/infiniband/{e.device}/ports/{e.port}/state` "
+                       "or `rdma link show` (as root in a container)", facts)
     if port.state != "ACTIVE" or (port.phys_state and port.phys_state != "LinkUp"):
         return Verdict(gid, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gid), facts)
     if nd and nd.operstate in ("down", "lowerlayerdown", "notpresent"):
@@ -201,8 +208,8 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
     down = [e for e in rocev2_carriers(fab) if e.ip == ip]
     if down:  # the GID is right; the port's link is fabric.link's concern (one fault, one remedy)
         e = down[0]
-        return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)}; its port is {e.port_state} (fabric.link judges "
-                       "the link)", "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
+        return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)}; its port is {e.port_state or 'in a state not read'} "
+                       "(fabric.link judges the link)", "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
     cs = carriers(fab, ip)
     if cs:
         kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
