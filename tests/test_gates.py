@@ -94,6 +94,23 @@ def test_port_down_fails_link_and_rocev1_fails_rocev2():
     assert v.verdict == "FAIL" and "only as RoCE v1" in v.summary
 
 
+def test_unread_gid_type_is_not_roce_v1():
+    """A GID whose gid_attrs/types/<i> was not read (type None) is neither v1 nor v2: no 'only as RoCE
+    v1' claim (HW_INSPECTION, a drain), no map or GID-index FAIL on it; a read v1 type still FAILs."""
+    obs = host(v4_type=None, env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.9.0.2=arxe1"})
+    for ip in ("10.9.0.2", None):
+        v = fabric.rocev2_ipv4(ctx(obs, ip))
+        assert v.verdict == "SKIP" and "GID type not read" in v.summary and "RoCE v1" not in v.remedy, v.summary
+    v = fabric.devicemap_env(ctx(obs, "10.9.0.2"))
+    assert v.verdict == "SKIP" and "entry 10.9.0.2=arxe1" in v.summary and "not read" in v.summary
+    v = fabric.devicemap_env(ctx(host(v4_type=None, env={"NCCL_IB_GID_INDEX": "1"}), "10.9.0.2"))
+    assert v.verdict == "SKIP" and "RoCE v1" not in v.summary
+    v = fabric.devicemap_env(ctx(host(v4_type="IB/RoCE v1", env={"NCCL_IB_GID_INDEX": "1"}), "10.9.0.2"))
+    assert v.verdict == "FAIL" and "a RoCE v1 GID" in v.summary
+    v = fabric.rocev2_ipv4(ctx(host(v4_type="IB/RoCE v1"), None))
+    assert v.verdict == "FAIL" and "only as RoCE v1" in v.summary
+
+
 @pytest.mark.parametrize("state,operstate,verdict", [(None, "up", "SKIP"), (None, None, "SKIP"),
                                                      (None, "down", "FAIL"), ("DOWN", "up", "FAIL"),
                                                      ("ACTIVE", "up", "PASS")])

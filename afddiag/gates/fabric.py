@@ -171,6 +171,19 @@ def _roce_v1_only(gid: str, entries: list[Entry], inventory: list, ip: str | Non
                    action="HW_INSPECTION")
 
 
+TYPE_NOT_READ_REMEDY = ("read the GID types on the host: `cat /sys/class/infiniband/<hca>/ports/<p>/gid_attrs/types/<i>` "
+                        "(or `show_gids`), then re-run; nothing on this host is judged wrong on an unread type")
+
+
+def _type_not_read(gid: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
+    """SKIP: the IPv4-mapped GIDs offer no RoCE v2 entry, but the type of some was not read
+    (gid_attrs/types/<i> unreadable or missing from a capture): an unread type is neither v1 nor v2."""
+    where = "; ".join(_where(e) for e in entries if e.gid_type is None)
+    head = f"fabric IP {ip}" if ip else "IPv4-mapped GIDs"
+    return Verdict(gid, SKIP, f"{head}: GID type not read for {where}: cannot tell RoCE v2 from v1",
+                   TYPE_NOT_READ_REMEDY, {"inventory": inventory})
+
+
 def rocev2_ipv4(ctx: Context) -> Verdict:
     gid = "fabric.rocev2-ipv4"
     fab = ctx.obs.fabric
@@ -193,6 +206,8 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
             return Verdict(gid, FAIL, "no IPv4 RoCE v2 GID on an ACTIVE port: the ports carrying them are not "
                            f"ACTIVE: {'; '.join(ports)}", remedy("fabric.link"), {"inventory": inventory},
                            action="FIX_LINK")
+        if any(e.gid_type is None for e in entries):
+            return _type_not_read(gid, entries, inventory)
         if entries and all(e.gid_type != ROCE_V2 for e in entries):
             return _roce_v1_only(gid, entries, inventory)
         kinds = sorted({e.gid_type or "unknown type" for e in entries})
@@ -213,6 +228,8 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
     cs = carriers(fab, ip)
     if cs:
         kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
+        if any(e.gid_type is None for e in cs):  # unread, not v1: never the HCA-mode remedy on it
+            return _type_not_read(gid, cs, inventory, ip)
         if all(e.gid_type != ROCE_V2 for e in cs):
             return _roce_v1_only(gid, cs, inventory, ip)
         why = "not on an ACTIVE port"
@@ -391,6 +408,12 @@ def devicemap_env(ctx: Context) -> Verdict:
             if eip not in local:
                 continue  # another host's entry in a fleet-wide map
             ok = [e for e in good if e.ip == eip]
+            unread = [e for e in ipv4_entries(fab) if e.ip == eip and e.device == dev and e.gid_type is None
+                      and e.netdev_holds_ip]
+            if not ok and unread:  # the named device carries it; whether as RoCE v2 was not read
+                facts["not_judged"] = f"its entry {eip}={dev}: the GID type of {_where(unread[0])} was not read"
+                facts["not_judged_var"] = MAP_VAR
+                continue
             if not any(e.device == dev for e in ok):
                 right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2)"
                 fails.append(f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
@@ -405,7 +428,8 @@ def devicemap_env(ctx: Context) -> Verdict:
         else:
             facts["not_judged"] = f"fabric IP {ip} has no RoCE v2 GID (fabric.rocev2-ipv4)"
             raw = set_vars.get(NCCL_GID_VAR, "").strip()
-            v1 = [e for e in carriers(fab, ip) if e.gid_type != ROCE_V2 and raw.isdigit() and e.gid_index == int(raw)]
+            v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and raw.isdigit()
+                  and e.gid_index == int(raw)]
             if v1:  # its own fault: NCCL would send RoCE v1 frames, which a RoCE v2 peer drops
                 fails.append(f"{NCCL_GID_VAR}={raw} selects {_where(v1[0])}: a RoCE v1 GID; NCCL needs a RoCE v2 "
                              "GID (the peers speak RoCE v2)")
@@ -466,8 +490,8 @@ def devicemap_env(ctx: Context) -> Verdict:
     if warns:
         return Verdict(gid, WARN, "; ".join(warns), rem, facts)
     if facts.get("not_judged"):
-        return Verdict(gid, SKIP, f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} not judged: {facts['not_judged']}",
-                       "see fabric.rocev2-ipv4", facts)
+        what = facts.get("not_judged_var") or f"{NCCL_HCA_VAR}/{NCCL_GID_VAR}"
+        return Verdict(gid, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
     if ip is None:  # no fabric IP decided: only the map's entries for this host's addresses were judged
         return Verdict(gid, PASS, f"{MAP_VAR} names a RoCE v2 device for each of this host's addresses in it "
                        "(no fabric IP decided: which one the engine uses is not judged)", "nothing to do", facts)
