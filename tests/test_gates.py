@@ -77,6 +77,9 @@ def test_nccl_hca_prefix_and_exact():
     assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "=arxe"}))).verdict == "FAIL"  # exact: no prefix
     v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "arxe1:2"})))
     assert v.verdict == "FAIL"  # wrong port
+    # the catalog's rule: selecting, beside the fabric port, an ACTIVE port with no IPv4 RoCE v2 GID FAILs
+    v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "zrxe0,arxe1"}), "10.9.0.2"))
+    assert v.verdict == "FAIL" and "zrxe0:1 has no IPv4 RoCE v2 GID" in v.summary and "=arxe1:1" in v.remedy
     spec = parse_nccl_hca("roce")
     assert all(spec.selects(d, 1) for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"))
 
