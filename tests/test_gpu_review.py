@@ -1,5 +1,6 @@
 """Reviewer's GPU findings as general rules: a role/model mismatch is not a driver fault, one busy
-process is one root, Xid remedies say only what the evidence says, the catalog lists what gates emit."""
+process is one root, Xid remedies say only what the evidence says. (That the catalog lists what gates
+emit is tests/test_emitted_actions.py's, for every family; it drives these GPU variants.)"""
 
 import json
 import shutil
@@ -108,18 +109,3 @@ def _variants(tmp_path):
         out.append(edited(tmp_path / f"xid{i}", case, lambda r: r.update(xid_events=[
             {"xid": 79, "pci": "x", "text": "79"}, {"xid": 13, "pci": "x", "text": "13"}])))
     return out
-
-
-def test_every_emitted_action_is_listed_in_the_catalog(tmp_path):
-    gates = load()["gates"]
-    seen = set()
-    for case in _variants(tmp_path):
-        for role in ("generic", "coordinator", "expert"):
-            _, g = run(["--snapshot", str(case), "--role", role])
-            for gid, v in g.items():
-                c = gates[gid]
-                listed = {c.get("action", "NONE"), c.get("warn_action") or c.get("action", "NONE"),
-                          *c.get("also_actions", []), "NONE", "RERUN"}
-                assert v["action"] in listed, (case.name, role, gid, v["verdict"], v["action"])
-                seen.add((gid, v["action"]))
-    assert ("gpu.present", "SET_ENV") in seen and ("gpu.errors", "REBOOT") in seen
