@@ -86,3 +86,42 @@ def test_xid_log_flag_feeds_gpu_errors(tmp_path, monkeypatch):
     g = {x["id"]: x for x in json.loads(res.stdout)["gates"]}
     assert seen["xid_log"] == str(log)
     assert g["gpu.errors"]["verdict"] == "FAIL" and "Xid 79" in g["gpu.errors"]["summary"]
+
+
+# where each typed field of the readings lands in the facts, and a value of the wrong type for it
+TYPED_FIELDS = [  # (path in the readings, attribute of GpuFacts or devices[0], a right value, a wrong one)
+    (("driver_version",), "driver_version", "580.95.05", 580),
+    (("xid_source",), "xid_source", "dmesg", ["dmesg"]),
+    (("xid_events",), "xid_events", [], {"xid": 79}),
+    (("cuda_view",), "cuda_view", {"sm": 132}, "132"),
+    (("failed",), "failed", "timed out", True),
+    (("load_failed",), "load_failed", "timed out", 1.0),
+    (("versions",), "versions", {"kernel": "6.8"}, "6.8"),
+    (("devices", 0, "name"), "0.name", "NVIDIA H200", 200),
+    (("devices", 0, "uuid"), "0.uuid", "GPU-1", None),
+    (("devices", 0, "pci_bus_id"), "0.pci_bus_id", "00000000:1B:00.0", 27),
+    (("devices", 0, "cuda", "integrated"), "0.integrated", False, 0),
+    (("devices", 0, "nvml", "ecc"), "0.ecc", "NOT_SUPPORTED", 0),
+    (("devices", 0, "nvml", "processes"), "0.processes", [], {"pid": 1}),
+    (("devices", 0, "nvml", "clocks_event_reason_counters_us"), "0.clocks_event_reason_counters_us", {}, [1]),
+]
+
+
+@pytest.mark.parametrize("path,attr,right,wrong", TYPED_FIELDS)
+def test_a_reading_of_the_wrong_type_is_none_never_kept(path, attr, right, wrong):
+    """gpu_facts_from_readings keeps a field of the recorded H200 readings when it has its type and
+    leaves it None (versions: {}) when it has another: what the readings' shape cannot be trusted for."""
+    from afddiag.model.gpu import gpu_facts_from_readings
+
+    def facts_with(value):
+        r = copy.deepcopy(json.loads((FIX / "h200-live-load" / "gpu.json").read_text()))
+        node = r
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        f = gpu_facts_from_readings(r)
+        obj, name = (f.devices[0], attr.split(".", 1)[1]) if "." in attr else (f, attr)
+        return getattr(obj, name)
+
+    assert facts_with(right) == right
+    assert facts_with(wrong) == ({} if attr == "versions" else None)

@@ -63,6 +63,13 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and -READING_MAX < v < READING_MAX else None
 
 
+def _typed(src: dict[str, Any], key: str, kinds: type | tuple[type, ...]) -> Any:
+    """``src[key]`` when it is an instance of ``kinds``, else None (missing, null, another type): how
+    a recorded reading whose shape is not trusted is read field by field."""
+    v = src.get(key)
+    return v if isinstance(v, kinds) else None
+
+
 def _meminfo(raw: Any) -> dict[str, int] | None:
     """``host_meminfo_kb`` (``/proc/meminfo`` fields in kB) with only the values a kernel can print:
     non-negative integers below 2**64; anything else is left out (None when nothing is left)."""
@@ -190,41 +197,39 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
     if not isinstance(r, dict):
         return GpuFacts(available=False, why="gpu readings are not a JSON object", readings=None)
     meminfo = _meminfo(r.get("host_meminfo_kb"))
-    expect = r.get("expect") if isinstance(r.get("expect"), dict) else {}
+    expect = _typed(r, "expect", dict) or {}
     devices: list[GpuDevice] = []
-    for i, d in enumerate(r.get("devices") if isinstance(r.get("devices"), list) else []):
+    for i, d in enumerate(_typed(r, "devices", list) or []):
         if not isinstance(d, dict):
             continue
-        cuda = d.get("cuda") if isinstance(d.get("cuda"), dict) else {}
-        nvml = d.get("nvml") if isinstance(d.get("nvml"), dict) else {}
+        cuda = _typed(d, "cuda", dict) or {}
+        nvml = _typed(d, "nvml", dict) or {}
         cc = cuda.get("compute_capability")
         if not isinstance(cc, (list, tuple)):  # CUDA not read (or silent): NVML's view of the same fact
             cc = nvml.get("compute_capability")
         dev = GpuDevice(
             index=d.get("index", i) if isinstance(d.get("index", i), int) else i,
-            name=d.get("name") if isinstance(d.get("name"), str) else None,
-            uuid=d.get("uuid") if isinstance(d.get("uuid"), str) else None,
-            pci_bus_id=d.get("pci_bus_id") if isinstance(d.get("pci_bus_id"), str) else None,
+            name=_typed(d, "name", str),
+            uuid=_typed(d, "uuid", str),
+            pci_bus_id=_typed(d, "pci_bus_id", str),
             sm_count=_num(cuda.get("sm_count")),
             compute_capability=(int(cc[0]), int(cc[1]))
             if isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
             else None,
-            integrated=cuda.get("integrated") if isinstance(cuda.get("integrated"), bool) else None,
+            integrated=_typed(cuda, "integrated", bool),
             clock_sm_mhz=_num(nvml.get("clock_sm_mhz")),
             clock_sm_max_mhz=_num(nvml.get("clock_sm_max_mhz")),
             power_mw=_num(nvml.get("power_mw")),
             power_limit_mw=_num(nvml.get("power_limit_mw")),
             pstate=_int(nvml.get("pstate")),
             clocks_event_reasons=_int(nvml.get("clocks_event_reasons")),
-            clocks_event_reason_counters_us=nvml.get("clocks_event_reason_counters_us")
-            if isinstance(nvml.get("clocks_event_reason_counters_us"), dict)
-            else None,
+            clocks_event_reason_counters_us=_typed(nvml, "clocks_event_reason_counters_us", dict),
             temperature_c=_num(nvml.get("temperature_c")),
             utilization_pct=_num(nvml.get("utilization_pct")),
-            ecc=nvml.get("ecc") if isinstance(nvml.get("ecc"), (dict, str)) else None,
-            retired_pages=nvml.get("retired_pages") if isinstance(nvml.get("retired_pages"), (dict, str)) else None,
-            remapped_rows=nvml.get("remapped_rows") if isinstance(nvml.get("remapped_rows"), (dict, str)) else None,
-            processes=nvml.get("processes") if isinstance(nvml.get("processes"), (list, str)) else None,
+            ecc=_typed(nvml, "ecc", (dict, str)),
+            retired_pages=_typed(nvml, "retired_pages", (dict, str)),
+            remapped_rows=_typed(nvml, "remapped_rows", (dict, str)),
+            processes=_typed(nvml, "processes", (list, str)),
         )
         mem = nvml.get("memory_info")
         if isinstance(mem, dict) and _num(mem.get("total_bytes")):
@@ -246,9 +251,9 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         ul = d.get("under_load")
         if isinstance(ul, dict) and isinstance(ul.get("why"), str):
             dev.load_why = ul["why"]
-            dev.load_busy_before = ul.get("busy_before") if isinstance(ul.get("busy_before"), dict) else None
+            dev.load_busy_before = _typed(ul, "busy_before", dict)
         elif isinstance(ul, dict):
-            ach = ul.get("achieved") if isinstance(ul.get("achieved"), dict) else {}
+            ach = _typed(ul, "achieved", dict) or {}
             dev.under_load = UnderLoad(
                 clock_sm_mhz=_num(ul.get("clock_sm_mhz")),
                 power_mw=_num(ul.get("power_mw")),
@@ -259,31 +264,32 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
                 bf16_tflops=_num(ach.get("bf16_tflops")),
                 gemv_gbps=_num(ach.get("gemv_gbps")),
                 copy_gbps=_num(ach.get("copy_gbps")),
-                busy_before=ul.get("busy_before") if isinstance(ul.get("busy_before"), dict) else None,
-                busy_after=ul.get("busy_after") if isinstance(ul.get("busy_after"), dict) else None,
+                busy_before=_typed(ul, "busy_before", dict),
+                busy_after=_typed(ul, "busy_after", dict),
             )
-        for note in d.get("notes") if isinstance(d.get("notes"), list) else []:
+        for note in _typed(d, "notes", list) or []:
             if isinstance(note, str):
                 dev.notes.append(note)
         devices.append(dev)
-    why = r.get("why") if isinstance(r.get("why"), str) else None
+    why = _typed(r, "why", str)
+    baseline = _typed(expect, "baseline", dict)
     return GpuFacts(
         available=bool(devices),
         why=why if not devices else None,
-        driver_version=r.get("driver_version") if isinstance(r.get("driver_version"), str) else None,
+        driver_version=_typed(r, "driver_version", str),
         cuda_driver_version=_num(r.get("cuda_driver_version")),
         devices=devices,
         host_meminfo_kb=meminfo,
-        versions=r.get("versions") if isinstance(r.get("versions"), dict) else {},
+        versions=_typed(r, "versions", dict) or {},
         expect_image_sm_count=_num(expect.get("image_sm_count")),
-        baseline={str(k): v for k, v in expect["baseline"].items() if _num(v) is not None and not isinstance(v, bool)}
-        if isinstance(expect.get("baseline"), dict) else None,
-        notes=[n for n in r.get("notes") if isinstance(n, str)] if isinstance(r.get("notes"), list) else [],
-        xid_events=r.get("xid_events") if isinstance(r.get("xid_events"), list) else None,
-        xid_source=r.get("xid_source") if isinstance(r.get("xid_source"), str) else None,
+        baseline={str(k): v for k, v in baseline.items() if _num(v) is not None and not isinstance(v, bool)}
+        if baseline is not None else None,
+        notes=[n for n in _typed(r, "notes", list) or [] if isinstance(n, str)],
+        xid_events=_typed(r, "xid_events", list),
+        xid_source=_typed(r, "xid_source", str),
         probe_pid=_int(r.get("probe_pid")),
-        cuda_view=r.get("cuda_view") if isinstance(r.get("cuda_view"), dict) else None,
+        cuda_view=_typed(r, "cuda_view", dict),
         readings=r,
-        failed=r.get("failed") if isinstance(r.get("failed"), str) else None,
-        load_failed=r.get("load_failed") if isinstance(r.get("load_failed"), str) else None,
+        failed=_typed(r, "failed", str),
+        load_failed=_typed(r, "load_failed", str),
     )
