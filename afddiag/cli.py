@@ -197,7 +197,7 @@ def _gather_fabric(inputs: Inputs):
 def _no_map_reason(obs) -> str:
     if not (obs.fabric and obs.fabric.devices):
         return "no RDMA device on this host: load the RDMA driver first (afddiag fabric says more)"
-    return ("no IPv4 RoCE v2 GID on an ACTIVE port: put the fabric address on the RoCE netdev first "
+    return ("no IPv4 RoCE v2 GID on any port: put the fabric address on the RoCE netdev first "
             "(afddiag fabric says more)")
 
 
@@ -584,7 +584,8 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
               "opens and the fabric IP's GID.")
 @click.option("--fabric-ip", callback=_ipv4, help="The launcher's fabric IPv4 address (for --format nccl|table|csv).")
 def devicemap(snapshot, fmt, fabric_ip) -> int:
-    """Print DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP for this host (IPv4 RoCE v2 GIDs on ACTIVE ports).
+    """Print DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP for this host (each IPv4 RoCE v2 GID's address → its device,
+    whatever the link does: stderr names an entry whose port is down).
 
     Exits 2 with a message on stderr when no address qualifies (table/csv: when there is no RDMA device).
     """
@@ -602,7 +603,7 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         return 2
     if fabric_ip and fabric_ip not in dm:
         # Every format: a map that lacks the launcher's own address is no answer for it.
-        click.echo(f"afddiag devicemap: fabric IP {fabric_ip} has no IPv4 RoCE v2 GID on an ACTIVE port: give "
+        click.echo(f"afddiag devicemap: fabric IP {fabric_ip} has no IPv4 RoCE v2 GID on this host: give "
                    f"--fabric-ip with one of {', '.join(sorted(dm))}", err=True)
         return 2
     for line in endpoint.devicemap_caveats(obs.fabric, dm):
