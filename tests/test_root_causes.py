@@ -655,3 +655,45 @@ def test_afd_fabric_ip_missing_stays_its_own_fault(tmp_path):
     assert gates(rep)["fabric.rocev2-ipv4"]["verdict"] == PASS
     [root] = [d for d in rep["diagnosis"] if d["gate"] == "launch.fabric-address"]
     assert root["verdict"] == WARN and "AFD_FABRIC_IP is not set" in root["summary"]
+
+
+# --- a GPU that fell off the bus is one fault: what could not be read on it is its symptom ---------
+
+XID79 = "[ 8123.441210] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+
+
+def with_lost_gpu(lost_pci_in_log: str = "0000:3b:00") -> tuple[dict, dict]:
+    """The H200 idle recording plus a second GPU whose NVML handle failed (what the probe records
+    when nvmlDeviceGetHandleByIndex answers GPU_IS_LOST), and a kernel log with an Xid 79."""
+    r = h200_readings("h200-live-idle")
+    r["devices"].append({"index": 1, "name": None, "uuid": None, "pci_bus_id": None, "cuda": None, "nvml": None,
+                         "under_load": None})
+    r["notes"] = ["NVML device 1: nvmlDeviceGetHandleByIndex failed: NVMLError_GpuIsLost: GPU is lost"]
+    r["expect"] = {"image_sm_count": 132}
+    return r, {"dmesg.txt": XID79.replace("0000:3b:00", lost_pci_in_log)}
+
+
+def test_gpu_lost_with_xid79_is_one_fault_named_once(tmp_path):
+    r, files = with_lost_gpu()
+    rep, code = report(["all", "--snapshot", str(gpu_snapshot(tmp_path / "s", r, files))])
+    g = gates(rep)
+    assert g["gpu.errors"]["verdict"] == FAIL and g["gpu.errors"]["action"] == "REBOOT"
+    for gid in ("gpu.memory", "gpu.sm-count", "gpu.clock-events"):
+        assert g[gid]["verdict"] == SKIP and g[gid]["summary"].startswith("not judged: gpu.errors failed (Xid 79"), g[gid]
+        assert "GPU 1 not readable" in g[gid]["summary"]
+    assert "readable: GPU 0 NVIDIA H200: 140.4 GiB" in g["gpu.memory"]["summary"]
+    roots = [(d["gate"], d["action"]) for d in rep["diagnosis"]]
+    assert roots == [("gpu.errors", "REBOOT")], roots
+    assert {"gpu.memory", "gpu.sm-count"} <= set(rep["diagnosis"][0]["explains"])
+    assert code == 2
+
+
+@pytest.mark.parametrize("log", ["", "0000:00:06"])  # no Xid 79; an Xid 79 on the GPU that is read
+def test_unreadable_gpu_without_its_xid79_is_still_a_finding(tmp_path, log):
+    """Without an Xid 79 on another address, a GPU NVML cannot read is not explained: gpu.memory
+    still asks for a look (WARN), it is never folded into an unrelated fault."""
+    r, files = with_lost_gpu(log or "0000:3b:00")
+    rep, _ = report(["gpu", "--snapshot", str(gpu_snapshot(tmp_path / "s", r, files if log else {}))])
+    g = gates(rep)
+    assert g["gpu.memory"]["verdict"] == WARN and "GPU 1" in g["gpu.memory"]["summary"]
+    assert ("gpu.memory", "RERUN") in [(d["gate"], d["action"]) for d in rep["diagnosis"]]

@@ -27,6 +27,43 @@ def _label(d: GpuDevice) -> str:
     return f"GPU {d.index} {d.name or '?'}"
 
 
+_PCI_RE = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
+
+
+def pci_key(text: object) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of a PCI address as an Xid line prints it (``0000:3b:00``) or NVML's
+    busId (``00000000:3B:00.0``); None when it does not parse."""
+    m = _PCI_RE.search(str(text or "").strip())
+    return (int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)) if m else None
+
+
+def lost_gpus(g: GpuFacts) -> tuple[set[int], str]:
+    """The GPUs that fell off the bus: devices NVML gave no readings for (their handle failed:
+    NVML_ERROR_GPU_IS_LOST, "Unable to determine the device handle") on a host whose kernel log has
+    an Xid 79 (GPU has fallen off the bus) on a PCI address no readable GPU has. Returns
+    ``({device index}, words)``, ``(set(), "")`` when there are none. gpu.errors FAILs on that Xid
+    (REBOOT); what other gates cannot read on these devices is that one fault's symptom. Pure."""
+    unread = {d.index for d in g.devices if not d.nvml_read}
+    if not unread:
+        return set(), ""
+    readable = {pci_key(d.pci_bus_id) for d in g.devices if d.nvml_read} - {None}
+    xid79 = [e for e in g.xid_events or [] if isinstance(e, dict) and str(e.get("xid")).strip() == "79"
+             and pci_key(e.get("pci")) not in readable]
+    if not xid79:
+        return set(), ""
+    where = ", ".join(sorted({str(e.get("pci") or "an unnamed GPU") for e in xid79}))
+    return unread, (f"Xid 79, GPU has fallen off the bus on {where}: GPU "
+                    f"{', '.join(str(i) for i in sorted(unread))} not readable by NVML")
+
+
+def _lost_not_judged(gid: str, why: str, judged: str, facts: dict) -> Verdict:
+    """SKIP pointing at gpu.errors for a gate whose only gap is a GPU that fell off the bus (the
+    diagnosis lists it under gpu.errors' root: one fault, one remedy); ``judged``: what the gate
+    found on the readable GPUs."""
+    return Verdict(gid, SKIP, f"not judged: gpu.errors failed ({why})" + (f"; readable: {judged}" if judged else ""),
+                   "fix gpu.errors first (see its remedy), then re-run", {**facts, "lost": why})
+
+
 def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
     g = ctx.obs.gpu
     if (v := probe_failed(gid, g)) is not None:
@@ -91,8 +128,10 @@ def sm_count(ctx: Context) -> Verdict:
     if want is None:
         return Verdict(gid, SKIP, "no expected SM count (the image's export): give --expect-sm N",
                        "pass --expect-sm with the SM count the image's kernels were exported for", facts)
-    unknown = [d for d in g.devices if d.sm_count is None]
-    wrong = [d for d in g.devices if d.sm_count is not None and d.sm_count != want]
+    lost, lost_why = lost_gpus(g)
+    devs = [d for d in g.devices if d.index not in lost]
+    unknown = [d for d in devs if d.sm_count is None]
+    wrong = [d for d in devs if d.sm_count is not None and d.sm_count != want]
     if wrong:
         d = wrong[0]
         return Verdict(gid, FAIL, f"{_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
@@ -100,6 +139,8 @@ def sm_count(ctx: Context) -> Verdict:
     if unknown:
         return Verdict(gid, WARN, f"{_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
                        "check that libcuda.so.1 loads (driver installed, /dev/nvidia* visible)", facts)
+    if lost:
+        return _lost_not_judged(gid, lost_why, f"{len(devs)} GPU(s) with {want} SMs" if devs else "", facts)
     return Verdict(gid, PASS, f"{len(g.devices)} GPU(s) have {want} SMs, as the image expects ({src})",
                    "nothing to do", facts)
 
@@ -112,13 +153,15 @@ def memory(ctx: Context) -> Verdict:
     facts = {str(d.index): {"total_bytes": d.memory_total_bytes, "free_bytes": d.memory_free_bytes,
                             "used_bytes": d.memory_used_bytes, "source": d.memory_source, "unified": d.unified}
              for d in g.devices}
-    missing = [d for d in g.devices if not d.memory_total_bytes]
+    lost, lost_why = lost_gpus(g)
+    devs = [d for d in g.devices if d.index not in lost]
+    missing = [d for d in devs if not d.memory_total_bytes]
     if missing:
         d = missing[0]
         return Verdict(gid, WARN, f"{_label(d)}: total memory not read ({'; '.join(d.notes) or 'no reading'})",
                        remedy(gid), facts)
     pb = ctx.playbook
-    for d in g.devices:
+    for d in devs:
         if pb.min_memory_bytes and d.memory_total_bytes < pb.min_memory_bytes:
             return Verdict(gid, FAIL, f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
                            f"{pb.min_memory_bytes / 1e9:.0f} GB", "run this role on a GPU with enough memory", facts)
@@ -132,7 +175,9 @@ def memory(ctx: Context) -> Verdict:
                                f"{d.memory_total_bytes / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
                                f"{need / 2**30:.2f} GiB", "stop the other processes holding GPU memory "
                                "(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`)", facts)
-    parts = [f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in g.devices]
+    parts = [f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in devs]
+    if lost:
+        return _lost_not_judged(gid, lost_why, "; ".join(parts), facts)
     return Verdict(gid, PASS, "; ".join(parts), "nothing to do", facts)
 
 
@@ -142,7 +187,10 @@ def clock_events(ctx: Context) -> Verdict:
         return v
     g = ctx.obs.gpu
     worst, lines, facts = PASS, [], {}
+    lost, lost_why = lost_gpus(g)
     for d in g.devices:
+        if d.index in lost:  # no reading is no "no reason bit"
+            continue
         idle = d.clocks_event_reasons or 0
         load = (d.under_load.clocks_event_reasons or 0) if d.under_load else 0
         mask = idle | load
@@ -164,6 +212,9 @@ def clock_events(ctx: Context) -> Verdict:
                 spent = {**hw, **({"sw_thermal_slowdown": th} if th else {})}
                 lines.append(f"{_label(d)}: no bit now, but has spent time in " +
                              ", ".join(f"{k} {v / 1e6:.2f} s" for k, v in spent.items()))
+    if worst == PASS and lost:
+        return _lost_not_judged(gid, lost_why, f"{len(g.devices) - len(lost)} GPU(s) without a thermal, HW slowdown "
+                                "or power-brake reason" if len(lost) < len(g.devices) else "", facts)
     if worst == PASS:
         seen = sorted({n for f in facts.values() for n in f["names"]})
         return Verdict(gid, PASS, f"{len(g.devices)} GPU(s): no thermal, HW slowdown or power-brake reason"
@@ -604,8 +655,12 @@ def headroom(ctx: Context) -> Verdict:
         return v
     g, pb = ctx.obs.gpu, ctx.playbook
     results: list[tuple[str, str, dict]] = []
+    lost, lost_why = lost_gpus(g)
     for d in g.devices:
         label = _label(d)
+        if d.index in lost:
+            results.append((SKIP, f"{label}: not read ({lost_why}; gpu.errors)", {}))
+            continue
         if d.unified:
             need = pb.reserve_bytes or int(pb.reserve_fraction * (d.memory_total_bytes or 0))
             if not need:
@@ -636,6 +691,8 @@ def headroom(ctx: Context) -> Verdict:
     summary = "; ".join(s for v, s, _ in results if v == worst)
     facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results)}
     facts["host_meminfo_kb"] = g.host_meminfo_kb
+    if lost and worst in (PASS, SKIP):  # nothing wrong on the readable GPUs: the lost one is gpu.errors'
+        return _lost_not_judged(gid, lost_why, summary if worst == PASS else "", facts)
     cache = worst == WARN and any("page cache" in s for v, s, _ in results if v == WARN)
     rem = {FAIL: remedy(gid), WARN: remedy(gid + ".cache") if cache
            else "read /proc/meminfo and NVML memory on the host (`afddiag gpu`)",

@@ -160,6 +160,7 @@ class GpuDevice:
     retired_pages: dict[str, Any] | str | None = None
     remapped_rows: dict[str, Any] | str | None = None
     processes: list[dict[str, Any]] | str | None = None  # other processes holding GPU memory
+    nvml_read: bool = True  # False: NVML gave no readings for it (its handle failed, e.g. GPU_IS_LOST; or CUDA-only)
     notes: list[str] = field(default_factory=list)
 
 
@@ -230,6 +231,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
             retired_pages=_typed(nvml, "retired_pages", (dict, str)),
             remapped_rows=_typed(nvml, "remapped_rows", (dict, str)),
             processes=_typed(nvml, "processes", (list, str)),
+            nvml_read=isinstance(d.get("nvml"), dict),
         )
         mem = nvml.get("memory_info")
         if isinstance(mem, dict) and _num(mem.get("total_bytes")):
