@@ -148,6 +148,21 @@ def test_gpu_processes_leave_out_afddiag_itself(procs, own, verdict):
         assert "afddiag " not in v.summary
 
 
+@pytest.mark.parametrize("role", ["coordinator", "expert", None])
+def test_gpu_processes_display_server_is_not_a_tenant(role):
+    """Xorg and gnome-shell (NVML graphics processes) on a desktop Spark or a workstation coordinator
+    are named but not counted: the memory they hold is in the free figure the memory gates judge; a
+    compute process beside them is still another tenant."""
+    gfx = [{"pid": 1804, "name": "Xorg", "used_bytes": 180 << 20, "type": "graphics"},
+           {"pid": 2090, "name": "gnome-shell", "used_bytes": 60 << 20, "type": "graphics"}]
+    v = gpu.processes(ctx(obs_with(dev(processes=gfx)), role=role))
+    assert v.verdict == "PASS" and "not tenants: GPU 0 NVIDIA H200: pid 1804 Xorg 0.18 GiB" in v.summary, v.summary
+    job = {"pid": 3311, "name": "python3", "used_bytes": 24 << 30, "type": "compute"}
+    v = gpu.processes(ctx(obs_with(dev(processes=gfx + [job])), role=role))
+    assert v.verdict == ("WARN" if role is None else "FAIL") and "pid 3311 python3" in v.summary
+    assert "Xorg" not in v.summary
+
+
 @pytest.mark.parametrize("cpu,base,role,verdict", [
     ({"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0}, None, "expert", "PASS"),
     ({"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0}, None, "expert", "FAIL"),

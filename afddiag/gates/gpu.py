@@ -580,21 +580,34 @@ def processes(ctx: Context) -> Verdict:
     if (v := _need_gpu(ctx, gid)) is not None:
         return v
     g = ctx.obs.gpu
-    others, unknown, mine, facts = [], [], [], {}
+    others, unknown, mine, shown, facts = [], [], [], [], {}
     for d in g.devices:
         facts[str(d.index)] = d.processes
         if isinstance(d.processes, list):
             own = own_pids(d, g)  # afddiag's own CUDA context is not another tenant: it exits before launch
-            others += [(d, p) for p in d.processes if isinstance(p, dict) and not is_own_process(p, own)]
-            mine += [p.get("pid") for p in d.processes if is_own_process(p, own)]
+            for p in d.processes:
+                if not isinstance(p, dict):
+                    continue
+                if is_own_process(p, own):
+                    mine.append(p.get("pid"))
+                elif p.get("type") == "graphics":  # a display server: its memory is in the free figure
+                    shown.append((d, p))
+                else:
+                    others.append((d, p))
         else:
             unknown.append(d)
     if mine:
         facts["own_pids_left_out"] = sorted({p for p in mine if isinstance(p, int)})
+
+    def listed(pairs: list) -> str:
+        return "; ".join(f"{_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
+                         + (f" {p['used_bytes'] / 2**30:.2f} GiB" if isinstance(p.get("used_bytes"), int) else "")
+                         for d, p in pairs)
+
+    if shown:
+        facts["graphics"] = [{"device": d.index, **p} for d, p in shown]
     if others:
-        names = "; ".join(f"{_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
-                          + (f" {p['used_bytes'] / 2**30:.2f} GiB" if isinstance(p.get("used_bytes"), int) else "")
-                          for d, p in others)
+        names = listed(others)
         pb = ctx.playbook
         reserve = pb.reserve_fraction or pb.reserve_bytes  # a role that reserves memory, by fraction or bytes
         verdict = FAIL if reserve else WARN
@@ -606,8 +619,10 @@ def processes(ctx: Context) -> Verdict:
         return Verdict(gid, SKIP, "GPU process list not read (" + ", ".join(
             f"{_label(d)}: {d.processes or 'not captured'}" for d in unknown) + ")",
             "run on the host as a user NVML may ask (root in containers)", facts)
-    return Verdict(gid, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other process holds GPU memory"
-                   + (" (afddiag's own context left out: pid " + ", ".join(str(p) for p in mine) + ")" if mine else ""),
+    return Verdict(gid, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other compute process holds GPU memory"
+                   + (" (afddiag's own context left out: pid " + ", ".join(str(p) for p in mine) + ")" if mine else "")
+                   + (f"; graphics (display server) processes, not tenants: {listed(shown)} (their memory is in the "
+                      "free figure gpu.memory and gpu.headroom judge)" if shown else ""),
                    "nothing to do", facts)
 
 
