@@ -207,11 +207,11 @@ def test_slow_state_low_utilization_is_inconclusive_never_pass():
     assert gpu.slow_state(ctx(gpu_obs())).verdict == "SKIP"  # no under-load readings
 
 
-@pytest.mark.parametrize("util,verdict", [(7, "WARN"), (79.9, "WARN"), (80, "FAIL"), (None, "FAIL")])
+@pytest.mark.parametrize("util,verdict", [(7, "WARN"), (79.9, "WARN"), (80, "FAIL")])
 def test_slow_state_low_utilization_figures_are_idle_not_class_a(util, verdict):
     """Figures recorded while the GPU was not kept busy (P8, 232 MHz at 7 % utilization) are idle
-    figures: inconclusive, never class A and never the AC power cycle; at 80 % and above (or with no
-    utilization recorded) a clock under half of max is judged as before."""
+    figures: inconclusive, never class A and never the AC power cycle; at 80 % and above a clock
+    under half of max is judged as before (no utilization at all: the next test)."""
     o = gpu_obs(ul=232, mx=3090, util=util)
     o.gpu.devices[0].under_load.pstate = 8
     v = gpu.slow_state(ctx(o))
@@ -221,6 +221,20 @@ def test_slow_state_low_utilization_figures_are_idle_not_class_a(util, verdict):
         assert "power-cycle" not in v.remedy
     else:
         assert "class A" in v.summary
+
+
+@pytest.mark.parametrize("pstate,util,verdict", [(8, None, "WARN"), (12, None, "WARN"), (2, None, "FAIL"),
+                                                 (8, 100, "FAIL"), (None, None, "FAIL")])
+def test_slow_state_p8_reading_without_utilization_is_idle(pstate, util, verdict):
+    """A recording with no utilization figure whose P-state is P8 or deeper was not taken under a
+    compute load (compute runs at P0-P2): inconclusive, never class A. With utilization at 100 % a GPU
+    stuck in P8 is judged (that is a slow GPU, not an idle one)."""
+    o = gpu_obs(ul=240, mx=3090, util=util)
+    o.gpu.devices[0].under_load.pstate = pstate
+    v = gpu.slow_state(ctx(o))
+    assert v.verdict == verdict, v.summary
+    if verdict == "WARN":
+        assert f"P{pstate} (an idle performance state) and no utilization recorded" in v.summary
 
 
 @pytest.mark.parametrize("mask,verdict", [(0x1, "PASS"), (0x4, "PASS"), (0x2 | 0x10, "PASS"), (0x20, "WARN"),

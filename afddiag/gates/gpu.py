@@ -15,6 +15,7 @@ WARN_BITS = 0x20
 SLOW_CLOCK_FRACTION = 0.5  # class A: under-load SM clock below half of max or of baseline
 SLOW_THROUGHPUT_FRACTION = 0.8  # class B: any throughput figure below 80 % of baseline
 MIN_UTILIZATION_PCT = 80.0
+IDLE_PSTATE = 8  # P8 and deeper are idle performance states; a compute load runs at P0-P2
 THROUGHPUT = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"), ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
 
 
@@ -294,15 +295,18 @@ def slow_state(ctx: Context) -> Verdict:
         if ul is None or (ul.clock_sm_mhz is None and all(getattr(ul, k) is None for k, _ in THROUGHPUT)):
             verdicts.append((SKIP, f"{label}: no under-load readings (idle clocks are low by design)"))
             continue
-        if ul.utilization_pct is not None and ul.utilization_pct < MIN_UTILIZATION_PCT:
+        idle_pstate = ul.utilization_pct is None and ul.pstate is not None and ul.pstate >= IDLE_PSTATE
+        if (ul.utilization_pct is not None and ul.utilization_pct < MIN_UTILIZATION_PCT) or idle_pstate:
             # a GPU kept busy is busy longer when slow, never less: low utilization means these are idle
-            # figures (low clock, low power, P8 by design), whatever they show: never class A or B
+            # figures (low clock, low power, P8 by design), whatever they show: never class A or B. Without
+            # a utilization figure, P8 or deeper says the same (compute runs at P0-P2).
             facts[str(d.index)] = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "pstate_under_load": ul.pstate,
                                    "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct}
             seen = ", ".join(x for x in (f"{ul.clock_sm_mhz:g} MHz" if ul.clock_sm_mhz is not None else "",
                                          f"P{ul.pstate}" if ul.pstate is not None else "") if x)
-            verdicts.append((WARN, f"{label}: inconclusive, utilization under load {ul.utilization_pct:g} % "
-                                   f"(< {MIN_UTILIZATION_PCT:g} %): the GPU was not kept busy, so its figures"
+            why = (f"P{ul.pstate} (an idle performance state) and no utilization recorded" if idle_pstate else
+                   f"utilization under load {ul.utilization_pct:g} % (< {MIN_UTILIZATION_PCT:g} %)")
+            verdicts.append((WARN, f"{label}: inconclusive, {why}: the GPU was not kept busy, so its figures"
                                    + (f" ({seen})" if seen else "") + " are idle ones, not the slow state"))
             continue
         eb = ctx.expect.gpu_baselines.get(d.index)  # host baseline, snapshot expect, reference table
