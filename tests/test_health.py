@@ -118,6 +118,22 @@ def test_gpu_errors(kw, xids, verdict, words):
     assert v.verdict == verdict and words in v.summary, v.summary
 
 
+@pytest.mark.parametrize("rows,xids,action", [
+    ({"correctable": 0, "uncorrectable": 512, "pending": False, "failure": True},
+     [{"xid": 64, "pci": "0000:b3:00", "text": "Row Remapper Error: Failed to remap row"}], "HW_INSPECTION"),
+    ({"correctable": 0, "uncorrectable": 512, "pending": False, "failure": True},
+     [{"xid": 79, "pci": "0000:b3:00", "text": "GPU has fallen off the bus."}], "HW_INSPECTION"),
+    ({"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}, [], "RESET_GPU"),
+])
+def test_gpu_errors_row_remap_failure_is_service_not_a_reset(rows, xids, action):
+    """No spare rows left (the remap failure flag, NVIDIA's RMA threshold): drain for service
+    (HW_INSPECTION), never a GPU reset that cannot restore them; a pending remap is still a reset."""
+    v = gpu.errors(ctx(obs_with(dev(ecc=ECC_OK, remapped_rows=rows), xid_events=xids, xid_source="/dev/kmsg")))
+    assert v.verdict == "FAIL" and v.action == action, (v.action, v.summary)
+    if action == "HW_INSPECTION":
+        assert "RMA" in v.remedy and "does not restore spare rows" in v.remedy
+
+
 def test_gpu_processes_fail_only_where_memory_is_reserved():
     procs = [{"pid": 4242, "name": "python3", "used_bytes": 2 << 30, "type": "compute"}]
     v = gpu.processes(ctx(obs_with(dev(processes=procs))))

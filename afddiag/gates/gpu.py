@@ -473,7 +473,10 @@ XID_APP = {8: "GPU stopped processing (channel idle timeout)", 13: "graphics eng
 RECOVERY_ACTIONS = (("node reboot required", "REBOOT"), ("system reboot", "REBOOT"), ("drain and reset", "RESET_GPU"),
                     ("gpu reset required", "RESET_GPU"), ("bus reset", "RESET_GPU"), ("drain p2p", "WARN"),
                     ("(none)", "NONE"))
-ACTION_RANK = {"REBOOT": 3, "RESET_GPU": 2}
+ACTION_RANK = {"HW_INSPECTION": 4, "REBOOT": 3, "RESET_GPU": 2}
+REMAP_FAILED_REMEDY = ("drain the host and have the GPU serviced (RMA): row remapping failed, no spare rows are left in "
+                       "that bank (NVIDIA's GPU memory error management guide: the failure flag is the RMA threshold); "
+                       "a reset or reboot does not restore spare rows")
 XID_UNKNOWN = "not in afddiag's Xid table"
 
 
@@ -516,6 +519,7 @@ def errors(ctx: Context) -> Verdict:
                        + (f"; kernel log {g.xid_source}" if g.xid_source else "") + ")",
                        "run on the host (as root for the kernel log)")
     fails, warns, facts = [], [], {"xid_source": g.xid_source, "xid_events": g.xid_events}
+    service: list[str] = []  # GPUs whose row remapping failed: service (RMA), not a reset
     for d in g.devices:
         label = _label(d)
         f = facts[str(d.index)] = {"ecc": d.ecc, "retired_pages": d.retired_pages, "remapped_rows": d.remapped_rows}
@@ -530,6 +534,7 @@ def errors(ctx: Context) -> Verdict:
             rr = d.remapped_rows
             if rr.get("failure"):
                 fails.append(f"{label}: row remapping failed (no spare rows)")
+                service.append(label)
             elif rr.get("pending"):
                 fails.append(f"{label}: row remapping pending: the GPU needs a reset")
             elif (rr.get("uncorrectable") or 0) > 0:
@@ -537,7 +542,7 @@ def errors(ctx: Context) -> Verdict:
         if isinstance(d.retired_pages, dict) and d.retired_pages.get("pending"):
             fails.append(f"{label}: page retirement pending: the GPU needs a reset")
         f["not_supported"] = [k for k in ("ecc", "retired_pages", "remapped_rows") if getattr(d, k) == "NOT_SUPPORTED"]
-    xid_actions: list[str] = []
+    xid_actions: list[str] = ["HW_INSPECTION"] if service else []  # a remap failure is service, whatever the Xids
     driver_said: list[str] = []  # REBOOT/RESET_GPU the driver printed (a recovery action line), not inferred
     unknown_xid = False
     last_154: dict = {}
@@ -563,7 +568,7 @@ def errors(ctx: Context) -> Verdict:
                          + ("the driver says the GPU needs a node reboot" if "REBOOT" in driver_said
                             else f"Xid 79: {XID_FATAL[79][0]}, NVIDIA's Xid catalog resolves it with a node reboot")
                          + "); a repeating Xid 79 or a second occurrence means service (RMA)",
-               "RESET_GPU": remedy(gid)}[act]
+               "RESET_GPU": remedy(gid), "HW_INSPECTION": REMAP_FAILED_REMEDY}[act]
         return Verdict(gid, FAIL, "; ".join(dict.fromkeys(fails)), rem, facts, action=act)
     if warns:
         rem = ("application-caused or contained: restart the application that hit it (its log names the "
