@@ -147,6 +147,10 @@ def _fabric_incidents(tmp: Path, seen: Seen) -> None:
                 {"NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1"}):
         le = envfile(tmp, "nccl.env", {"AFD_FABRIC_IP": "192.168.100.11", **env})
         seen.add(report(["all", "--snapshot", str(c02), "--launch-env", str(le)])["gates"], f"02 env {env}")
+    # the map lacks the fabric IP while the first enumerated device (the engine's fallback) carries it: WARN
+    le = envfile(tmp, "nomap.env", {"AFD_FABRIC_IP": "198.51.100.72",
+                                    "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "198.51.100.73=mlx5_0"})
+    seen.add(report(["all", "--snapshot", str(c12), "--launch-env", str(le)])["gates"], "12 map lacks the fabric IP")
     # negotiated link speed against the expert role's 200 Gb/s
     for speed in (200000, 150000, 100000):
         snap = derive(c12, tmp / f"speed{speed}", {"sys/class/net/ens3np0/speed": f"{speed}\n"})

@@ -84,6 +84,27 @@ def test_nccl_hca_prefix_and_exact():
     assert all(spec.selects(d, 1) for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"))
 
 
+def test_map_without_the_fabric_ip_is_the_fault_when_the_fallback_device_lacks_it():
+    """A map set without the fabric IP's entry sends the engine to the first enumerated device: when
+    that device does not carry the address, the missing entry is the fault (FAIL, one root explaining
+    fabric.first-device) and the remedy adds the entry to the map as it is (never 'unset' it, which
+    gives the same first device); when the first device carries it, only a WARN."""
+    from afddiag.diagnosis import prepare
+
+    env = {"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.8.0.9=rocep1s0f1"}  # another host's entry only
+    c = ctx(host(env=env), "10.9.0.2")
+    v = fabric.devicemap_env(c)
+    assert v.verdict == "FAIL" and "no entry for fabric IP 10.9.0.2" in v.summary and "zrxe0" in v.summary, v.summary
+    assert "MAP=10.8.0.9=rocep1s0f1,10.9.0.2=arxe1" in v.remedy and "unset" not in v.remedy, v.remedy
+    roots = prepare([fabric.first_device(c), v])
+    assert [(r["gate"], r["action"], r["explains"]) for r in roots] == [
+        ("fabric.devicemap-env", "SET_ENV", ["fabric.first-device"])]
+    swapped = host(env=env)
+    swapped.fabric.devices.reverse()  # arxe1, which carries 10.9.0.2, enumerates first
+    v = fabric.devicemap_env(ctx(swapped, "10.9.0.2"))
+    assert v.verdict == "WARN" and "arxe1, which carries it" in v.summary
+
+
 def test_nccl_gid_index():
     assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "1"}))).verdict == "PASS"
     v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "0"})))

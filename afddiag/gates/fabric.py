@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.catalog import remedy
-from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, parse_device_map, parse_nccl_hca
+from afddiag.envvars import (MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, format_device_map, parse_device_map,
+                              parse_nccl_hca)
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
                                   order_known, rocev2_carriers, usable_rocev2)
@@ -418,7 +419,14 @@ def devicemap_env(ctx: Context) -> Verdict:
                 right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2)"
                 fails.append(f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
         if ip and ip not in entries:
-            warns.append(f"{MAP_VAR} has no entry for fabric IP {ip}: the engine falls back to the first device")
+            first = fab.devices[0].name if order_known(fab) else None
+            gap = f"{MAP_VAR} has no entry for fabric IP {ip}: the engine falls back to the first enumerated device"
+            if first and not any(e.device == first for e in carriers(fab, ip)):
+                # the missing entry is why the engine opens the wrong device: this gate's FAIL is the root
+                # fabric.first-device's FAIL follows from (one fault, one remedy: add the entry)
+                fails.append(f"{gap}, {first}, which does not carry it")
+            else:
+                warns.append(gap + (f", {first}, which carries it" if first else " (device order unknown)"))
     target = [e for e in good if e.ip == ip] if ip else []
     need_ip = (NCCL_HCA_VAR in set_vars or NCCL_GID_VAR in set_vars)
     if need_ip and not target:
@@ -477,12 +485,23 @@ def devicemap_env(ctx: Context) -> Verdict:
     fix = []
     if target:
         t = target[0]
-        fix.append(f"{MAP_VAR}={ip}={t.device}")
+        if MAP_VAR in set_vars:  # the map corrected, never dropped: other hosts' entries kept, this host's fixed
+            fixed = {}
+            for eip, dev in parse_device_map(set_vars[MAP_VAR])[0].items():
+                ok = [e for e in good if e.ip == eip]
+                fixed[eip] = dev if not ok or any(e.device == dev for e in ok) else ok[0].device
+            fixed[ip] = t.device
+            fix.append(f"{MAP_VAR}={format_device_map(fixed)}")
+        else:
+            fix.append(f"{MAP_VAR}={ip}={t.device}")
         if NCCL_HCA_VAR in set_vars:
             fix.append(f"{NCCL_HCA_VAR}=={t.device}:{t.port}")
         if NCCL_GID_VAR in set_vars:
             fix.append(f"{NCCL_GID_VAR}={t.gid_index}")
-    rem = ("set " + " ".join(fix) + " (or unset the wrong variable)") if fix else remedy(gid)
+    nccl = [k for k in (NCCL_HCA_VAR, NCCL_GID_VAR) if k in set_vars]
+    # unsetting the map sends the engine to the first enumerated device: only an NCCL variable may go
+    rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(nccl)})" if nccl else "")) if fix \
+        else remedy(gid)
     facts["problems"] = fails + warns
     names = ", ".join(set_vars)
     if fails:
