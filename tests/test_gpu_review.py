@@ -109,3 +109,31 @@ def _variants(tmp_path):
         out.append(edited(tmp_path / f"xid{i}", case, lambda r: r.update(xid_events=[
             {"xid": 79, "pci": "x", "text": "79"}, {"xid": 13, "pci": "x", "text": "13"}])))
     return out
+
+
+def _as_mig(readings):
+    """The H200 with MIG mode on: NVML reads the whole GPU (CUDA does not list it), CUDA lists one
+    3g.71gb instance of 60 SMs (its name and MIG- UUID as cuDeviceGetName/cuDeviceGetUuid give them)."""
+    whole = readings["devices"][0]
+    whole["cuda"] = None
+    readings["devices"].append({"index": 0, "name": "NVIDIA H200 MIG 3g.71gb", "uuid": "MIG-5f1e0000-aaaa-bbbb-cccc-000000000001",
+                                "pci_bus_id": None, "cuda": {"sm_count": 60, "compute_capability": [9, 0], "integrated": False},
+                                "cuda_ordinal": 0, "nvml": None, "under_load": None})
+
+
+def test_a_mig_instance_is_the_partitions_fault_not_the_images(tmp_path):
+    rep, g = run(["--snapshot", str(edited(tmp_path, H200, _as_mig)), "--expect-sm", "132"])
+    v = g["gpu.sm-count"]
+    assert v["verdict"] == "FAIL" and "MIG instance (3g.71gb, 60 SMs)" in v["summary"], v
+    assert v["action"] == "RESET_GPU" and "-mig 0" in v["remedy"] and "rebuild" not in v["remedy"].split("Do not")[0]
+    assert v["facts"]["mig_instance"] == {"device": 0, "profile": "3g.71gb", "sm_count": 60}
+    # the slice has no NVML reading of its own: that is MIG, not a memory fault (NVML's whole GPU is judged)
+    assert g["gpu.memory"]["verdict"] == "PASS", g["gpu.memory"]
+    roots = [d["gate"] for d in rep["diagnosis"]]
+    assert roots == ["gpu.sm-count"], rep["diagnosis"]
+
+
+def test_a_whole_gpu_with_another_sm_count_still_asks_for_the_images_rebuild(tmp_path):
+    rep, g = run(["--snapshot", str(H200), "--expect-sm", "170"])
+    v = g["gpu.sm-count"]
+    assert v["verdict"] == "FAIL" and v["action"] == "REBUILD_IMAGE" and "MIG" not in v["summary"]

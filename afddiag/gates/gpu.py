@@ -28,6 +28,19 @@ def _label(d: GpuDevice) -> str:
     return f"GPU {d.index} {d.name or '?'}"
 
 
+_MIG_RE = re.compile(r"\bMIG (\d+g\.\d+gb)\b", re.IGNORECASE)
+
+
+def mig_instance(d: GpuDevice) -> str | None:
+    """The MIG profile (``"3g.40gb"``) when device ``d`` is a MIG instance, as CUDA enumerates one with
+    MIG mode on (``cuDeviceGetName``: "NVIDIA H100 80GB HBM3 MIG 3g.40gb"; its UUID starts ``MIG-``);
+    ``"MIG"`` when only the UUID says so; None for a whole GPU. Pure."""
+    m = _MIG_RE.search(d.name or "")
+    if m:
+        return m.group(1)
+    return "MIG" if str(d.uuid or "").upper().startswith("MIG-") else None
+
+
 _PCI_RE = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
 
 
@@ -135,6 +148,12 @@ def sm_count(ctx: Context) -> Verdict:
     wrong = [d for d in devs if d.sm_count is not None and d.sm_count != want]
     if wrong:
         d = wrong[0]
+        mig = mig_instance(d)
+        if mig and d.sm_count < want:  # the partition is the cause: a slice of a GPU, not another model
+            facts["mig_instance"] = {"device": d.index, "profile": mig, "sm_count": d.sm_count}
+            return Verdict(gid, FAIL, f"{_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), the image was exported "
+                           f"for {want} SMs: MIG mode partitions this GPU", remedy("gpu.sm-count.mig"), facts,
+                           action="RESET_GPU")
         return Verdict(gid, FAIL, f"{_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
                        remedy(gid).format(have=d.sm_count), facts)
     if unknown:
@@ -156,6 +175,11 @@ def memory(ctx: Context) -> Verdict:
              for d in g.devices}
     lost, lost_why = lost_gpus(g)
     devs = [d for d in g.devices if d.index not in lost]
+    # a MIG instance CUDA lists has no NVML reading of its own: NVML reads its whole GPU, judged here
+    slices = [d for d in devs if mig_instance(d) and not d.nvml_read]
+    if slices:
+        facts["mig_instances_judged_through_their_gpu"] = [d.index for d in slices]
+        devs = [d for d in devs if d not in slices]
     missing = [d for d in devs if not d.memory_total_bytes]
     if missing:
         d = missing[0]
