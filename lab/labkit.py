@@ -66,6 +66,15 @@ def sh_json(args: list[str]) -> object:
         return {"unparsed": p.stdout, "stderr": p.stderr, "rc": p.returncode}
 
 
+def capture_resources(results: dict, kinds: tuple[str, ...], tag: str = "after_runs") -> None:
+    """``rdma -j resource show <kind>`` for each of ``kinds`` and the whole ``rdma -j resource show``
+    into ``results["captures"]["resource_<kind>_<tag>"]`` and ``["resource_<tag>"]``: what is left
+    behind (every QP, PD, MR afddiag made must be gone)."""
+    for kind in kinds:
+        results["captures"][f"resource_{kind}_{tag}"] = sh_json(["rdma", "-j", "resource", "show", kind])
+    results["captures"][f"resource_{tag}"] = sh_json(["rdma", "-j", "resource", "show"])
+
+
 def read(path: str) -> str | None:
     """A sysfs attribute as stripped text, or None when it cannot be read."""
     try:

@@ -34,7 +34,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (FABRIC_IP, FIRST_DEV, LOG, MAP_VAR, PEER_IP, SECOND_DEV, T0, build,  # noqa: E402,F401
+from labkit import (capture_resources, FABRIC_IP, FIRST_DEV, LOG, MAP_VAR, PEER_IP, SECOND_DEV, T0, build,  # noqa: E402,F401
                     log, port_gids, read, run_cli, sh, sh_json, teardown, wait_ready)
 
 # --timeout 60: under TCG the first read of rxe's 1,024-slot GID tables can outrun the 10 s default
@@ -93,9 +93,7 @@ def main() -> int:
         results["subprocess_afddiag_help_rc"] = p.returncode
 
         # Leftovers from this process, while the devices still exist.
-        results["captures"]["resource_qp_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "qp"])
-        results["captures"]["resource_pd_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "pd"])
-        results["captures"]["resource_after_runs"] = sh_json(["rdma", "-j", "resource", "show"])
+        capture_resources(results, ("qp", "pd"))
     except Exception:
         results["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

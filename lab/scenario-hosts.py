@@ -56,7 +56,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (MAP_VAR, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log,  # noqa: E402
+from labkit import (capture_resources, MAP_VAR, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log,  # noqa: E402
                     read, run_cli, sh, sh_json, wait_rocev2)
 
 # name: (role, short name for the init-side veth ends, management IP, [(netdev, fabric IP, rxe device)])
@@ -278,8 +278,7 @@ def main() -> int:
             apply()
             fleet_run(results, outdir, name, inv)
             results["timings"][f"{name}_s"] = round(time.monotonic() - t, 3)
-        results["captures"]["resource_after_runs"] = sh_json(["rdma", "-j", "resource", "show"])
-        results["captures"]["resource_qp_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "qp"])
+        capture_resources(results, ("qp",))
     except Exception:
         results["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

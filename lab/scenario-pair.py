@@ -38,7 +38,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import LOG, finish, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
+from labkit import capture_resources, LOG, finish, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
 
 HOST_IP, PEER_IP, RAIL2_IP = "10.9.0.2", "10.9.0.1", "10.9.0.3"
 PORT = 18515
@@ -155,10 +155,7 @@ def main() -> int:
         # Server in netns peer (rxb on pb there): handshake and RTS work; on Linux 6.1 no packet reaches
         # rxb (rxe's UDP socket lives in init_net only), so this one is expected to time out.
         pair_run(results, outdir, "netns", PEER_IP, HOST_IP, PORT, 25, "peer")
-        results["captures"]["resource_qp_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "qp"])
-        results["captures"]["resource_pd_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "pd"])
-        results["captures"]["resource_mr_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "mr"])
-        results["captures"]["resource_after_runs"] = sh_json(["rdma", "-j", "resource", "show"])
+        capture_resources(results, ("qp", "pd", "mr"))
     except Exception:
         results["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

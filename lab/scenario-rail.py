@@ -32,7 +32,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (REPO, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log, read,  # noqa: E402
+from labkit import (capture_resources, REPO, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log, read,  # noqa: E402
                     run_cli, sh, sh_json, wait_rocev2)
 
 HOSTS = {"ra": ("10.9.0.21", "rxra"), "rb": ("10.9.0.22", "rxrb")}
@@ -126,9 +126,7 @@ def main() -> int:
             t = time.monotonic()
             bw_run(results, outdir, tag, seconds, timeout_s, fault)
             results["timings"][f"{tag}_s"] = round(time.monotonic() - t, 3)
-        results["captures"]["resource_qp_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "qp"])
-        results["captures"]["resource_mr_after_runs"] = sh_json(["rdma", "-j", "resource", "show", "mr"])
-        results["captures"]["resource_after_runs"] = sh_json(["rdma", "-j", "resource", "show"])
+        capture_resources(results, ("qp", "mr"))
     except Exception:
         results["errors"].append(traceback.format_exc())
         log(traceback.format_exc())
