@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 MAP_VAR = "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP"
 NCCL_HCA_VAR = "NCCL_IB_HCA"
 NCCL_GID_VAR = "NCCL_IB_GID_INDEX"
-WATCHED = (MAP_VAR, NCCL_HCA_VAR, NCCL_GID_VAR)
+MC_GID_VAR = "MC_GID_INDEX"  # Mooncake transfer engine (overrides its GID auto-selection)
+UCX_GID_VAR = "UCX_IB_GID_INDEX"  # UCX (UCT/IB; NIXL and UCX-based engines)
+# Every engine's forced GID index: one rule for all of them (the fabric IP's RoCE v2 GID index on the
+# port the engine uses); without one set each engine selects its own by address family.
+GID_INDEX_VARS = (NCCL_GID_VAR, MC_GID_VAR, UCX_GID_VAR)
+WATCHED = (MAP_VAR, NCCL_HCA_VAR) + GID_INDEX_VARS
 
 _DEV_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 

@@ -68,3 +68,17 @@ def test_map_with_no_fabric_ip_decided_does_not_claim_the_fabric_ips_device(tmp_
     snap = derive(fabric_case("02-"), tmp_path / "down", down)
     d = _gates(capsys, snap)["fabric.devicemap-env"]
     assert "fabric IP's device" not in d["summary"], d
+
+
+def test_engine_gid_index_from_the_launch_env_file_is_judged(tmp_path, capsys):
+    """A launch env file's MC_GID_INDEX / UCX_IB_GID_INDEX reaches fabric.devicemap-env (the env is
+    filtered to the variables afddiag judges) and a capture carries them."""
+    from afddiag.probes.registry import env_allowed
+
+    for var in ("MC_GID_INDEX", "UCX_IB_GID_INDEX"):
+        env = tmp_path / f"{var}.env"
+        env.write_text(f"{var}=1\nAFD_FABRIC_IP=192.168.100.11\n")
+        d = _gates(capsys, fabric_case("02-"), "--launch-env", str(env))["fabric.devicemap-env"]
+        assert d["verdict"] == "FAIL" and d["summary"].startswith(f"{var}=1 on rocep1s0f1 port 1 is fe80"), d
+        assert f"{var}=3" in d["remedy"], d["remedy"]
+        assert env_allowed(var)

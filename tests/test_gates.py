@@ -112,6 +112,27 @@ def test_nccl_gid_index():
     assert fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "x"}))).verdict == "FAIL"
 
 
+@pytest.mark.parametrize("var", ["NCCL_IB_GID_INDEX", "MC_GID_INDEX", "UCX_IB_GID_INDEX"])
+def test_every_engines_forced_gid_index_is_judged_alike(var):
+    """NCCL's, Mooncake's and UCX's forced GID index follow one rule: the fabric IP's RoCE v2 GID index
+    (held-out: MC_GID_INDEX=1 and UCX_IB_GID_INDEX=1, both fe80, passed unjudged as 'none set')."""
+    v = fabric.devicemap_env(ctx(host(env={var: "1"}), "10.9.0.2"))
+    assert v.verdict == "PASS", v.summary
+    v = fabric.devicemap_env(ctx(host(env={var: "0"}), "10.9.0.2"))
+    assert v.verdict == "FAIL" and v.summary.startswith(f"{var}=0 on arxe1 port 1 is {FE80}") and "GID index 1" in v.summary
+    assert f"{var}=1" in v.remedy and f"unset the wrong {var}" in v.remedy, v.remedy
+    assert fabric.devicemap_env(ctx(host(env={var: "x"}), "10.9.0.2")).verdict == "FAIL"
+    v = fabric.devicemap_env(ctx(host(v4_type="IB/RoCE v1", env={var: "1"}), "10.9.0.2"))
+    assert v.verdict == "FAIL" and f"{var}=1 selects" in v.summary and "a RoCE v1 GID" in v.summary
+
+
+def test_two_engines_gid_indexes_each_named():
+    """Two engines forced to different indexes: the wrong one is named, the right one is not."""
+    v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "1", "MC_GID_INDEX": "0"}), "10.9.0.2"))
+    assert v.verdict == "FAIL" and "MC_GID_INDEX=0" in v.summary and "NCCL_IB_GID_INDEX=1" not in v.summary
+    assert "NCCL_IB_GID_INDEX=1" in v.remedy and "MC_GID_INDEX=1" in v.remedy
+
+
 def test_port_down_fails_link_and_rocev1_fails_rocev2():
     assert fabric.link(ctx(host(second_state="DOWN"), "10.9.0.2")).verdict == "FAIL"
     v = fabric.rocev2_ipv4(ctx(host(v4_type="IB/RoCE v1"), "10.9.0.2"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.catalog import remedy
-from afddiag.envvars import (MAP_VAR, NCCL_GID_VAR, NCCL_HCA_VAR, format_device_map, parse_device_map,
+from afddiag.envvars import (GID_INDEX_VARS, MAP_VAR, NCCL_HCA_VAR, format_device_map, parse_device_map,
                               parse_nccl_hca)
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
@@ -387,9 +387,10 @@ def devicemap_env(ctx: Context) -> Verdict:
     env = ctx.obs.env
     if env is None:
         return Verdict(gid, SKIP, "launch environment not captured", remedy("snapshot.fabric"))
-    set_vars = {k: env[k] for k in (MAP_VAR, NCCL_HCA_VAR, NCCL_GID_VAR) if k in env}
+    set_vars = {k: env[k] for k in (MAP_VAR, NCCL_HCA_VAR) + GID_INDEX_VARS if k in env}
+    gid_vars = [k for k in GID_INDEX_VARS if k in set_vars]  # every engine's forced GID index: one rule
     if not set_vars:
-        return Verdict(gid, SKIP, f"none of {MAP_VAR}, {NCCL_HCA_VAR}, {NCCL_GID_VAR} is set "
+        return Verdict(gid, SKIP, f"none of {MAP_VAR}, {NCCL_HCA_VAR}, {', '.join(GID_INDEX_VARS)} is set "
                        f"({ctx.obs.env_source})", "nothing to judge; fabric.first-device covers the default")
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or not fab.devices:
@@ -428,19 +429,20 @@ def devicemap_env(ctx: Context) -> Verdict:
             else:
                 warns.append(gap + (f", {first}, which carries it" if first else " (device order unknown)"))
     target = [e for e in good if e.ip == ip] if ip else []
-    need_ip = (NCCL_HCA_VAR in set_vars or NCCL_GID_VAR in set_vars)
-    if need_ip and not target:
+    selectors = ([NCCL_HCA_VAR] if NCCL_HCA_VAR in set_vars else []) + gid_vars
+    if selectors and not target:
         if ip is None:
-            warns.append(f"{NCCL_HCA_VAR}/{NCCL_GID_VAR} set but the fabric IP is "
+            warns.append(f"{'/'.join(selectors)} set but the fabric IP is "
                          f"{'ambiguous' if ctx.fabric_ip.ambiguous else 'unknown'}: give --fabric-ip")
         else:
             facts["not_judged"] = f"fabric IP {ip} has no RoCE v2 GID (fabric.rocev2-ipv4)"
-            raw = set_vars.get(NCCL_GID_VAR, "").strip()
-            v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and raw.isdigit()
-                  and e.gid_index == int(raw)]
-            if v1:  # its own fault: NCCL would send RoCE v1 frames, which a RoCE v2 peer drops
-                fails.append(f"{NCCL_GID_VAR}={raw} selects {_where(v1[0])}: a RoCE v1 GID; NCCL needs a RoCE v2 "
-                             "GID (the peers speak RoCE v2)")
+            for var in gid_vars:
+                raw = set_vars[var].strip()
+                v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and raw.isdigit()
+                      and e.gid_index == int(raw)]
+                if v1:  # its own fault: the engine would send RoCE v1 frames, which a RoCE v2 peer drops
+                    fails.append(f"{var}={raw} selects {_where(v1[0])}: a RoCE v1 GID; the engine needs a RoCE v2 "
+                                 "GID (the peers speak RoCE v2)")
     if NCCL_HCA_VAR in set_vars and target:
         try:
             spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
@@ -471,16 +473,16 @@ def devicemap_env(ctx: Context) -> Verdict:
                 if bad:
                     fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} also selects ports NCCL cannot use to "
                                  "reach a peer: " + "; ".join(bad))
-    if NCCL_GID_VAR in set_vars and target:
-        raw = set_vars[NCCL_GID_VAR].strip()
+    for var in gid_vars if target else []:  # NCCL, Mooncake and UCX alike: the index of the fabric IP's RoCE v2 GID
+        raw = set_vars[var].strip()
         t = target[0]
         if not raw.isdigit():
-            fails.append(f"{NCCL_GID_VAR}={raw!r} is not a GID index")
+            fails.append(f"{var}={raw!r} is not a GID index")
         elif int(raw) != t.gid_index:
             _, port = _port_of(ctx, t)
             g = next((g for g in port.gids if g.index == int(raw)), None)
             what = f"{g.gid} ({g.type})" if g else "an empty slot"
-            fails.append(f"{NCCL_GID_VAR}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
+            fails.append(f"{var}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
                          f"(that is GID index {t.gid_index})")
     fix = []
     if target:
@@ -496,11 +498,10 @@ def devicemap_env(ctx: Context) -> Verdict:
             fix.append(f"{MAP_VAR}={ip}={t.device}")
         if NCCL_HCA_VAR in set_vars:
             fix.append(f"{NCCL_HCA_VAR}=={t.device}:{t.port}")
-        if NCCL_GID_VAR in set_vars:
-            fix.append(f"{NCCL_GID_VAR}={t.gid_index}")
-    nccl = [k for k in (NCCL_HCA_VAR, NCCL_GID_VAR) if k in set_vars]
-    # unsetting the map sends the engine to the first enumerated device: only an NCCL variable may go
-    rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(nccl)})" if nccl else "")) if fix \
+        fix += [f"{var}={t.gid_index}" for var in gid_vars]
+    # unsetting the map sends the engine to the first enumerated device: only an engine's own selector may
+    # go (NCCL_IB_HCA, a forced GID index: each engine then picks the RoCE v2 GID by address family)
+    rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(selectors)})" if selectors else "")) if fix \
         else remedy(gid)
     facts["problems"] = fails + warns
     names = ", ".join(set_vars)
@@ -509,7 +510,7 @@ def devicemap_env(ctx: Context) -> Verdict:
     if warns:
         return Verdict(gid, WARN, "; ".join(warns), rem, facts)
     if facts.get("not_judged"):
-        what = facts.get("not_judged_var") or f"{NCCL_HCA_VAR}/{NCCL_GID_VAR}"
+        what = facts.get("not_judged_var") or "/".join(selectors)
         return Verdict(gid, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
     if ip is None:  # no fabric IP decided: only the map's entries for this host's addresses were judged
         return Verdict(gid, PASS, f"{MAP_VAR} names a RoCE v2 device for each of this host's addresses in it "

@@ -275,7 +275,7 @@ def _host_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
 # environment
 
 ENV_ALLOW = ("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME",
-             "UCX_NET_DEVICES", "MC_GID_INDEX", "CUDA_VISIBLE_DEVICES")
+             "UCX_NET_DEVICES", "MC_GID_INDEX", "UCX_IB_GID_INDEX", "CUDA_VISIBLE_DEVICES")
 ENV_ALLOW_PREFIX = "AFD_"
 
 
