@@ -116,3 +116,67 @@ def test_case_without_pcie_skips():
 
     v = _gate(["all", "--json", "--snapshot", str(CASES / "gpu" / "01-gb10-healthy-unified-memory")])
     assert v["verdict"] == "SKIP" and "not captured" in v["summary"]
+
+
+def _slot_host(tmp_path, port_max=("16.0 GT/s PCIe", "2"), nic=("16.0 GT/s PCIe", "2")):
+    """A Gen5 x4 NIC function (LnkCap 32 GT/s x4) behind root port 0000:00:01.0, as real sysfs nests it
+    (/sys/devices/pci0000:00/<port>/<nic>), the port's own LnkCap ``port_max``; the NIC trained ``nic``."""
+    r = tmp_path
+    port = r / "sys/devices/pci0000:00/0000:00:01.0"
+    d = port / NIC
+    d.mkdir(parents=True)
+    for name, val in (("max_link_speed", port_max[0]), ("max_link_width", port_max[1])):
+        (port / name).write_text(val + "\n")
+    for name, val in (("current_link_speed", nic[0]), ("current_link_width", nic[1]),
+                      ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "4"), ("vendor", "0x15b3"), ("device", "0x1021")):
+        (d / name).write_text(val + "\n")
+    (r / "sys/bus/pci/devices").mkdir(parents=True)
+    os.symlink(os.path.relpath(d, r / "sys/bus/pci/devices"), r / "sys/bus/pci/devices" / NIC)
+    ib = r / "sys/class/infiniband/rocep1s0f0"
+    ib.mkdir(parents=True)
+    os.symlink(d, ib / "device")
+    return str(r)
+
+
+def test_probe_reads_the_upstream_ports_maximum(tmp_path):
+    r = read_pcie(_slot_host(tmp_path))
+    assert r["devices"][NIC]["upstream"] == {"bdf": "0000:00:01.0", "max_link_speed": "16.0 GT/s PCIe", "max_link_width": "2"}
+    (link,) = pcie_facts(r).links
+    assert (link.upstream_bdf, link.upstream_max_speed_gts, link.upstream_max_width) == ("0000:00:01.0", 16.0, 2)
+
+
+@pytest.mark.parametrize("port_max,nic,verdict,words", [
+    # a slot wired x2 Gen4 under a Gen5 x4 card: trained x2 Gen4 is all the board allows: nothing to reseat
+    (("16.0 GT/s PCIe", "2"), ("16.0 GT/s PCIe", "2"), "PASS", "the slot's design, not a fault"),
+    # the port allows x4: trained x2 is a fault of this link
+    (("32.0 GT/s PCIe", "4"), ("32.0 GT/s PCIe", "2"), "FAIL", "upstream port 0000:00:01.0 x4 at 32 GT/s"),
+    # the port allows Gen5: a NIC at Gen4 trained a generation below what both ends support
+    (("32.0 GT/s PCIe", "4"), ("16.0 GT/s PCIe", "4"), "WARN", "trained x4 at 16 GT/s"),
+    # a Gen4 port: the Gen5 card at 16 GT/s x4 is at the link's maximum
+    (("16.0 GT/s PCIe", "4"), ("16.0 GT/s PCIe", "4"), "PASS", "the most its upstream port 0000:00:01.0 x4 at 16 GT/s allows"),
+])
+def test_the_link_is_judged_against_both_ends(tmp_path, port_max, nic, verdict, words):
+    """A link trains to the lower of its two ends' LnkCap: the port's maximum, read through the
+    function's real sysfs path, is the yardstick, so a card in a narrower slot is not sent to reseat."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "pcie.json").write_text(json.dumps(read_pcie(_slot_host(tmp_path / "host", port_max, nic))))
+    v = _gate(["all", "--json", "--snapshot", str(snap)])
+    assert v["verdict"] == verdict and words in v["summary"], v
+    if verdict == "PASS":
+        assert v["action"] == "NONE" and "reseat" not in v["remedy"]
+    else:
+        assert "reseat" in v["remedy"] and "not read" not in v["summary"]
+
+
+def test_without_the_ports_reading_a_narrow_link_fails_and_says_read_the_port_first(tmp_path):
+    """A capture without the upstream port (an older capture, a literal tree): the card's own maximum is
+    the yardstick, and the remedy puts reading the port before any reseat."""
+    r = read_pcie(_slot_host(tmp_path / "host"))
+    del r["devices"][NIC]["upstream"]
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "pcie.json").write_text(json.dumps(r))
+    v = _gate(["all", "--json", "--snapshot", str(snap)])
+    assert v["verdict"] == "FAIL" and "upstream port's maximum not read" in v["summary"]
+    assert v["remedy"].index(NIC) < v["remedy"].index("reseat")

@@ -47,20 +47,43 @@ def cpu_clock(ctx: Context) -> Verdict:
     return Verdict(gid, PASS, f"{model}: " + ", ".join(parts), "nothing to do", facts)
 
 
+def _link_cap(link) -> tuple[float | None, int | None, bool]:
+    """``(speed GT/s, width lanes, port_known)``: what the link can train to, the lower of the
+    function's LnkCap and its upstream port's (a link trains to what both ends support). Without the
+    port's reading, the function's own maximum and ``port_known`` False. Pure."""
+    known = link.upstream_max_width is not None and link.upstream_max_speed_gts is not None
+    if not known or link.max_width is None or link.max_speed_gts is None:
+        return link.max_speed_gts, link.max_width, False
+    return min(link.max_speed_gts, link.upstream_max_speed_gts), min(link.max_width, link.upstream_max_width), True
+
+
 def judge_pcie_link(link) -> tuple[str, str | None]:
-    """``(verdict, finding)`` for one :class:`~afddiag.model.host.PcieLink`: FAIL when it trained
-    fewer lanes than its maximum (a NIC or GPU capped at a fraction of its bandwidth); WARN when a
-    NIC trained below its maximum speed (GPUs lower the link speed at idle by design: not judged);
-    SKIP when a figure is unreadable; else PASS. ``finding`` names the device. Pure."""
+    """``(verdict, finding)`` for one :class:`~afddiag.model.host.PcieLink`, against what the link can
+    train to (:func:`_link_cap`: the lower of the function's and its upstream port's maximum):
+    FAIL when it trained fewer lanes than that (a NIC or GPU capped at a fraction of its bandwidth);
+    WARN when a NIC trained below that speed (GPUs lower the link speed at idle by design: not
+    judged); SKIP when a figure is unreadable; else PASS, with a finding when the port, not the card,
+    is the limit (a Gen4 slot, a slot wired x2: the board's design, nothing to reseat). Without the
+    port's reading a narrower link still FAILs, and the finding says the port's maximum was not read.
+    ``finding`` names the device. Pure."""
     who = f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf}" + (f" ({', '.join(link.names)})" if link.kind == "nic" and link.names else "")
     if None in (link.current_width, link.max_width, link.current_speed_gts, link.max_speed_gts):
         return SKIP, f"{who}: link figures not readable"
+    cap_speed, cap_width, port_known = _link_cap(link)
     now = f"x{link.current_width} at {link.current_speed_gts:g} GT/s"
-    cap = f"x{link.max_width} at {link.max_speed_gts:g} GT/s"
-    if link.current_width < link.max_width:
-        return FAIL, f"{who}: PCIe link trained {now}, capable of {cap}"
-    if link.kind == "nic" and link.current_speed_gts < link.max_speed_gts:
-        return WARN, f"{who}: PCIe link trained {now}, capable of {cap}"
+    own = f"x{link.max_width} at {link.max_speed_gts:g} GT/s"
+    port = (f"upstream port {link.upstream_bdf} x{link.upstream_max_width} at {link.upstream_max_speed_gts:g} GT/s"
+            if port_known else "")
+    cap = f"capable of {own}" + (f", {port}" if port_known else " (upstream port's maximum not read)")
+    if link.current_width < cap_width:
+        return FAIL, f"{who}: PCIe link trained {now}, {cap}"
+    speed_low = link.current_speed_gts < cap_speed
+    if link.kind == "nic" and speed_low:
+        return WARN, f"{who}: PCIe link trained {now}, {cap}"
+    if port_known and (link.current_width < link.max_width
+                       or (link.kind == "nic" and link.current_speed_gts < link.max_speed_gts)):
+        return PASS, (f"{who}: {now}, the most its {port} allows (the card is capable of {own}: "
+                      "the slot's design, not a fault)")
     return PASS, None
 
 
@@ -75,17 +98,22 @@ def pcie(ctx: Context) -> Verdict:
     judged = [(link, *judge_pcie_link(link)) for link in p.links]
     facts = {"links": [vars(link) for link in p.links], "notes": p.notes}
     for worst in (FAIL, WARN):
-        found = [f for _, v, f in judged if v == worst]
+        found = [(link, f) for link, v, f in judged if v == worst]
         if found:
-            return Verdict(gid, worst, "; ".join(found), remedy(gid), facts)
+            unknown = [link for link, _ in found if not _link_cap(link)[2]]
+            rem = (remedy("host.pcie.port-unknown").format(bdfs=", ".join(link.bdf for link in unknown)) + " "
+                   + remedy(gid)) if unknown else remedy(gid)
+            return Verdict(gid, worst, "; ".join(f for _, f in found), rem, facts)
     ok = [link for link, v, _ in judged if v == PASS]
     if not ok:
         return Verdict(gid, SKIP, "; ".join(f for _, _, f in judged), "run on the host as a user that can read "
                        "/sys/bus/pci/devices/*/current_link_*", facts)
-    idle = [link for link in ok if link.kind == "gpu" and link.current_speed_gts < link.max_speed_gts]
+    idle = [link for link in ok if link.kind == "gpu" and link.current_speed_gts < (_link_cap(link)[0] or 0)]
+    slot = [f for _, v, f in judged if v == PASS and f]
     text = ", ".join(f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf} x{link.current_width} "
                      f"{link.current_speed_gts:g} GT/s" for link in ok)
     return Verdict(gid, PASS, f"{len(ok)} link(s) at their maximum width: {text}"
+                   + (f" ({'; '.join(slot)})" if slot else "")
                    + (" (GPU link speed below its maximum at idle: power saving, not judged)" if idle else ""),
                    "nothing to do", facts)
 

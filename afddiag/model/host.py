@@ -56,6 +56,9 @@ class PcieLink:
     max_width: int | None = None
     vendor: str | None = None  # "0x15b3" Mellanox, "0x10de" NVIDIA
     device: str | None = None
+    upstream_bdf: str | None = None  # the root or switch port the function's link goes to (None: not read)
+    upstream_max_speed_gts: float | None = None  # that port's LnkCap speed, GT/s per lane
+    upstream_max_width: int | None = None  # that port's LnkCap width, lanes
 
 
 @dataclass
@@ -99,12 +102,16 @@ def pcie_facts(r: object) -> PcieFacts:
         if not isinstance(d, dict) or d.get("kind") not in ("nic", "gpu"):
             continue
         names = [n for n in d.get("names", []) if isinstance(n, str)] if isinstance(d.get("names"), list) else []
+        up = d.get("upstream") if isinstance(d.get("upstream"), dict) else {}
         links.append(PcieLink(bdf=str(bdf), kind=d["kind"], names=names,
                               current_speed_gts=_gts(d.get("current_link_speed")),
                               current_width=_lanes(d.get("current_link_width")),
                               max_speed_gts=_gts(d.get("max_link_speed")), max_width=_lanes(d.get("max_link_width")),
                               vendor=d.get("vendor") if isinstance(d.get("vendor"), str) else None,
-                              device=d.get("device") if isinstance(d.get("device"), str) else None))
+                              device=d.get("device") if isinstance(d.get("device"), str) else None,
+                              upstream_bdf=up.get("bdf") if isinstance(up.get("bdf"), str) else None,
+                              upstream_max_speed_gts=_gts(up.get("max_link_speed")),
+                              upstream_max_width=_lanes(up.get("max_link_width"))))
     notes = [n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else []
     return PcieFacts(links=links, notes=notes)
 

@@ -8,7 +8,11 @@ Finds the devices through sysfs device links, under an injectable root:
 
 then reads ``/sys/bus/pci/devices/<bdf>/{current_link_speed,current_link_width,max_link_speed,
 max_link_width,vendor,device}`` as the kernel prints them (``16.0 GT/s PCIe``, ``16``; ``lspci -vv``
-LnkSta vs LnkCap). Reads only; never raises: what could not be read is None and a note says why.
+LnkSta vs LnkCap), and the same ``max_link_*`` of the port upstream of the function (the parent
+folder of the function's real sysfs path, ``/sys/devices/pci0000:00/<port>/<bdf>``: a root port or a
+switch's downstream port). A link trains to what *both* ends support: a Gen5 x4 NIC in a slot whose
+port is Gen4 or wired x2 trains Gen4 or x2 with nothing wrong with the card.
+Reads only; never raises: what could not be read is None and a note says why.
 The readings are plain JSON; :func:`afddiag.model.host.pcie_facts` makes facts of them.
 """
 
@@ -82,7 +86,30 @@ def read_pcie(root: str = "/", reader: Callable[[str], str] | None = None) -> di
                 d[a] = None
                 err = getattr(e, "strerror", None) or str(e)
                 notes.append(f"{base}/{a}: {err}")
+        d["upstream"] = _upstream(base, read, notes)
     return {"devices": devices, "notes": notes}
+
+
+def _upstream(base: str, read: Callable[[str], str], notes: list[str]) -> dict[str, Any] | None:
+    """``{"bdf", "max_link_speed", "max_link_width"}`` of the port the function ``base`` hangs off
+    (the parent folder of its real sysfs path when that is a PCI address), or None when the function
+    sits on a host bridge (``pci0000:00``) or its path cannot be resolved. Never raises."""
+    try:
+        real = os.path.realpath(base)
+    except (OSError, ValueError):
+        return None
+    parent = os.path.dirname(real)
+    pbdf = os.path.basename(parent)
+    if not BDF_RE.match(pbdf):
+        return None
+    up: dict[str, Any] = {"bdf": pbdf}
+    for a in ("max_link_speed", "max_link_width"):
+        try:
+            up[a] = read(os.path.join(parent, a)).strip()
+        except (OSError, UnicodeError, ValueError) as e:
+            up[a] = None
+            notes.append(f"{parent}/{a}: {getattr(e, 'strerror', None) or e}")
+    return up
 
 
 def main() -> None:
