@@ -3,7 +3,7 @@
 # on the distro Python made with --system-site-packages, so that the distro's python3-pyverbs
 # (which matches the host's rdma-core) is importable, and afddiag installed into it.
 #
-#   sudo ./scripts/setup.sh && .venv/bin/afddiag all
+#   ./scripts/setup.sh && .venv/bin/afddiag all     (as root; otherwise it calls sudo for apt only)
 #
 # Idempotent; installs only what is missing. AFDDIAG_NO_APT=1 skips the package step (no root).
 set -euo pipefail

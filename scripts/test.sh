@@ -4,7 +4,7 @@
 # trixie-backports' newest kernel with rdma_rxe, virtme-ng), then runs pytest, the lab tests included
 # (one guest boot per lab test module). Extra arguments go to pytest.
 #
-#   sudo ./scripts/test.sh
+#   ./scripts/test.sh      (as root; otherwise it calls sudo for the installs only)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"

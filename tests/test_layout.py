@@ -92,3 +92,20 @@ def test_every_subpackage_is_installed():
                if "__pycache__" not in p.parts}
     assert {"afddiag", "afddiag.probes", "afddiag.gates"} <= on_disk  # the walk finds packages
     assert on_disk - listed == set(), f"packages missing from pyproject.toml [tool.setuptools] packages: {on_disk - listed}"
+
+
+def test_readme_fresh_machine_commands_work_as_root_without_sudo_and_ci_runs_the_test_command():
+    """Not every machine has sudo: the README's two commands run as root as written, and CI calls the
+    README's test command."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    section = readme.split("## On a fresh machine", 1)[1].split("\n## ", 1)[0]
+    commands = [line.strip() for line in section.splitlines() if line.startswith("    ")]
+    assert commands == ["./scripts/setup.sh && .venv/bin/afddiag all", "./scripts/test.sh"], commands
+    assert not any(re.search(r"\bsudo\b", c) for c in commands)
+    assert "scripts/test.sh" in (root / ".ci" / "run").read_text()
+    for script in ("scripts/setup.sh", "scripts/test.sh"):
+        text = (root / script).read_text()
+        assert 'SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"' in text, script
