@@ -304,3 +304,42 @@ def test_parsers():
     assert len(probs) == 3
     env = parse_env_file("# c\nexport A='1 2'\nB=\"x=y\"\n\ngarbage\nC=3\n")
     assert env == {"A": "1 2", "B": "x=y", "C": "3"}
+
+
+@pytest.mark.parametrize("power_w,limit_w,reasons,verdict", [
+    (588.4, 35.0, 0x4, "WARN"),    # a power reading above the limit: SW power cap holds 210 MHz (open-gpu-kernel-modules #1237)
+    (25.0, 25.0, 0x4, "WARN"),     # a platform limit of 25 W reached: ~600 MHz (open-gpu-kernel-modules #1310)
+    (100.0, 100.0, None, "WARN"),  # a 575 W card capped at 100 W: at the limit, whatever the mask says
+    (94.9, 100.0, 0x4, "FAIL"),    # below 95 % of the limit with a low clock: the limiter does not explain it
+    (19.5, None, 0x0, "FAIL"),     # no enforced limit read (GB10: NOT_SUPPORTED): class A as before
+])
+def test_slow_state_at_the_enforced_power_limit_is_the_limiter_not_class_a(power_w, limit_w, reasons, verdict):
+    """A low clock under load while the GPU draws its enforced power limit (or its reading says it
+    does) is what SW power capping does: WARN naming power and limit, never the AC power cycle (a
+    power cycle raises no limit and fixes no power reading); below the limit the class A judgment
+    stands."""
+    o = gpu_obs(ul=210, mx=2115)
+    d = o.gpu.devices[0]
+    d.under_load.power_mw = power_w * 1000
+    d.under_load.clocks_event_reasons = reasons
+    d.power_limit_mw = limit_w * 1000 if limit_w is not None else None
+    v = gpu.slow_state(ctx(o))
+    assert v.verdict == verdict, v.summary
+    if verdict == "WARN":
+        assert "not the slow state" in v.summary and "enforced power limit" in v.summary, v.summary
+        assert v.action != "AC_POWER_CYCLE" and "power-cycle" not in v.remedy and "nvidia-smi -q -d POWER" in v.remedy
+        assert v.facts["0"]["explained_by"] == ["power_limit"]
+        assert ("telemetry is suspect" in v.summary) == (power_w > 1.05 * limit_w)
+    else:
+        assert "class A" in v.summary and "power-cycle" in v.remedy
+
+
+def test_slow_state_power_limit_does_not_excuse_class_b_at_a_normal_clock():
+    """At the power limit with the clock normal, a throughput shortfall is still class B: the limiter
+    explains a low clock, not slow work at a normal one."""
+    base = {"bf16_tflops": 100.0, "clock_sm_mhz_under_load": 2400, "got": 50.0}
+    o = gpu_obs(ul=2400, base=base)
+    d = o.gpu.devices[0]
+    d.under_load.power_mw, d.power_limit_mw, d.under_load.clocks_event_reasons = 100_000, 100_000, 0x4
+    v = gpu.slow_state(ctx(o))
+    assert v.verdict == "FAIL" and "class B" in v.summary

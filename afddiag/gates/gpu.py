@@ -16,6 +16,8 @@ SLOW_CLOCK_FRACTION = 0.5  # class A: under-load SM clock below half of max or o
 SLOW_THROUGHPUT_FRACTION = 0.8  # class B: any throughput figure below 80 % of baseline
 MIN_UTILIZATION_PCT = 80.0
 IDLE_PSTATE = 8  # P8 and deeper are idle performance states; a compute load runs at P0-P2
+POWER_LIMITED_FRACTION = 0.95  # under-load power at or above 95 % of the enforced limit: the power limiter holds the clock
+SW_POWER_CAP = 0x4
 THROUGHPUT = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"), ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
 
 
@@ -286,6 +288,33 @@ BUSY_REMEDY = ("re-run `afddiag gpu --load` when the GPU is idle (stop or wait f
                "nothing is wrong with the GPU on this evidence")
 
 
+def power_limited(d: GpuDevice) -> str | None:
+    """Why ``d``'s under-load clock is the power limiter's doing, or None: the under-load power reading
+    (``nvmlDeviceGetPowerUsage``, mW) is at or above :data:`POWER_LIMITED_FRACTION` of the enforced
+    power limit (``nvmlDeviceGetEnforcedPowerLimit``, mW), both read. The GPU then draws all the power
+    it is allowed (or its power reading says so), and SW power capping lowers the clock to stay there:
+    a low clock at the limit is not the low-power slow state (class A draws far less than any limit),
+    and a power cycle does not raise a limit. Words name the figures and the SW power cap bit (0x4)
+    when set. None on GPUs whose limit NVML does not report (GB10: NOT_SUPPORTED). Pure."""
+    ul = d.under_load
+    pw, lim = (ul.power_mw if ul else None), d.power_limit_mw
+    if not isinstance(pw, (int, float)) or not isinstance(lim, (int, float)) or lim <= 0:
+        return None
+    if pw < POWER_LIMITED_FRACTION * lim:
+        return None
+    cap = ((d.clocks_event_reasons or 0) | (ul.clocks_event_reasons or 0)) & SW_POWER_CAP
+    over = " (a reading above the limit the GPU may draw: the power telemetry is suspect)" if pw > 1.05 * lim else ""
+    return (f"power under load {pw / 1000:.1f} W is at the enforced power limit {lim / 1000:.1f} W{over}"
+            + (", sw_power_cap active" if cap else ""))
+
+
+POWER_LIMITED_REMEDY = ("the power limiter holds the clock, not the slow state: compare `nvidia-smi -q -d POWER` "
+                        "(Enforced, Default and Max Power Limit, Power Draw); raise a limit set below the default "
+                        "(`nvidia-smi -pl`, the platform's power settings) or, when the reading exceeds what the board can "
+                        "draw, update or roll back the driver; then re-run `afddiag gpu --load`. No AC power cycle is "
+                        "indicated by this evidence")
+
+
 EXPLAINED_REMEDY = ("fix what gpu.clock-events names first (cooling, power delivery), then re-run `afddiag gpu --load`; "
                     "an AC power cycle is advised only for low figures no clock event reason explains")
 
@@ -302,7 +331,7 @@ def slow_state(ctx: Context) -> Verdict:
     facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
                    "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
     busy_seen: list[str] = []
-    explained_seen = False
+    explained_seen = power_seen = False
     for d in g.devices:
         ul = d.under_load
         label = _label(d)
@@ -359,6 +388,14 @@ def slow_state(ctx: Context) -> Verdict:
                 if got < SLOW_THROUGHPUT_FRACTION * ref and not any(x.startswith("class A") for x in found):
                     found.append(f"class B: {key} {got:g} {unit} is {got / ref:.0%} of baseline {ref:g}")
         cause = ((d.clocks_event_reasons or 0) | (ul.clocks_event_reasons or 0)) & (FAIL_BITS | WARN_BITS)
+        limited = power_limited(d) if any(x.startswith("class A") for x in found) else None
+        if limited and not cause:  # the power limiter holds the clock at the enforced limit: no AC power cycle
+            power_seen = True
+            f["explained_by"] = ["power_limit"]
+            f["power_limit_mw"] = d.power_limit_mw
+            verdicts.append((WARN, f"{label}: not the slow state on this evidence: {limited}, which explains "
+                             + "; ".join(found)))
+            continue
         if found and cause:  # thermal, HW slowdown or power brake explains the low figures: no AC power cycle
             explained_seen = True
             f["explained_by"] = reason_names(cause)
@@ -380,6 +417,7 @@ def slow_state(ctx: Context) -> Verdict:
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
     rem = {FAIL: remedy(gid), WARN: BUSY_REMEDY if busy_seen else EXPLAINED_REMEDY if explained_seen else
+           POWER_LIMITED_REMEDY if power_seen else
            "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
     return Verdict(gid, worst, summary, rem, facts)
