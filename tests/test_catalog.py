@@ -75,3 +75,24 @@ def test_twin_is_read_when_current(monkeypatch):
     finally:
         monkeypatch.undo()
         catalog.load.cache_clear()
+
+
+def test_gpu_errors_catalog_lists_the_xids_the_gate_fails():
+    """The catalog's FAIL list of Xids is the gate's table (afddiag.gates.gpu.XID_FATAL): a held-out
+    case written from the catalog expected FAIL for Xid 94, which NVIDIA's catalog (and the gate)
+    resolve by restarting the application (WARN)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from afddiag.gates.gpu import XID_APP, XID_FATAL
+
+    text = tomllib.loads((Path(__file__).parent.parent / "checks" / "gates.toml").read_text())["gates"]["gpu.errors"]["checks"]
+    listed = re.search(r"\(([\d, -]+)\) in the kernel log FAIL", text)
+    assert listed, text
+    fail = set()
+    for part in listed.group(1).split(","):
+        lo, _, hi = part.strip().partition("-")
+        fail |= set(range(int(lo), int(hi or lo) + 1))
+    assert fail == set(XID_FATAL)
+    assert not fail & set(XID_APP)
