@@ -16,7 +16,7 @@ SLOW_CLOCK_FRACTION = 0.5  # class A: under-load SM clock below half of max or o
 SLOW_THROUGHPUT_FRACTION = 0.8  # class B: any throughput figure below 80 % of baseline
 MIN_UTILIZATION_PCT = 80.0
 IDLE_PSTATE = 8  # P8 and deeper are idle performance states; a compute load runs at P0-P2
-POWER_LIMITED_FRACTION = 0.95  # under-load power at or above 95 % of the enforced limit: the power limiter holds the clock
+POWER_LIMITED_FRACTION = 0.98  # under-load power within 2 % of the enforced limit (or above it): the power limiter holds the clock there
 SW_POWER_CAP = 0x4
 THROUGHPUT = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"), ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
 
