@@ -6,6 +6,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from afddiag.textnum import digits
+
 MAP_VAR = "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP"
 NCCL_HCA_VAR = "NCCL_IB_HCA"
 NCCL_GID_VAR = "NCCL_IB_GID_INDEX"
@@ -86,7 +88,7 @@ def parse_nccl_hca(value: str) -> HcaSpec:
         if not item:
             continue
         name, _, port = item.partition(":")
-        if port and not port.isdigit():
+        if port and not digits(port):
             raise ValueError(f"{item!r}: port {port!r} is not a number")
         spec.items.append((name, int(port) if port else None))
     return spec
@@ -183,7 +185,7 @@ def _check_value(key: str, val: str, where: str) -> None:
     elif key == "AFD_DRAFTER" and val and val.lower() not in FLAG_WORDS:
         raise LaunchEnvError(f"{where}: AFD_DRAFTER={val!r} is not a flag (1/0, true/false, on/off, yes/no)")
     elif key == "AFD_ENGINE_PORTS" and val:
-        if not all(v.isdigit() and 0 < int(v) < 65536 for v in re.split(r"[,\s]+", val.strip()) if v):
+        if not all(digits(v) and 0 < int(v) < 65536 for v in re.split(r"[,\s]+", val.strip()) if v):
             raise LaunchEnvError(f"{where}: AFD_ENGINE_PORTS={val!r} is not a list of TCP ports (e.g. 29500,29501)")
     elif key == "AFD_GPU_MEMORY_RESERVATION" and val:
         try:

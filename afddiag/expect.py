@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag.textnum import digits
+
 SM_LABEL = "afd.export.sm_count"  # image label holding the SM count the AOT kernels were exported for
 CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
 OTHER_KEY = {"AFD_PREFILL_CAPACITY": "AFD_EXPERT_CAPACITY", "AFD_EXPERT_CAPACITY": "AFD_PREFILL_CAPACITY"}
@@ -61,10 +63,10 @@ def sm_count(inputs: Any, obs: Any = None) -> Expected | None:
     if inputs.expect_sm is not None:
         return Expected(int(inputs.expect_sm), "--expect-sm")
     le = inputs.launch_env or {}
-    if le.get("AFD_IMAGE_SM_COUNT", "").isdigit():
+    if digits(le.get("AFD_IMAGE_SM_COUNT", "")):
         return Expected(int(le["AFD_IMAGE_SM_COUNT"]), f"AFD_IMAGE_SM_COUNT in {inputs.launch_env_path}")
     img = getattr(obs, "image", None)
-    if img is not None and img.labels.get(SM_LABEL, "").strip().isdigit():
+    if img is not None and digits(img.labels.get(SM_LABEL, "").strip()):
         return Expected(int(img.labels[SM_LABEL]), f"image {img.ref} label {SM_LABEL}")
     g = getattr(obs, "gpu", None)
     if g is not None and g.expect_image_sm_count is not None:
@@ -84,7 +86,7 @@ def _capacity(inputs: Any, pb: Any) -> tuple[Expected | None, Expected | None]:
     if inputs.expect_capacity is not None:
         return key, Expected(int(inputs.expect_capacity), "--expect-capacity")
     other = OTHER_KEY.get(key.value, "") if key else ""
-    if other and str(le.get(other, "")).isdigit():
+    if other and digits(str(le.get(other, ""))):
         return key, Expected(int(le[other]), f"{other} in the same file")
     return key, None
 

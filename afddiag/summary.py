@@ -33,6 +33,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from afddiag.textnum import digits
+
 SUMMARY_VERSION = 1
 CAPACITY_KEYS = ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY")
 LOAD_FIGURES = ("clock_sm_mhz", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
@@ -48,7 +50,7 @@ def as_int(v: Any) -> int | None:
         return None
     if isinstance(v, int):
         return v
-    if isinstance(v, str) and v.strip().isdigit():
+    if isinstance(v, str) and digits(v.strip()):
         return int(v.strip())
     return None
 
@@ -132,7 +134,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
     for nd in _d(_d(facts.get("fabric")).get("netdevs")).values():
         for a in _d(nd).get("ipv4") or []:
             addr, _, plen = str(a).partition("/")
-            if plen.isdigit():
+            if digits(plen):
                 prefixes.setdefault(addr, int(plen))
     cap = gf("launch.capacity")
     capacity = ({"key": cap["key"], "value": as_int(cap.get("value")), "set": bool(cap.get("set"))}

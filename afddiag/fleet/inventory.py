@@ -38,6 +38,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag.textnum import digits
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -182,11 +184,11 @@ def parse_target(target: str, default_user: str | None = None) -> tuple[str | No
     port = 22
     if rest.startswith("["):
         host, _, tail = rest[1:].partition("]")
-        if tail.startswith(":") and tail[1:].isdigit():
+        if tail.startswith(":") and digits(tail[1:]):
             port = int(tail[1:])
     elif rest.count(":") == 1:
         host, _, p = rest.partition(":")
-        if p.isdigit():
+        if digits(p):
             port = int(p)
         else:
             host = rest

@@ -13,6 +13,7 @@ from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_w
                                   order_known, rocev2_carriers, usable_rocev2)
 from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, not_probed, probe_failed
+from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -438,7 +439,7 @@ def devicemap_env(ctx: Context) -> Verdict:
             facts["not_judged"] = f"fabric IP {ip} has no RoCE v2 GID (fabric.rocev2-ipv4)"
             for var in gid_vars:
                 raw = set_vars[var].strip()
-                v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and raw.isdigit()
+                v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and digits(raw)
                       and e.gid_index == int(raw)]
                 if v1:  # its own fault: the engine would send RoCE v1 frames, which a RoCE v2 peer drops
                     fails.append(f"{var}={raw} selects {_where(v1[0])}: a RoCE v1 GID; the engine needs a RoCE v2 "
@@ -476,7 +477,7 @@ def devicemap_env(ctx: Context) -> Verdict:
     for var in gid_vars if target else []:  # NCCL, Mooncake and UCX alike: the index of the fabric IP's RoCE v2 GID
         raw = set_vars[var].strip()
         t = target[0]
-        if not raw.isdigit():
+        if not digits(raw):
             fails.append(f"{var}={raw!r} is not a GID index")
         elif int(raw) != t.gid_index:
             _, port = _port_of(ctx, t)

@@ -8,6 +8,7 @@ from afddiag.catalog import remedy
 from afddiag.model import to_jsonable
 from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names, is_own_process
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
+from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 FAIL_BITS = 0x8 | 0x40 | 0x80
@@ -435,11 +436,11 @@ def parse_arch_list(text: str) -> list[tuple[int, int, str, bool]]:
         t = t.rstrip("af")
         if "." in t:
             maj, _, mnr = t.partition(".")
-        elif t.isdigit() and len(t) >= 2:
+        elif digits(t) and len(t) >= 2:
             maj, mnr = t[:-1], t[-1]
         else:
             continue
-        if maj.isdigit() and mnr.isdigit():
+        if digits(maj) and digits(mnr):
             out.append((int(maj), int(mnr), suffix, ptx))
     return out
 
@@ -548,7 +549,7 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
     NVIDIA's Xid catalog: reset/reboot → FAIL with RESET_GPU/REBOOT; application-caused → WARN;
     an Xid not in the catalog → WARN quoting the line."""
     xid = ev.get("xid")
-    if isinstance(xid, str) and xid.strip().isdigit():  # a hand-written snapshot may quote it
+    if isinstance(xid, str) and digits(xid.strip()):  # a hand-written snapshot may quote it
         xid = int(xid)
     text = str(ev.get("text") or ev.get("message") or ev.get("line") or "")
     where = ev.get("pci") or "a GPU"

@@ -5,7 +5,11 @@ Data only (no I/O). Sources: ``docker|podman image inspect``, ``getrlimit``, ``a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from afddiag.textnum import digits
+
 
 @dataclass
 class ImageFacts:
@@ -71,24 +75,28 @@ class PcieFacts:
     failed: str | None = None  # the PCIe probe timed out or crashed (host.pcie says ERROR)
 
 
+PCIE_MAX_GTS = 256.0  # GT/s: PCIe 7.0 runs 128; a figure above this is not a link speed
+PCIE_MAX_LANES = 32  # the widest link the PCIe specification defines
+
+
 def _gts(text: object) -> float | None:
-    """``"16.0 GT/s PCIe"`` / ``"8 GT/s"`` → 16.0 / 8.0; ``"Unknown"`` and garbage → None."""
+    """``"16.0 GT/s PCIe"`` / ``"8 GT/s"`` → 16.0 / 8.0; ``"Unknown"``, 0 and garbage (``nan``, ``inf``,
+    above :data:`PCIE_MAX_GTS`) → None."""
     if not isinstance(text, str):
         return None
     head = text.strip().split(" ", 1)[0]
-    try:
-        v = float(head)
-    except ValueError:
+    if not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,4})?", head):  # the kernel prints "%u.%u GT/s" or "2.5 GT/s"
         return None
-    return v if v > 0 else None
+    v = float(head)
+    return v if 0 < v <= PCIE_MAX_GTS else None
 
 
 def _lanes(text: object) -> int | None:
-    """``"16"`` (or ``"x16"``) → 16; ``"0"``, garbage → None."""
+    """``"16"`` (or ``"x16"``) → 16; ``"0"``, more than :data:`PCIE_MAX_LANES`, garbage → None."""
     if not isinstance(text, str):
         return None
     t = text.strip().lstrip("xX")
-    return int(t) if t.isdigit() and int(t) > 0 else None
+    return int(t) if digits(t) and len(t) <= 3 and 0 < int(t) <= PCIE_MAX_LANES else None
 
 
 def pcie_facts(r: object) -> PcieFacts:

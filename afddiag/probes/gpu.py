@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from afddiag.facts import NOT_SUPPORTED, clocks_event_reason_names
 from afddiag.probes import cudadrv, nvml
 from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA
+from afddiag.textnum import digits
 
 # CUdevice_attribute values (cuda.h).
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -88,7 +89,7 @@ def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
     with open(path, encoding="ascii", errors="replace") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in MEMINFO_KEYS and rest.split() and rest.split()[0].isdigit():
+            if key in MEMINFO_KEYS and rest.split() and digits(rest.split()[0]):
                 out[key] = int(rest.split()[0])
     missing = {"MemTotal", "MemAvailable"} - out.keys()
     if missing:

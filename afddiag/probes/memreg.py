@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from afddiag.probes import cudadrv
+from afddiag.textnum import digits
 
 CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
 CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
@@ -81,7 +82,7 @@ def read_cma(root: str = "/") -> dict[str, Any]:
     try:
         for line in (r / "proc/meminfo").read_text(encoding="ascii", errors="replace").splitlines():
             key, _, rest = line.partition(":")
-            if key in ("CmaTotal", "CmaFree") and rest.split() and rest.split()[0].isdigit():
+            if key in ("CmaTotal", "CmaFree") and rest.split() and digits(rest.split()[0]):
                 out["cma_total_kb" if key == "CmaTotal" else "cma_free_kb"] = int(rest.split()[0])
     except OSError as e:
         out["notes"].append(f"{r / 'proc/meminfo'}: {e.strerror or e}")

@@ -749,7 +749,7 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
     host, sep, p = text.rpartition(":")
     if not sep:
         return text, default_port
-    if not p.isdigit() or not 0 < int(p) < 65536:
+    if not (p.isascii() and p.isdigit()) or not 0 < int(p) < 65536:
         raise ValueError(f"{text!r}: port {p!r} is not 1..65535")
     return host, int(p)
 

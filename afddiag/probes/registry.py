@@ -51,6 +51,7 @@ from afddiag.model.fabric import FabricFacts, QpFacts, RouteFacts, is_empty_gid
 from afddiag.model.gpu import GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts
 from afddiag.model.run import wants_load
+from afddiag.textnum import digits
 
 # ---------------------------------------------------------------------------------------------
 # Where live readings come from (a test replaces any of them)
@@ -385,13 +386,13 @@ SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")  # proc/sys/net/ipv4/conf/
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:@\-]+$")  # sysfs entry names copied into the bundle
 
 
-def _names(path: str, digits: bool = False) -> list[str]:
+def _names(path: str, numeric: bool = False) -> list[str]:
     try:
         names = sorted(os.listdir(path))
     except OSError:
         return []
-    if digits:
-        return sorted((n for n in names if n.isdigit()), key=int)
+    if numeric:
+        return sorted((n for n in names if digits(n)), key=int)
     return [n for n in names if _NAME_RE.match(n)]
 
 
@@ -403,12 +404,12 @@ def ip_addr_json(run: Run, addresses: dict, netdevs: list[str]) -> list[dict[str
     for name in sorted(set(netdevs) | set(addresses)):
         row: dict[str, Any] = {}
         idx = _try(run, f"{net}/{name}/ifindex")
-        if idx and idx.isdigit():
+        if digits(idx):
             row["ifindex"] = int(idx)
         row["ifname"] = name
         mtu = _try(run, f"{net}/{name}/mtu")
         given = addresses.get(name)
-        if mtu and mtu.isdigit():
+        if digits(mtu):
             row["mtu"] = int(mtu)
         elif given is not None and given.mtu is not None:
             row["mtu"] = given.mtu
@@ -423,7 +424,7 @@ def ip_addr_json(run: Run, addresses: dict, netdevs: list[str]) -> list[dict[str
             for a in addrs:
                 local, _, plen = a.partition("/")
                 info.append({"family": fam, "local": local,
-                             "prefixlen": int(plen) if plen.isdigit() else (32 if fam == "inet" else 128)})
+                             "prefixlen": int(plen) if digits(plen) else (32 if fam == "inet" else 128)})
         row["addr_info"] = info
         rows.append(row)
     return rows
@@ -524,14 +525,14 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
             v = _try(run, f"{base}/{a}")
             if v is not None:
                 put(f"sys/class/infiniband/{hca}/{a}", v)
-        for port in _names(f"{base}/ports", digits=True):
+        for port in _names(f"{base}/ports", numeric=True):
             pdir, prel = f"{base}/ports/{port}", f"sys/class/infiniband/{hca}/ports/{port}"
             for a in PORT_ATTRS:
                 v = _try(run, f"{pdir}/{a}")
                 if v is not None:
                     put(f"{prel}/{a}", v)
             einval: list[int] = []
-            for slot in _names(f"{pdir}/gids", digits=True):
+            for slot in _names(f"{pdir}/gids", numeric=True):
                 gid = _try(run, f"{pdir}/gids/{slot}")
                 if gid is None:
                     notes.append(f"{prel}/gids/{slot}: unreadable")
@@ -962,7 +963,7 @@ def engine_ports(run: Run) -> list[int]:
     """The peers' engine ports: the launch env's AFD_ENGINE_PORTS, else the playbook's engine_ports."""
     raw = run.launch_value("AFD_ENGINE_PORTS")
     if raw:
-        return [int(v) for v in re.split(r"[,\s]+", raw.strip()) if v.isdigit()]
+        return [int(v) for v in re.split(r"[,\s]+", raw.strip()) if digits(v)]
     pb = run.inputs.playbook
     return list(pb.engine_ports) if pb is not None else []
 

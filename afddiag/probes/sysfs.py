@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from afddiag.facts import FabricFacts, Gid, Netdev, Port, RdmaDevice, ipv4_from_gid, is_empty_gid
+from afddiag.textnum import INT32_MAX, digits, kernel_int
 
 Reader = Callable[[str], str]
 
@@ -65,7 +66,7 @@ def _int_names(path: str) -> list[int]:
         names = os.listdir(path)
     except OSError:
         return []
-    return sorted(int(n) for n in names if n.isdigit())
+    return sorted(int(n) for n in names if digits(n))
 
 
 def read_port(port_dir: str, num: int, read: _Reader) -> Port:
@@ -118,10 +119,10 @@ def read_netdev(net_dir: str, name: str, read: _Reader) -> Netdev:
     ``ethtool <if>`` "Speed:") from ``/sys/class/net/<name>/``."""
     nd = Netdev(name=name)
     mtu = read(f"{net_dir}/{name}/mtu")
-    nd.mtu = int(mtu) if mtu and mtu.isdigit() else None
+    nd.mtu = kernel_int(mtu, 0, INT32_MAX)
     nd.operstate = read(f"{net_dir}/{name}/operstate")
     speed = read(f"{net_dir}/{name}/speed")
-    nd.speed_mbps = int(speed) if speed and speed.lstrip("-").isdigit() else None
+    nd.speed_mbps = kernel_int(speed, -1, INT32_MAX)  # the kernel prints an int: -1 SPEED_UNKNOWN; else garbage
     return nd
 
 
