@@ -12,6 +12,7 @@ from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
                                   order_known, rocev2_carriers, usable_rocev2)
 from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
+from afddiag.model.pair import bandwidth_problem
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, not_probed, probe_failed
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
@@ -913,6 +914,16 @@ def rail_bandwidth(ctx: Context) -> Verdict:
                             "fail_below": pb.rail_fail_below_gbps or None, "role": pb.name},
              "error_counters_grew": {k: v for k, v in errs.items() if v}}
     error = bw.error or p.error
+    if (bad := bandwidth_problem(bw, p.link_speed_mbps)) is not None:
+        facts["inconsistent"] = bad
+        if error and bw.stage != "handshake":  # the stop is the finding; the figure is not judged
+            return Verdict(gid, FAIL, f"{rail}: the run stopped: {error} (its figures are not judged: {bad})",
+                           remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                           action="CHECK_FABRIC")
+        return Verdict(gid, ERROR, f"{rail}: not judged: the run's figures cannot all be true ({bad}); "
+                       + ("they are the client's, as it reported them" if p.role == "server" else
+                          "the result was edited or corrupted"),
+                       remedy(gid + ".inconsistent"), facts, action="RERUN")
     if not bw.bytes or bw.gbps is None:
         if bw.stage == "handshake":
             return Verdict(gid, ERROR, f"{rail}: not measured: {error or 'the bandwidth run did not start'}",
@@ -996,7 +1007,7 @@ def port_counters(ctx: Context) -> Verdict:
                        + (f" ({notes})" if notes else f" (the run stopped at stage {bw.stage})"),
                        "read them on the host: `rdma statistic show link <dev>/<port>`, /sys/class/infiniband/<dev>/"
                        "ports/<port>/hw_counters/", facts)
-    during = f"during the {bw.seconds:.1f} s run" if bw.seconds else f"around the run (stopped at stage {bw.stage})"
+    during = f"during the {bw.seconds:.1f} s run" if bw.seconds and bw.seconds > 0 else f"around the run (stopped at stage {bw.stage})"
     errors = [(c, grown(c, "error")) for c in read]
     errors = [(c, e) for c, e in errors if e]
     cong = [(c, grown(c, "congestion")) for c in read]

@@ -111,8 +111,17 @@ def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int,
         raise PairError(str(e)) from None
 
 
+MAX_MESSAGE = 1 << 20  # bytes: a control line longer than this (no newline yet) is refused, never held
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 class _Chan:
-    """JSON lines over a TCP socket, every read bounded by the session deadline."""
+    """JSON lines over a TCP socket, every read bounded by the session deadline and by
+    :data:`MAX_MESSAGE` bytes per line; each line must be a JSON object (garbage, NaN/Infinity,
+    a truncated line at close are :class:`PairError` naming what the peer sent)."""
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline, self.buf = sock, deadline, b""
@@ -122,6 +131,9 @@ class _Chan:
 
     def recv(self) -> dict[str, Any]:
         while b"\n" not in self.buf:
+            if len(self.buf) > MAX_MESSAGE:
+                raise PairError(f"the peer sent a control message over {MAX_MESSAGE} bytes (no line end): not an "
+                                "afddiag pair test; check the host and port")
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise PairError("timed out waiting for the peer's control message")
@@ -131,10 +143,62 @@ class _Chan:
             except socket.timeout:
                 raise PairError("timed out waiting for the peer's control message") from None
             if not chunk:
-                raise PairError("the peer closed the TCP connection")
+                raise PairError("the peer closed the TCP connection"
+                                + (f" in the middle of a control message ({len(self.buf)} bytes)" if self.buf else ""))
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        return json.loads(line)
+        try:
+            msg = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as e:
+            raise PairError(f"the peer's control message is not JSON ({str(e)[:80]}): {line[:60]!r}: not an afddiag "
+                            "pair test, or a different protocol; check the host and port") from None
+        if not isinstance(msg, dict):
+            raise PairError(f"the peer's control message is a JSON {type(msg).__name__}, not an object: "
+                            f"{line[:60]!r}")
+        return msg
+
+
+def _num(msg: dict[str, Any], key: str, lo: int, hi: int, what: str) -> int:
+    """``msg[key]`` as an integer within ``lo..hi``; :class:`PairError` naming ``what`` (whose message)
+    and the key otherwise (missing, not an integer, out of range)."""
+    v = msg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise PairError(f"{what}: {key} {str(v)[:40] if key in msg else '(missing)'} is not an integer "
+                        f"{lo}..{hi}: a different afddiag version or not afddiag; update both sides")
+    return v
+
+
+def _peer_hello(msg: dict[str, Any], what: str, buffer: bool = True) -> dict[str, Any]:
+    """The handshake line's fields checked (QP number and PSN 24-bit, MTU enum 1..5, GID text; with
+    ``buffer``, the buffer address and rkey this side will WRITE to: the server's); raises
+    :class:`PairError` naming the first bad one. Returns ``msg``."""
+    _num(msg, "qpn", 0, (1 << 24) - 1, what)
+    _num(msg, "psn", 0, (1 << 24) - 1, what)
+    _num(msg, "mtu", 1, 5, what)
+    if buffer:
+        _num(msg, "addr", 0, (1 << 64) - 1, what)
+        _num(msg, "rkey", 0, (1 << 32) - 1, what)
+    gid = msg.get("gid")
+    if not isinstance(gid, str) or not 2 <= len(gid) <= 39 or set(gid.lower()) - set("0123456789abcdef:"):
+        raise PairError(f"{what}: gid {str(gid)[:60]!r} is not a GID (8 groups of 4 hex digits)")
+    if "modes" in msg and not (isinstance(msg["modes"], list) and all(isinstance(m, str) for m in msg["modes"])):
+        raise PairError(f"{what}: modes {str(msg['modes'])[:60]} is not a list of mode names")
+    if "proto" in msg and (isinstance(msg["proto"], bool) or not isinstance(msg["proto"], int)):
+        raise PairError(f"{what}: proto {str(msg['proto'])[:40]} is not a protocol number")
+    return msg
+
+
+def _qp_list(raw: Any, n: int, what: str) -> list[dict[str, int]]:
+    """``n`` ``{qpn, psn}`` objects (24-bit integers each); :class:`PairError` otherwise."""
+    if not isinstance(raw, list) or len(raw) != n:
+        got = len(raw) if isinstance(raw, list) else "no list of"
+        raise PairError(f"{what} named {got} QPs for a run of {n}")
+    for q in raw:
+        if not isinstance(q, dict):
+            raise PairError(f"{what}: a QP entry {str(q)[:40]} is not an object")
+        _num(q, "qpn", 0, (1 << 24) - 1, what)
+        _num(q, "psn", 0, (1 << 24) - 1, what)
+    return raw
 
 
 class _Rdma:
@@ -336,7 +400,7 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
             raise PairError(f"no client within {timeout_s:g} s on port {port}") from None
         facts.peer = peer[0]
         ch = _Chan(conn, deadline)
-        hello = ch.recv()
+        hello = _peer_hello(ch.recv(), "the client's handshake", buffer=False)
         ch.send(_hello(r, facts))
         facts.peer_qp_num, facts.peer_gid = hello["qpn"], hello["gid"]
         facts.path_mtu = mtu_enum_to_bytes(r.connect(hello))
@@ -349,7 +413,11 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
             if op == "bandwidth":
                 _serve_bandwidth(r, ch, msg, hello, facts, deadline)
                 continue
-            size, n = int(msg["size"]), int(msg.get("n", 0))
+            if op not in ("send_pingpong", "send_stream", "write", "check_write"):
+                raise PairError(f"unknown control message {str(msg)[:200]}")
+            size = _num(msg, "size", 1, max(DEFAULT_SIZES), f"the client's {op}")
+            n = _num(msg, "n", 0, QUEUE_DEPTH if op == "send_stream" else 100000, f"the client's {op}") \
+                if op.startswith("send") else 0
             if op == "send_pingpong":
                 big = max(DEFAULT_SIZES)
                 r.post_recv(0, size)
@@ -381,9 +449,8 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
             elif op == "write":
                 ch.send({"ready": True})
             elif op == "check_write":
-                ch.send({"ok": r.mr.read(size, 0) == _pattern(size, int(msg["seed"]))})
-            else:
-                raise PairError(f"unknown control message {msg!r}")
+                seed = _num(msg, "seed", 0, 255, "the client's check_write")
+                ch.send({"ok": r.mr.read(size, 0) == _pattern(size, seed)})
     except PairError as e:
         facts.error = str(e)
     except Exception as e:  # noqa: BLE001 - never raise
@@ -430,14 +497,17 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
     try:
         spec = BandwidthSpec(float(msg.get("seconds", 0)), int(msg.get("size", 0)), int(msg.get("qps", 0)),
                              int(msg.get("depth", 0)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # garbage, or int(inf)
         spec = BandwidthSpec(-1.0)
     facts.mode = "bandwidth"
     bw = facts.bandwidth = BandwidthRun(seconds_asked=spec.seconds, size=spec.size, qps=spec.qps, depth=spec.depth)
     why = spec.problem()
-    peers = msg.get("peers") if isinstance(msg.get("peers"), list) else []
-    if why is None and len(peers) != spec.qps:
-        why = f"the client named {len(peers)} QPs for a run of {spec.qps}"
+    peers: list[dict[str, int]] = []
+    if why is None:
+        try:
+            peers = _qp_list(msg.get("peers"), spec.qps, "the client")
+        except PairError as e:
+            why = str(e)
     if why:
         bw.error = f"refused the client's bandwidth run: {why}"
         ch.send({"error": why})
@@ -458,6 +528,7 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
             raise PairError(f"expected the client's end of the bandwidth run, got {str(done)[:200]}")
         bw.stage = "verify"
         seeds = done.get("seeds") if isinstance(done.get("seeds"), list) else []
+        seeds = seeds if all(isinstance(sd, int) and not isinstance(sd, bool) and 0 <= sd <= 255 for sd in seeds) else []
         ok = len(seeds) == spec.qps and all(
             mr.read(spec.size, i * spec.size) == _pattern(spec.size, int(sd)) for i, sd in enumerate(seeds))
         local = _local_delta(facts, before)
@@ -510,12 +581,12 @@ def _client_bandwidth(r: _Rdma, ch: _Chan, peer: dict[str, Any], facts: PairFact
              "peers": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns)]})
     rep = ch.recv()
     if rep.get("error"):
-        bw.error = f"the server refused the bandwidth run: {rep['error']}"
+        bw.error = f"the server refused the bandwidth run: {str(rep['error'])[:300]}"
         ch.send({"op": "bye"})
         raise PairError(bw.error)
-    theirs = rep.get("qps") if isinstance(rep.get("qps"), list) else []
-    if len(theirs) != spec.qps:
-        raise PairError(f"the server answered {len(theirs)} QPs for a run of {spec.qps}")
+    theirs = _qp_list(rep.get("qps"), spec.qps, "the server")
+    _num(rep, "addr", 0, (1 << 64) - 1, "the server's bandwidth answer")
+    _num(rep, "rkey", 0, (1 << 32) - 1, "the server's bandwidth answer")
     for i, (qp, psn) in enumerate(zip(qps, psns)):
         r.connect({**peer, "qpn": int(theirs[i]["qpn"]), "psn": int(theirs[i]["psn"])}, qp, psn)
         bw.per_qp.append(RailQp(i, qp.qp_num, int(theirs[i]["qpn"])))
@@ -656,7 +727,7 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
                 raise PairError(f"cannot reach {host}:{port} over TCP: {e.strerror or e}") from None
         ch = _Chan(sock, deadline)
         ch.send(_hello(r, facts, "bandwidth" if bandwidth else "phases"))
-        peer = ch.recv()
+        peer = _peer_hello(ch.recv(), "the server's handshake")
         facts.peer_qp_num, facts.peer_gid = peer["qpn"], peer["gid"]
         facts.path_mtu = mtu_enum_to_bytes(r.connect(peer))
         if ch.recv().get("op") != "rts":

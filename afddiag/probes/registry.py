@@ -1010,9 +1010,13 @@ def _pair_read(run: Run, progress: Any) -> dict[str, Any]:
 
 
 def _pair_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
-    from afddiag.model.pair import pair_facts
+    from afddiag.model.pair import _json_kind, pair_facts
 
-    return {"pair": pair_facts(r.get(PAIR_ARTIFACT))}
+    raw = r.get(PAIR_ARTIFACT)
+    if raw is not None and not isinstance(raw, dict):
+        return _pair_failed(f"{PAIR_ARTIFACT}: a JSON {_json_kind(raw)}, not the pair test's object: save the output of "
+                            "`afddiag fabric --pair HOST --bandwidth --json` unedited")
+    return {"pair": pair_facts(raw)}
 
 
 def _pair_failed(why: str) -> dict[str, Any]:
