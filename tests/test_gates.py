@@ -310,7 +310,9 @@ def test_parsers():
     (588.4, 35.0, 0x4, "WARN"),    # a power reading above the limit: SW power cap holds 210 MHz (open-gpu-kernel-modules #1237)
     (25.0, 25.0, 0x4, "WARN"),     # a platform limit of 25 W reached: ~600 MHz (open-gpu-kernel-modules #1310)
     (100.0, 100.0, None, "WARN"),  # a 575 W card capped at 100 W: at the limit, whatever the mask says
-    (97.9, 100.0, 0x4, "FAIL"),    # below 98 % of the limit with a low clock: the limiter does not explain it
+    (92.0, 100.0, 0x4, "WARN"),    # 92 % with SW power capping active: the limiter's running average sits under the limit
+    (92.0, 100.0, 0x0, "FAIL"),    # 92 % and no SW power cap reason: the limiter does not explain the clock
+    (80.0, 100.0, 0x4, "FAIL"),    # far under the limit: the cap bit alone explains nothing
     (19.5, None, 0x0, "FAIL"),     # no enforced limit read (GB10: NOT_SUPPORTED): class A as before
 ])
 def test_slow_state_at_the_enforced_power_limit_is_the_limiter_not_class_a(power_w, limit_w, reasons, verdict):

@@ -42,21 +42,28 @@ def test_h200_under_load_recording_passes_with_power_cap_bit():
 @pytest.mark.parametrize("field,scale,verdict,words", [
     ("bf16_tflops", 1 / 1.5, "FAIL", "class B"),  # matmul 1.5x below baseline with a normal clock
     ("copy_gbps", 0.95, "PASS", None),
-    ("clock_sm_mhz", 0.4, "FAIL", "class A"),
+    # class A is a low clock at low power: the recording's clock and power both scaled
+    (("clock_sm_mhz", "power_mw"), 0.4, "FAIL", "class A"),
+    # the clock alone scaled: the recording draws 95 % of its 700 W limit with SW power capping set,
+    # so the limiter explains a low clock: WARN, no AC power cycle
+    ("clock_sm_mhz", 0.4, "WARN", "enforced power limit"),
 ])
 def test_derived_slow_state_fixtures(tmp_path, field, scale, verdict, words):
     r = json.loads((FIX / "h200-live-load" / "gpu.json").read_text())
     bad = copy.deepcopy(r)
     ul = bad["devices"][0]["under_load"]
-    if field in ul:
-        ul[field] = ul[field] * scale
-    else:
-        ul["achieved"][field] = ul["achieved"][field] * scale
+    for name in (field if isinstance(field, tuple) else (field,)):
+        if name in ul:
+            ul[name] = ul[name] * scale
+        else:
+            ul["achieved"][name] = ul["achieved"][name] * scale
     (tmp_path / "gpu.json").write_text(json.dumps(bad))
     v = gates(tmp_path)["gpu.slow-state"]
     assert v["verdict"] == verdict, v["summary"]
     if words:
-        assert words in v["summary"] and "AC" in v["remedy"]
+        assert words in v["summary"]
+        assert (v["action"] == "AC_POWER_CYCLE") == (verdict == "FAIL"), (v["action"], v["remedy"])
+        assert ("AC removal" in v["remedy"]) == (verdict == "FAIL"), v["remedy"]
 
 
 def test_h200_busy_recording_names_the_other_process():

@@ -17,7 +17,8 @@ SLOW_CLOCK_FRACTION = 0.5  # class A: under-load SM clock below half of max or o
 SLOW_THROUGHPUT_FRACTION = 0.8  # class B: any throughput figure below 80 % of baseline
 MIN_UTILIZATION_PCT = 80.0
 IDLE_PSTATE = 8  # P8 and deeper are idle performance states; a compute load runs at P0-P2
-POWER_LIMITED_FRACTION = 0.98  # under-load power within 2 % of the enforced limit (or above it): the power limiter holds the clock there
+POWER_LIMITED_FRACTION = 0.95  # under-load power at or above 95 % of the enforced limit: the power limiter holds the clock there
+POWER_CAPPED_FRACTION = 0.90  # ... or 90 % with SW power capping active under load (the limiter's averaging window)
 SW_POWER_CAP = 0x4
 THROUGHPUT = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"), ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
 
@@ -291,8 +292,10 @@ BUSY_REMEDY = ("re-run `afddiag gpu --load` when the GPU is idle (stop or wait f
 
 def power_limited(d: GpuDevice) -> str | None:
     """Why ``d``'s under-load clock is the power limiter's doing, or None: the under-load power reading
-    (``nvmlDeviceGetPowerUsage``, mW) is at or above :data:`POWER_LIMITED_FRACTION` of the enforced
-    power limit (``nvmlDeviceGetEnforcedPowerLimit``, mW), both read. The GPU then draws all the power
+    (``nvmlDeviceGetPowerUsage``, mW) is at or above :data:`POWER_LIMITED_FRACTION` (95 %) of the
+    enforced power limit (``nvmlDeviceGetEnforcedPowerLimit``, mW), or :data:`POWER_CAPPED_FRACTION`
+    (90 %) with the SW power cap reason (0x4) set (the limiter holds a running average, so a sample
+    sits a few percent under the limit), both read. The GPU then draws all the power
     it is allowed (or its power reading says so), and SW power capping lowers the clock to stay there:
     a low clock at the limit is not the low-power slow state (class A draws far less than any limit),
     and a power cycle does not raise a limit. Words name the figures and the SW power cap bit (0x4)
@@ -301,9 +304,9 @@ def power_limited(d: GpuDevice) -> str | None:
     pw, lim = (ul.power_mw if ul else None), d.power_limit_mw
     if not isinstance(pw, (int, float)) or not isinstance(lim, (int, float)) or lim <= 0:
         return None
-    if pw < POWER_LIMITED_FRACTION * lim:
-        return None
     cap = ((d.clocks_event_reasons or 0) | (ul.clocks_event_reasons or 0)) & SW_POWER_CAP
+    if pw < (POWER_CAPPED_FRACTION if cap else POWER_LIMITED_FRACTION) * lim:
+        return None
     over = " (a reading above the limit the GPU may draw: the power telemetry is suspect)" if pw > 1.05 * lim else ""
     return (f"power under load {pw / 1000:.1f} W is at the enforced power limit {lim / 1000:.1f} W{over}"
             + (", sw_power_cap active" if cap else ""))
