@@ -23,22 +23,37 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+class CatalogError(RuntimeError):
+    """The gate catalog (checks/gates.toml) is missing, unreadable or not valid TOML: a broken
+    install or a bad local edit. The message names the file and the fix in one line."""
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any]:
-    """The parsed catalog: ``{"gates": {id: {...}}, "remedies": {key: text}}``.
+    """The parsed catalog: ``{"gates": {id: {...}}, "remedies": {key: text}}``, from the JSON twin
+    (checks/gates.json) when it matches the TOML's size and CRC-32, else from checks/gates.toml.
 
-    Raises FileNotFoundError when the catalog is not installed (a broken install).
+    Raises :class:`CatalogError` when checks/gates.toml is missing, unreadable or not valid TOML
+    (a corrupt or stale twin is ignored, never an error).
     """
     from afddiag.packaged import read_text
 
-    text = read_text("checks", "gates.toml")
+    try:
+        text = read_text("checks", "gates.toml")
+    except (OSError, UnicodeError) as e:
+        raise CatalogError(f"gate catalog checks/gates.toml unreadable ({getattr(e, 'strerror', None) or e}): "
+                           "reinstall afddiag (./scripts/setup.sh) or restore the file (git checkout checks/gates.toml)") from None
     try:
         twin = json.loads(read_text("checks", TWIN))
         if twin.get("source_digest") == _digest(text):
             return twin["catalog"]
     except (OSError, ValueError, KeyError, AttributeError):  # no twin, or not ours: parse the TOML
         pass
-    return tomllib.loads(text)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CatalogError(f"gate catalog checks/gates.toml is not valid TOML ({e}): undo the last edit "
+                           "(git diff checks/gates.toml) or restore it (git checkout checks/gates.toml)") from None
 
 
 TWIN = "gates.json"

@@ -756,6 +756,13 @@ def run(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return EXIT_USAGE
+    except RuntimeError as e:
+        from afddiag.catalog import CatalogError
+
+        if not isinstance(e, CatalogError):
+            raise
+        click.echo(f"afddiag: {e}", err=True)
+        return 3  # ERROR: nothing could be judged
     return rv if isinstance(rv, int) else 0
 
 

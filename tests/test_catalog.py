@@ -1,8 +1,10 @@
 """The gate catalog (checks/gates.toml), the registered gates and docs/GATES.md agree."""
 
+import pytest
+
 from afddiag import catalog
 from afddiag.gates import registry
-from conftest import REPO
+from conftest import CASES, REPO
 
 REQUIRED = {"family", "severity", "title", "checks", "reads", "verdicts", "remedy", "source"}
 
@@ -96,3 +98,32 @@ def test_gpu_errors_catalog_lists_the_xids_the_gate_fails():
         fail |= set(range(int(lo), int(hi or lo) + 1))
     assert fail == set(XID_FATAL)
     assert not fail & set(XID_APP)
+
+
+@pytest.mark.parametrize("toml,words", [("x = [\n", "is not valid TOML"), (None, "unreadable")])
+def test_a_broken_catalog_is_one_line_naming_the_file_and_the_fix(monkeypatch, capsys, toml, words):
+    """A bad local edit of checks/gates.toml (or a missing file) ends the run with one line on stderr
+    naming the file and how to restore it, exit 3 (nothing judged), not a traceback; a corrupt twin
+    beside it is ignored, never trusted."""
+    from afddiag import catalog, cli, packaged
+
+    real = packaged.read_text
+
+    def fake(sub, name):
+        if (sub, name) == ("checks", "gates.json"):
+            return '{"source_digest": "garbage'
+        if (sub, name) == ("checks", "gates.toml"):
+            if toml is None:
+                raise FileNotFoundError(2, "No such file or directory")
+            return toml
+        return real(sub, name)
+
+    monkeypatch.setattr(packaged, "read_text", fake)
+    catalog.load.cache_clear()
+    try:
+        for argv in (["catalog"], ["all", "--json", "--snapshot", str(CASES / "fabric" / "12-cx7-single-port-healthy")]):
+            assert cli.run(argv) == 3
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "checks/gates.toml" in err[0] and words in err[0] and "git checkout" in err[0], err
+    finally:
+        catalog.load.cache_clear()
