@@ -16,13 +16,17 @@ Fields (None where the host did not say):
 - ``device_map`` (this host's own map), ``device_map_env`` (the map the launcher exports),
   ``gid_index_env`` (``NCCL_IB_GID_INDEX``), ``devicemap_env`` (``{verdict, summary}`` of
   ``fabric.devicemap-env``), ``fabric_link`` (``{verdict, summary}`` of ``fabric.link``: a host whose
-  link is down explains the connections to and from it);
+  link is down explains the connections to and from it), ``first_device`` (``{verdict, summary}`` of
+  ``fabric.first-device``: whether the device the engine opens, map or no map, carries the fabric IP);
 - ``capacity`` (``{key, value, set}``: this role's capacity flag);
 - ``gpus`` (``[{name, uuid, sm_count, under_load: {clock_sm_mhz, fp32_tflops, bf16_tflops,
   gemv_gbps, copy_gbps}}]``), ``slow_state`` (``{verdict, summary}`` of ``gpu.slow-state``),
   ``gpu_busy`` (the GPU was busy with another job: figures inconclusive);
 - ``rails`` (``[{port, ip, subnet, gid_index}]``: the ports ``NCCL_IB_HCA`` selects besides the fabric port);
 - ``versions`` (``afddiag``, ``driver``, ``kernel``, ``bios``, ``rdma_core``, ``firmware``);
+  ``firmware`` (``[{hca, fw_ver}]``: each HCA model's firmware, ``hca`` the board id (PSID, sysfs
+  ``board_id``) when read, else the HCA type (``hca_type``, e.g. ``MT4129``); fleet.versions compares
+  firmware only between HCAs of one ``hca``);
 - ``control_plane`` (:func:`control_plane_of`: ``{verdict, source, peers, ports, attempts: [{peer, port,
   outcome}], not_tried: [{peer, port}], advertised_bad: [{key, value, why}]}`` from ``launch.control-plane``;
   None when the report has no such gate: an older afddiag, or the launch gates were not run).
@@ -82,6 +86,18 @@ def versions_of(rep: dict[str, Any]) -> dict[str, str]:
     if fws:
         out["firmware"] = ", ".join(fws)
     return out
+
+
+def firmware_of(rep: dict[str, Any]) -> list[dict[str, str]]:
+    """Each HCA model's firmware from a report's ``facts.fabric.devices``: ``[{"hca", "fw_ver"}]``,
+    ``hca`` the board id (PSID, sysfs ``board_id``: one board's firmware line) when the report has it,
+    else the HCA type (sysfs ``hca_type``, the chip: MT4129 is a ConnectX-7), else "?"; one row per
+    distinct pair, sorted. Firmware is comparable only between rows of one ``hca`` (a ConnectX-4
+    and a ConnectX-7 have unrelated version lines)."""
+    rows = {(str(d.get("board_id") or d.get("hca_type") or "?"), str(d.get("fw_ver")))
+            for d in (_d(_d(rep.get("facts")).get("fabric")).get("devices") or [])
+            if isinstance(d, dict) and d.get("fw_ver")}
+    return [{"hca": h, "fw_ver": v} for h, v in sorted(rows)]
 
 
 _NOT_TRIED = re.compile(r"^(\S+):(\d+) not tried")
@@ -169,6 +185,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         "gid_index_env": env.get(NCCL_GID_VAR),
         "devicemap_env": _verdict(_d(gates.get("fabric.devicemap-env"))),
         "fabric_link": _verdict(_d(gates.get("fabric.link"))),
+        "first_device": _verdict(_d(gates.get("fabric.first-device"))),
         "capacity": capacity,
         "gpus": gpus,
         "slow_state": _verdict(_d(gates.get("gpu.slow-state"))),
@@ -176,6 +193,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         "rails": [{k: r.get(k) for k in ("port", "ip", "subnet", "gid_index")}
                   for r in gf("fabric.devicemap-env").get("rails") or [] if isinstance(r, dict)],
         "versions": versions_of(rep),
+        "firmware": firmware_of(rep),
         "control_plane": control_plane_of(rep),
     }
 
@@ -189,7 +207,10 @@ def of(rep: dict[str, Any] | None) -> dict[str, Any]:
         return from_report(rep)
     if "control_plane" not in s:  # a summary made before control_plane joined it: read the gate's facts
         s = {**s, "control_plane": control_plane_of(rep)}
-    if "fabric_link" not in s:  # likewise fabric_link
-        s = {**s, "fabric_link": _verdict(_d(_d({g.get("id"): g for g in rep.get("gates") or []
-                                                  if isinstance(g, dict)}).get("fabric.link")))}
+    gates = {g.get("id"): g for g in rep.get("gates") or [] if isinstance(g, dict)}
+    for key, gid in (("fabric_link", "fabric.link"), ("first_device", "fabric.first-device")):
+        if key not in s:  # a summary made before the key joined it: read the gate's verdict
+            s = {**s, key: _verdict(_d(gates.get(gid)))}
+    if "firmware" not in s:
+        s = {**s, "firmware": firmware_of(rep)}
     return s

@@ -76,8 +76,12 @@ def make_reports(n: int, out: Path) -> list[Path]:
         elif fault == "subnet":
             r["inputs"]["fabric_ip"] = "10.65.0.9"
             nds["enp1s0f1np1"]["ipv4"] = ["10.65.0.9/16"]
-        elif fault == "map":
+        elif fault == "map":  # the map left out: the host's own first-device FAILs (case 02's first device
+            # does not carry the fabric IP), as that host's afddiag reports it
             r["inputs"]["env"].pop("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", None)
+            gates["fabric.first-device"].update({"verdict": "FAIL", "summary": "rocep1s0f0 (first enumerated device, "
+                                                 "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP not set) does not carry "
+                                                 f"fabric IP {ip}"})
         elif fault == "kernel":
             r["facts"]["versions"]["kernel"] = "6.8.0-1009-nvidia"
         elif fault == "slow":

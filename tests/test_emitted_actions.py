@@ -419,6 +419,9 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
 
     units = [_host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"}), _host("c", gid_index=1)]
     seen.add_verdicts([fg.gid_index(units, {}), fg.versions([_host("a"), _host("b", driver="575.9")], {})], "units")
+    from test_fleet_like_with_like import _rep
+
+    seen.add_verdicts([fg.devicemap([_rep("order-unknown", first="WARN")], {})], "map unset, device order unknown")
     load = [_host(f"r{i}", under_load={"bf16_tflops": 90.0 + i, "clock_sm_mhz": 2300}) for i in range(4)]
     seen.add_verdicts([fg.gpu(load, {}), fg.gpu(load + [_host("r9", under_load={"bf16_tflops": 36.5})], {})], "gpu")
     busy = copy.deepcopy(b)

@@ -106,7 +106,8 @@ def rdma_present(ctx: Context) -> Verdict:
         return Verdict(gid, verdict, f"no RDMA device on this host ({why[-1]}){role}", remedy(gid),
                        {"notes": fab.notes})
     devs = [
-        {"name": d.name, "index": d.index, "hca_type": d.hca_type, "fw_ver": d.fw_ver, "node_guid": d.node_guid,
+        {"name": d.name, "index": d.index, "hca_type": d.hca_type, "fw_ver": d.fw_ver, "board_id": d.board_id,
+         "node_guid": d.node_guid,
          "ports": [{"port": p.num, "state": p.state, "phys_state": p.phys_state, "link_layer": p.link_layer,
                     "rate": p.rate, "gid_slots": p.gid_slots, "gids_populated": len(p.gids)} for p in d.ports]}
         for d in fab.devices

@@ -120,6 +120,26 @@ def _names(hosts: list[str]) -> str:
     return ", ".join(hosts[:MAX_NAMED]) + f" and {len(hosts) - MAX_NAMED} more"
 
 
+BRIEF_CHARS = 160  # a host gate's summary quoted in a fleet summary: longer ones shortened by whole items
+
+
+def _brief(text: Any, limit: int = BRIEF_CHARS) -> str:
+    """A host gate's summary for quoting in a fleet summary: whole "; "-separated items kept while they
+    fit in ``limit`` characters (the first always, however long), the rest counted ("(+2 more)").
+    Never cuts inside an item, so no variable, device or address is cut mid-token; the full text
+    stays in the fleet gate's facts and in the host's own report."""
+    items = [i for i in str(text or "").split("; ") if i]
+    if not items:
+        return ""
+    kept = [items[0]]
+    for it in items[1:]:
+        if len("; ".join(kept + [it])) > limit:
+            break
+        kept.append(it)
+    rest = len(items) - len(kept)
+    return "; ".join(kept) + (f" (+{rest} more)" if rest else "")
+
+
 def _not_judged(fleet: Fleet) -> list[str]:
     return [f"{h.name} ({h.error})" for h in fleet if not h.ok]
 
@@ -335,11 +355,22 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 # ---------------------------------------------------------------- fleet.devicemap
 
 def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
-    """DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP is set on every rank and the coordinator
-    (``inputs.env``), each host's ``fabric.devicemap-env`` does not FAIL, and a fleet-wide map's
-    entries for another host's fabric IP name the device that host's own ``device_map`` gives."""
+    """Each host's engine opens the device carrying its fabric IP, and fleet-wide maps agree.
+
+    Per host (summary ``device_map_env``, ``first_device``, ``devicemap_env``): a map that is not set
+    is a fault only where the host's own ``fabric.first-device`` FAILs (the first enumerated device
+    does not carry the fabric IP); where it PASSes (the fallback device carries it: a single-device
+    host) the host is fine without one and is named in the facts, and where it WARNs (order unknown,
+    IP ambiguous) this gate WARNs too. A host without fabric data (GPU-only report; first-device
+    SKIP or absent) is "not judged: no fabric data", never "not set". A host whose
+    ``fabric.devicemap-env`` FAILs is named. Across hosts (the new evidence one host cannot see): a
+    map's entry for another host's fabric IP must name the device that host's own ``device_map``
+    gives. The fleet never contradicts a host gate without such evidence."""
     gid = "fleet.devicemap"
     unset: list[str] = []
+    unset_warn: list[str] = []
+    unset_ok: list[str] = []
+    no_fabric: list[str] = []
     bad_local: list[str] = []
     wrong_remote: list[str] = []
     by_ip = {h.fip: h for h in fleet if h.ok and h.fip}
@@ -347,14 +378,25 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        val = h.summary.get("device_map_env")
-        if val is None:
-            unset.append(h.name)
-            continue
-        maps[h.name] = val
         dm_env = h.summary.get("devicemap_env") or {}
         if dm_env.get("verdict") == FAIL:
-            bad_local.append(f"{h.name} ({str(dm_env.get('summary', ''))[:160]})")
+            bad_local.append(f"{h.name} ({_brief(dm_env.get('summary'))})")
+        val = h.summary.get("device_map_env")
+        if val is None:
+            first = h.summary.get("first_device") or {}
+            verdict = first.get("verdict") if isinstance(first, dict) else None
+            if dm_env.get("verdict") == FAIL:
+                continue  # named once, as its devicemap-env FAIL (which explains first-device's)
+            if verdict == FAIL:
+                unset.append(h.name)
+            elif verdict == WARN:
+                unset_warn.append(f"{h.name} ({_brief(first.get('summary'))})")
+            elif verdict == PASS:
+                unset_ok.append(h.name)
+            else:
+                no_fabric.append(h.name)
+            continue
+        maps[h.name] = val
         entries, _ = parse_device_map(val)
         for ip, dev in entries.items():
             other = by_ip.get(ip)
@@ -364,36 +406,51 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
             if ip in theirs and theirs[ip] != dev:
                 wrong_remote.append(f"{h.name}'s map sends {other.name}'s {ip} to {dev}, but {other.name} carries it "
                                     f"on {theirs[ip]}")
-    facts = {"maps": maps, "unset": unset, "local_fail": bad_local, "cross_host": wrong_remote,
+    facts = {"maps": maps, "unset": unset, "unset_warn": unset_warn, "unset_first_device_carries": unset_ok,
+             "no_fabric_data": no_fabric, "local_fail": bad_local, "cross_host": wrong_remote,
              "not_judged": _not_judged(fleet)}
-    judged = [h for h in fleet if h.ok]
+    judged = [h for h in fleet if h.ok and h.name not in no_fabric]
+    nofab = f"; not judged: no fabric data: {_names(no_fabric)}" if no_fabric else ""
     if not judged:
-        return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
+        why = "no host report to judge" if not no_fabric else f"no host report with fabric data{nofab}"
+        return Verdict(gid, SKIP, why + _tail(fleet), remedy("fleet.unreachable"), facts)
     problems = []
     if unset:
-        problems.append(f"{_names(unset)}: {MAP_VAR} not set (the engine opens the first enumerated device)")
+        problems.append(f"{_names(unset)}: {MAP_VAR} not set and the first enumerated device (the engine's "
+                        "fallback) does not carry the fabric IP (fabric.first-device FAIL)")
     if bad_local:
         problems.append(f"{_names(bad_local)}: fabric.devicemap-env FAIL")
     problems += wrong_remote
     if problems:
-        return Verdict(gid, FAIL, "; ".join(problems) + _tail(fleet), remedy(gid), facts)
-    return Verdict(gid, PASS, f"{MAP_VAR} set on all {len(judged)} host(s) and consistent" + _tail(fleet),
-                   "nothing to do", facts)
+        return Verdict(gid, FAIL, "; ".join(problems) + nofab + _tail(fleet), remedy(gid), facts)
+    ok_txt = (f"; {_names(unset_ok)}: not set, the first enumerated device carries the fabric IP"
+              if unset_ok else "")
+    if unset_warn:
+        return Verdict(gid, WARN, f"{_names(unset_warn)}: {MAP_VAR} not set and fabric.first-device could not tell "
+                       "which device the engine opens" + ok_txt + nofab + _tail(fleet), remedy(gid), facts,
+                       action="SET_ENV")
+    return Verdict(gid, PASS, f"{len(judged)} host(s): each engine opens the device carrying its fabric IP"
+                   + (f" ({len(maps)} by the map)" if maps else "") + ", maps consistent" + ok_txt + nofab
+                   + _tail(fleet), "nothing to do", facts)
 
 
 # ---------------------------------------------------------------- fleet.gpu
 
-def _load_figures(h: HostResult) -> dict[str, float]:
-    """The slowest under-load figure of each kind across the host's GPUs (summary ``gpus``)."""
-    out: dict[str, float] = {}
+def _load_figures(h: HostResult) -> dict[str, dict[str, float]]:
+    """GPU model → the slowest under-load figure of each kind across the host's GPUs of that model
+    (summary ``gpus``: ``name`` as NVML gives it, "NVIDIA GB10"; "unknown GPU" when not read).
+    Figures of different models are never mixed: an H200's clock is no yardstick for a GB10."""
+    out: dict[str, dict[str, float]] = {}
     for d in h.summary.get("gpus") or []:
         ul = (d or {}).get("under_load") if isinstance(d, dict) else None
         if not isinstance(ul, dict):
             continue
+        model = str(d.get("name") or "unknown GPU")
         for k, _ in LOAD_FIGURES:
             v = ul.get(k)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] = min(out.get(k, v), v)
+                per = out.setdefault(model, {})
+                per[k] = min(per.get(k, v), v)
     return out
 
 
@@ -404,8 +461,9 @@ def _busy(h: HostResult) -> bool:
 
 def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """One slow GPU slows every rank in lockstep: name the host whose ``gpu.slow-state`` is
-    FAIL/WARN, or whose under-load figure (SM clock, TFLOP/s, GB/s) is below 80 % of its role's
-    median (hosts of one role only; needs three hosts of the role with that figure)."""
+    FAIL/WARN, or whose under-load figure (SM clock, TFLOP/s, GB/s) is below 80 % of the median of
+    the hosts with its role and GPU model (like with like; needs three such hosts with that figure).
+    Facts ``medians``: role → GPU model → figure → median."""
     gid = "fleet.gpu"
     slow: list[str] = []
     warn: list[str] = []
@@ -415,26 +473,28 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
             continue
         g = h.summary.get("slow_state") or {}
         if g.get("verdict") == FAIL:
-            slow.append(f"{h.name} ({str(g.get('summary', ''))[:160]})")
+            slow.append(f"{h.name} ({_brief(g.get('summary'))})")
         elif g.get("verdict") == WARN:
-            warn.append(f"{h.name} ({str(g.get('summary', ''))[:160]})")
+            warn.append(f"{h.name} ({_brief(g.get('summary'))})")
         f = _load_figures(h)
         if f and not _busy(h):  # a GPU shared with another job is no outlier: its figures are a share
             figs[h.name] = f
     roles = {h.name: h.host_role for h in fleet if h.ok}
     outliers: list[str] = []
-    medians: dict[str, dict[str, float]] = {}
-    for role in sorted(set(roles.values())):
-        members = [n for n in figs if roles[n] == role]
+    medians: dict[str, dict[str, dict[str, float]]] = {}
+    groups = sorted({(roles[n], model) for n in figs for model in figs[n]})
+    for role, model in groups:  # like with like: one role, one GPU model
+        members = [n for n in figs if roles[n] == role and model in figs[n]]
         for k, unit in LOAD_FIGURES:
-            vals = {n: figs[n][k] for n in members if k in figs[n]}
+            vals = {n: figs[n][model][k] for n in members if k in figs[n][model]}
             if len(vals) < 3:
                 continue
             med = statistics.median(vals.values())
-            medians.setdefault(role, {})[k] = med
+            medians.setdefault(role, {}).setdefault(model, {})[k] = med
             for n, v in vals.items():
                 if med > 0 and v < OUTLIER_FRACTION * med:
-                    outliers.append(f"{n} {k} {v:g} {unit} is {v / med:.0%} of the {role} median {med:g}")
+                    outliers.append(f"{n} {k} {v:g} {unit} is {v / med:.0%} of the {role} median {med:g}"
+                                    f" ({model}, {len(vals)} hosts)")
     facts = {"slow_state_fail": slow, "slow_state_warn": warn, "outliers": outliers, "medians": medians,
              "figures": figs, "not_judged": _not_judged(fleet)}
     if slow or outliers:
@@ -462,11 +522,21 @@ def host_versions(h: HostResult) -> dict[str, str]:
     return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
 
 
+def host_firmware(h: HostResult) -> list[dict[str, str]]:
+    """The host's firmware per HCA model (summary ``firmware``: ``[{hca, fw_ver}]``)."""
+    rows = h.summary.get("firmware")
+    return [{"hca": str(r.get("hca")), "fw_ver": str(r.get("fw_ver"))} for r in rows or []
+            if isinstance(r, dict) and r.get("fw_ver")] if isinstance(rows, list) else []
+
+
 def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """Firmware, NVIDIA driver, kernel, BIOS, rdma-core and afddiag versions that differ between hosts
-    of one role (:func:`host_versions`); the odd host(s) are named against the role's most common value."""
+    of one role (:func:`host_versions`); the odd host(s) are named against the role's most common value.
+    Firmware is compared only between hosts with the same HCA (board id when read, else HCA type:
+    :func:`host_firmware`): a ConnectX-4's version line says nothing about a ConnectX-7's."""
     gid = "fleet.versions"
     per = {h.name: host_versions(h) for h in fleet if h.ok}
+    fw = {h.name: host_firmware(h) for h in fleet if h.ok}
     roles = {h.name: h.host_role for h in fleet if h.ok}
     drift: list[str] = []
     detail: dict[str, dict[str, dict[str, str]]] = {}
@@ -474,18 +544,26 @@ def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         members = [n for n in per if roles[n] == role]
         if len(members) < 2:
             continue
-        for key in ("firmware", "driver", "kernel", "bios", "rdma_core", "afddiag"):
+        for hca in sorted({r["hca"] for n in members for r in fw[n]}):  # firmware: like HCA with like
+            vals = {n: ", ".join(sorted(r["fw_ver"] for r in fw[n] if r["hca"] == hca)) for n in members
+                    if any(r["hca"] == hca for r in fw[n])}
+            if len(vals) > 1 and len(set(vals.values())) > 1:
+                common, off = _minority(vals)
+                detail.setdefault(role, {})[f"firmware {hca}"] = vals
+                drift.append(f"{_names([f'{n} firmware {hca} {vals[n]}' for n in off])} "
+                             f"(other {role} hosts with {hca}: {common})")
+        for key in ("driver", "kernel", "bios", "rdma_core", "afddiag"):
             vals = {n: per[n][key] for n in members if key in per[n]}
             if len(set(vals.values())) > 1:
                 common, off = _minority(vals)
                 detail.setdefault(role, {})[key] = vals
                 drift.append(f"{_names([f'{n} {key} {vals[n]}' for n in off])} (other {role} hosts: {common})")
-    facts = {"versions": per, "drift": detail, "not_judged": _not_judged(fleet)}
+    facts = {"versions": per, "firmware": fw, "drift": detail, "not_judged": _not_judged(fleet)}
     if not per:
         return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
     if drift:
         return Verdict(gid, WARN, "; ".join(drift) + _tail(fleet), remedy(gid), facts)
-    keys = sorted({k for v in per.values() for k in v})
+    keys = [k if k != "firmware" else "firmware per HCA model" for k in sorted({k for v in per.values() for k in v})]
     return Verdict(gid, PASS, f"{len(per)} host(s): same {', '.join(keys) or 'versions'} within each role"
                    + _tail(fleet), "nothing to do", facts)
 

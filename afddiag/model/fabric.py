@@ -111,6 +111,7 @@ class RdmaDevice:
     node_type: str | None = None
     hca_type: str | None = None
     fw_ver: str | None = None
+    board_id: str | None = None  # sysfs board_id: the board's PSID on mlx5 (MT_0000000838); None: not read
     ports: list[Port] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

@@ -379,7 +379,7 @@ def _image_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # fabric: sysfs trees, device index order, netdev addresses
 
-HCA_ATTRS = ("node_guid", "node_type", "hca_type", "fw_ver")
+HCA_ATTRS = ("node_guid", "node_type", "hca_type", "fw_ver", "board_id")
 PORT_ATTRS = ("state", "phys_state", "link_layer", "rate")
 NET_ATTRS = ("mtu", "operstate", "address", "carrier", "speed")
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")  # proc/sys/net/ipv4/conf/{all,<netdev>}/ (fabric.arp)

@@ -99,13 +99,15 @@ def read_port(port_dir: str, num: int, read: _Reader) -> Port:
 
 
 def read_device(ib_dir: str, name: str, read: _Reader) -> RdmaDevice:
-    """Read one HCA: ``node_guid``, ``node_type``, ``hca_type``, ``fw_ver`` and every port."""
+    """Read one HCA: ``node_guid``, ``node_type``, ``hca_type``, ``fw_ver``, ``board_id`` (the PSID on
+    mlx5; quietly None where the driver has none) and every port."""
     base = f"{ib_dir}/{name}"
     dev = RdmaDevice(name=name)
     dev.node_guid = read(f"{base}/node_guid", dev.notes)
     dev.node_type = _after_colon(read(f"{base}/node_type", dev.notes))
     dev.hca_type = read(f"{base}/hca_type", dev.notes)
     dev.fw_ver = read(f"{base}/fw_ver", dev.notes)
+    dev.board_id = read(f"{base}/board_id")
     for num in _int_names(f"{base}/ports"):
         dev.ports.append(read_port(f"{base}/ports/{num}", num, read))
     if not dev.ports:
