@@ -507,6 +507,7 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
                                "another host's data: give one of them")
     if prom_path:
         need_prometheus()
+    from afddiag.render import action_tag
     from afddiag.termsafe import cleaned
 
     rep, obs = _diagnose("preflight", make_inputs(**kw))
@@ -532,7 +533,7 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         click.echo(f"afddiag preflight: {role} on {shown['host']}: NOT FIT (exit {code})", err=True)
         for d in faults:
             click.echo(f"  {d['verdict']} {d['gate']}: {d['summary']}", err=True)
-            click.echo(f"       remedy: {d['remedy']} [{d['action']}]", err=True)
+            click.echo(f"       remedy: {d['remedy']} {action_tag(d)}", err=True)
             if d["explains"]:
                 click.echo(f"       explains: {', '.join(d['explains'])}", err=True)
         needs = [d for d in faults if d.get("drain")]

@@ -30,6 +30,13 @@ def needs_drain(action: str) -> bool:
     return bool(actions().get(action, {}).get("drain", False))
 
 
+def drains(verdict: str, action: str | None) -> bool:
+    """True when a verdict with ``action`` takes the node out until a person acts: a FAIL whose action
+    needs a drain (:func:`needs_drain`). A WARN or ERROR never drains (no evidence of the cause yet).
+    The one rule behind a diagnosis entry's ``drain`` and every ``[ACTION, drain]`` shown."""
+    return verdict == FAIL and bool(action) and needs_drain(action)
+
+
 def _gate(gid: str) -> dict[str, Any]:
     return load()["gates"].get(gid, {})
 
@@ -127,7 +134,7 @@ def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
             first["explains"] = sorted({*first["explains"], gid, *roots[gid]}, key=lambda g: order.get(g, 999))
             continue
         out.append({"gate": gid, "verdict": v.verdict, "summary": v.summary, "remedy": v.remedy,
-                    "action": v.action, "drain": needs_drain(v.action) and v.verdict == FAIL,
+                    "action": v.action, "drain": drains(v.verdict, v.action),
                     "explains": sorted(roots[gid], key=lambda g: order.get(g, 999))})
         if v.remedy:
             same[(v.remedy, v.action)] = out[-1]

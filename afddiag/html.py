@@ -69,11 +69,22 @@ def host_faults(report: dict[str, Any]) -> list[dict[str, Any]]:
     diag = report.get("diagnosis")
     if isinstance(diag, list) and all(isinstance(d, dict) for d in diag):
         return [{"gate": d.get("gate"), "verdict": d.get("verdict") or FAIL, "summary": d.get("summary"),
-                 "remedy": d.get("remedy"), "explains": d.get("explains") or []} for d in diag]
+                 "remedy": d.get("remedy"), "action": d.get("action"), "drain": d.get("drain"),
+                 "explains": d.get("explains") or []} for d in diag]
     gates = [g for g in report.get("gates") or [] if isinstance(g, dict) and g.get("verdict") in TELLS]
     gates.sort(key=lambda g: _ORDER.get(g.get("verdict"), 3))
     return [{"gate": g.get("id"), "verdict": g.get("verdict"), "summary": g.get("summary"), "remedy": g.get("remedy"),
-             "explains": []} for g in gates]
+             "action": g.get("action"), "explains": []} for g in gates]
+
+
+def _remedy(entry: dict[str, Any]) -> str:
+    """The remedy line with its action and drain as the text reports show them
+    (:func:`afddiag.render.action_tag`: ``[FIX_ADDRESS, drain]``)."""
+    from afddiag.render import action_tag
+
+    tag = action_tag(entry)
+    return (f'<div class="remedy">{_e(entry["remedy"])}'
+            + (f' <span class="action">{_e(tag)}</span>' if tag else "") + "</div>")
 
 
 def _gate(report: dict[str, Any], gid: str) -> dict[str, Any]:
@@ -112,7 +123,7 @@ def _diagnosis(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[s
             out.append(f'<div class="fault">{_v(f["verdict"])} <span class="gate">{_e(f["gate"])}</span>: '
                        f'{_e(f["summary"])}</div>')
             if f.get("remedy"):
-                out.append(f'<div class="remedy">{_e(f["remedy"])}</div>')
+                out.append(_remedy(f))
             if f.get("explains"):
                 out.append(f'<div class="explains">explains: {_e(", ".join(map(str, f["explains"])))}</div>')
         out.append("</div>")
@@ -123,7 +134,7 @@ def _diagnosis(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[s
             out.append(f'<div class="fault">{_v(g["verdict"])} <span class="gate">{_e(g["id"])}</span>: '
                        f'{_e(g["summary"])}</div>')
             if g.get("remedy"):
-                out.append(f'<div class="remedy">{_e(g["remedy"])}</div>')
+                out.append(_remedy(g))
         out.append("</div>")
     if not bad and not fleet_bad:
         out.append('<div class="host ok">every host fit, the fleet gates agree: nothing to fix</div>')

@@ -28,6 +28,25 @@ def console_for(out: TextIO, width: int | None = None):
                    force_terminal=tty if width is not None else None, emoji=False)
 
 
+def action_tag(entry: dict[str, Any]) -> str:
+    """``[ACTION]`` or ``[ACTION, drain]`` for a diagnosis entry (its ``drain``) or a gate verdict
+    (``drain`` worked out from its verdict and action, :func:`afddiag.diagnosis.drains`); ``""``
+    without an action. The one rendering of action and drain: tables, plain lines, the diagnosis,
+    preflight and the fleet page all use it."""
+    action = entry.get("action")
+    if not action:
+        return ""
+    drain = entry.get("drain")
+    if drain is None:
+        from afddiag.diagnosis import drains
+
+        try:
+            drain = drains(str(entry.get("verdict")), str(action))
+        except Exception:  # noqa: BLE001 - a report from elsewhere with an action this catalog lacks
+            drain = False
+    return f"[{action}{', drain' if drain else ''}]"
+
+
 def gate_table(gates: list[dict[str, Any]], title: str | None = None):
     """A rich Table of verdicts: verdict, gate id, summary with the remedy under it (for WARN, FAIL,
     ERROR). Every cell folds: at 80 columns nothing is cut, long words (an ``export VAR=…`` line)
@@ -43,7 +62,7 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None):
     for g in gates:
         body = Text(g["summary"], overflow="fold")
         if g["verdict"] in TELLS and g.get("remedy"):
-            body.append("\n→ " + g["remedy"] + (f" [{g['action']}]" if g.get("action") else ""), style="italic")
+            body.append("\n→ " + g["remedy"] + (f" {action_tag(g)}" if g.get("action") else ""), style="italic")
         t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
     return t
 
@@ -55,4 +74,4 @@ def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, id_width: int = 2
         out.write(f"{g['verdict']:<5}  {g['id']:<{id_width}} {g['summary']}\n")
         if g["verdict"] in TELLS and g.get("remedy"):
             out.write(f"{'':<5}  {'':<{id_width}} remedy: {g['remedy']}"
-                      + (f" [{g['action']}]" if g.get("action") else "") + "\n")
+                      + (f" {action_tag(g)}" if g.get("action") else "") + "\n")

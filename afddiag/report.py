@@ -103,6 +103,8 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
 
 def write_diagnosis(report: dict[str, Any], out: TextIO) -> None:
     """The report's opening: each independent fault with its one remedy and action, in fix order."""
+    from afddiag.render import action_tag
+
     diag = report.get("diagnosis") or []
     faults = [d for d in diag if d["verdict"] in ("FAIL", "ERROR")]
     if not diag:
@@ -113,7 +115,7 @@ def write_diagnosis(report: dict[str, Any], out: TextIO) -> None:
     out.write(f"diagnosis: {head}, in the order to fix them\n")
     for i, d in enumerate(diag, 1):
         out.write(f"  {i}. {d['verdict']} {d['gate']}: {d['summary']}\n")
-        out.write(f"     remedy: {d['remedy']} [{d['action']}{', drain' if d.get('drain') else ''}]\n")
+        out.write(f"     remedy: {d['remedy']} {action_tag(d)}\n")
         if d["explains"]:
             out.write(f"     explains: {', '.join(d['explains'])}\n")
     out.write("\n")
