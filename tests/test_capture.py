@@ -95,7 +95,7 @@ def normal(rep: dict, *paths) -> list[tuple]:
         s = g["summary"]
         for p in paths:
             s = s.replace(str(p), "<snapshot>")
-        s = s.replace("(snapshot (no env file: nothing set))", "(snapshot env)")  # a bundle always has env
+        s = s.replace("(snapshot without an env file: nothing set)", "(snapshot env)")  # a bundle always has env
         out.append((g["id"], g["verdict"], s))
     return out
 

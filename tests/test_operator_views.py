@@ -47,3 +47,51 @@ def test_action_and_drain_are_shown_alike_in_every_view(tmp_path):
     # a WARN with a draining action does not drain (no evidence yet)
     assert action_tag({"verdict": "WARN", "action": "FIX_LINK"}) == "[FIX_LINK]"
     assert action_tag({"verdict": "FAIL", "action": "FIX_LINK"}) == "[FIX_LINK, drain]"
+
+
+def _reports_of_every_case():
+    for c in sorted(p for fam in ("fabric", "gpu") for p in (CASES / fam).iterdir() if p.is_dir()):
+        yield c, json.loads(_cli("all", "--json", "--no-history", "--snapshot", str(c)).stdout)
+
+
+def _depth(text: str) -> int:
+    d = m = 0
+    for ch in text:
+        d += (ch == "(") - (ch == ")")
+        m = max(m, d)
+    return m
+
+
+def test_no_summary_or_remedy_nests_parentheses_and_skips_say_one_reason():
+    for c, rep in _reports_of_every_case():
+        for g in rep["gates"]:
+            for field in ("summary", "remedy"):
+                assert _depth(g[field] or "") < 2, (c.name, g["id"], g[field])
+            if g["id"] == "launch.control-plane" and g["verdict"] == "SKIP":
+                assert not ("not tried" in g["summary"] and "not captured" in g["summary"]), g["summary"]
+        link = {g["id"]: g for g in rep["gates"]}
+        speed = link.get("fabric.link-speed")
+        if speed and speed["verdict"] == "SKIP" and link["fabric.link"]["verdict"] == "PASS":
+            # the link is up: the speed SKIP says why it is missing, not "link down, or ..."
+            assert "link down, or" not in speed["summary"] and "not captured in this snapshot" in speed["summary"]
+
+
+def test_link_speed_unread_live_names_the_errno():
+    import errno
+
+    from afddiag.gates.fabric import judge_link_speed, speed_unread
+    from afddiag.probes.sysfs import _Reader, read_netdev
+
+    def reader(path):
+        if path.endswith("/speed"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return {"mtu": "9000", "operstate": "down"}[path.rsplit("/", 1)[1]]
+
+    nd = read_netdev("/sys/class/net", "enp1s0f1np1", _Reader(reader))
+    assert nd.speed_mbps is None and nd.speed_errno == errno.EINVAL
+    live = speed_unread(nd.speed_errno, snapshot=False, netdev=nd.name)
+    assert "EINVAL" in live and "link is down" in live and "captured" not in live
+    assert "EACCES" in speed_unread(errno.EACCES, snapshot=False, netdev="x")
+    snap = speed_unread(errno.ENOENT, snapshot=True, netdev="x")
+    assert snap.startswith("not read: not captured in this snapshot") and "link down" not in snap
+    assert judge_link_speed("x", None, 200000, "expert", live) == ("SKIP", f"x: negotiated speed {live}")

@@ -695,12 +695,29 @@ def arp(ctx: Context) -> Verdict:
                    "keep replies on the right port", "nothing to do", facts)
 
 
-def judge_link_speed(subject: str, speed_mbps: int | None, expect_mbps: int, role: str) -> tuple[str, str]:
+def speed_unread(errno_: int | None, snapshot: bool, netdev: str | None) -> str:
+    """Why a netdev's ``speed`` was not read, in words: in a snapshot an absent file is "not captured";
+    live, the read's errno (EINVAL: the kernel refuses the read while the link is down). Pure."""
+    import errno as _errno
+    import os
+
+    if snapshot and errno_ in (None, _errno.ENOENT):
+        return f"not read: not captured in this snapshot (no sys/class/net/{netdev}/speed)"
+    if not errno_:
+        return "not read"
+    name = _errno.errorcode.get(errno_, str(errno_))
+    if errno_ == _errno.EINVAL:
+        return f"not read: the kernel refused the read ({name}), as it does while the link is down"
+    return f"not read: reading sys/class/net/{netdev}/speed failed ({name}: {os.strerror(errno_)})"
+
+
+def judge_link_speed(subject: str, speed_mbps: int | None, expect_mbps: int, role: str,
+                     why: str = "not read") -> tuple[str, str]:
     """``(verdict, summary)`` for a RoCE netdev's negotiated speed (Mb/s, ``/sys/class/net/<if>/speed``)
     against the role's expectation (Mb/s; 0: none): FAIL below half of it, WARN below it, PASS at or
-    above; SKIP when not read or SPEED_UNKNOWN (-1). Pure."""
+    above; SKIP when not read (``why``: :func:`speed_unread`) or SPEED_UNKNOWN (-1). Pure."""
     if speed_mbps is None:
-        return SKIP, f"{subject}: negotiated speed not read (link down, or not captured)"
+        return SKIP, f"{subject}: negotiated speed {why}"
     if speed_mbps <= 0:
         return SKIP, f"{subject}: the netdev reports no speed (SPEED_UNKNOWN: a virtual NIC)"
     got = f"{speed_mbps / 1000:g} Gb/s"
@@ -726,7 +743,8 @@ def link_speed(ctx: Context) -> Verdict:
     facts = {"netdev": e.netdev, "speed_mbps": speed, "expected_mbps": expect or None, "device": e.device,
              "port": e.port, "port_rate": port.rate if port else None}
     subject = f"{e.netdev} ({e.device} port {e.port}, fabric IP {ctx.fabric_ip.ip})"
-    verdict, summary = judge_link_speed(subject, speed, expect, ctx.playbook.name)
+    why = speed_unread(nd.speed_errno if nd else None, ctx.obs.source.startswith("snapshot"), e.netdev)
+    verdict, summary = judge_link_speed(subject, speed, expect, ctx.playbook.name, why)
     rem = {PASS: "nothing to do", SKIP: "read it on the host (`ethtool <netdev>`; capture includes sys/class/net/<if>/speed)"}
     return Verdict(gid, verdict, summary, rem.get(verdict) or remedy(gid).format(netdev=e.netdev), facts)
 

@@ -249,9 +249,10 @@ def control_plane(ctx: Context) -> Verdict:
     if r is None or not r.captured or not r.attempts:
         why = ("no peers (--peer or AFD_PEER_FABRIC_IPS)" if not ctx.inputs.peers else
                "no engine ports (AFD_ENGINE_PORTS in the launch env, or the playbook's [launch] engine_ports)")
-        if r is not None and r.notes and not r.captured:
-            why = "; ".join(r.notes)
-        return Verdict(gid, SKIP, f"control-plane reach not tried: {why}",
+        summary = f"control-plane reach not tried: {why}"
+        if r is not None and r.notes and not r.captured:  # a snapshot without the readings: say that alone
+            summary = "control-plane reach " + "; ".join(r.notes)
+        return Verdict(gid, SKIP, summary,
                        "give the peers and the engine ports to test the control connections", facts)
     down = [a for a in r.attempts if a.get("outcome") in ("timeout", "unreachable", "bind failed", "error")]
     refused = [a for a in r.attempts if a.get("outcome") == "refused"]

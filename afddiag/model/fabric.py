@@ -126,6 +126,8 @@ class Netdev:
     ipv4: list[str] = field(default_factory=list)  # "a.b.c.d/len"
     ipv6: list[str] = field(default_factory=list)  # "addr/len"
     speed_mbps: int | None = None  # negotiated speed, Mb/s (/sys/class/net/<if>/speed); None: not read, -1: unknown
+    speed_errno: int | None = None  # why speed was not read: the read's errno (EINVAL: the kernel refuses it
+    # while the link is down; ENOENT: no such file, in a snapshot: not captured); None when it was read
 
     def holds_ipv4(self, ip: str) -> bool:
         return any(a.split("/")[0] == ip for a in self.ipv4)

@@ -142,7 +142,7 @@ class GpuDevice:
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
-    memory_source: str | None = None  # "nvml" or "meminfo (unified memory)"
+    memory_source: str | None = None  # "nvml" or "meminfo, unified memory"
     unified: bool = False
     clock_sm_mhz: float | None = None
     clock_sm_max_mhz: float | None = None
@@ -246,7 +246,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
                 dev.unified = True
                 dev.memory_total_bytes = int(total) * 1024
                 dev.memory_free_bytes = int(avail) * 1024 if avail is not None else None
-                dev.memory_source = "meminfo (unified memory)"
+                dev.memory_source = "meminfo, unified memory"
                 dev.notes.append("NVML memory info NOT_SUPPORTED: unified memory, read /proc/meminfo")
         else:
             dev.notes.append(f"memory not read (NVML memory_info: {mem!r})")

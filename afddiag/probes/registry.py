@@ -315,7 +315,7 @@ def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     elif r.get("env") is not None:
         env, source = parse_env_file(r["env"]), "snapshot env"
     else:
-        env, source = {}, "snapshot (no env file: nothing set)"
+        env, source = {}, "snapshot without an env file: nothing set"
     le = run.inputs.launch_env
     if le is not None:  # the launch env file's device selection is what the launcher exports
         env.pop(MAP_VAR, None)

@@ -53,6 +53,16 @@ class _Reader:
                 notes.append(f"{path}: {e}")
             return None
 
+    def errno_of(self, path: str) -> tuple[str | None, int | None]:
+        """``(text, None)`` when ``path`` reads, else ``(None, errno)`` (0 for an error without one):
+        for an attribute whose refusal means something (``speed``: EINVAL while the link is down)."""
+        try:
+            return self.read(path), None
+        except OSError as e:
+            return None, e.errno or 0
+        except (UnicodeError, ValueError):
+            return None, 0
+
 
 def _after_colon(text: str | None) -> str | None:
     """'4: ACTIVE' -> 'ACTIVE'; '1: CA' -> 'CA'; text without a colon is returned as is."""
@@ -123,7 +133,7 @@ def read_netdev(net_dir: str, name: str, read: _Reader) -> Netdev:
     mtu = read(f"{net_dir}/{name}/mtu")
     nd.mtu = kernel_int(mtu, 0, INT32_MAX)
     nd.operstate = read(f"{net_dir}/{name}/operstate")
-    speed = read(f"{net_dir}/{name}/speed")
+    speed, nd.speed_errno = read.errno_of(f"{net_dir}/{name}/speed")
     nd.speed_mbps = kernel_int(speed, -1, INT32_MAX)  # the kernel prints an int: -1 SPEED_UNKNOWN; else garbage
     return nd
 
