@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import click
 
 from afddiag import __version__
+from afddiag.exitcodes import EXIT_ABORT, EXIT_SIGPIPE, EXIT_USAGE, help_text
 
 if TYPE_CHECKING:
     from afddiag.model.run import Inputs
 
 # Everything else is imported where it is used: `afddiag --version` and `--help` load click alone.
-EXIT_USAGE = 64  # afddiag.verdict.EXIT_USAGE
 
 FAMILIES = {"fabric": {"fabric"}, "gpu": {"gpu"}, "all": {"fabric", "gpu", "host", "launch"},
             "preflight": {"fabric", "gpu", "host", "launch"}}
@@ -305,13 +305,12 @@ class LazyGroup(click.Group):
             return None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             help="Bring-up diagnostics for an attention-FFN-disaggregated fleet: RoCE v2 fabric and GPUs.\n\n"
+             + help_text())
 @click.version_option(__version__, prog_name="afddiag")
 def cli() -> None:
-    """Bring-up diagnostics for an attention-FFN-disaggregated fleet: RoCE v2 fabric and GPUs.
-
-    Exit codes: 0 clean, 1 WARN, 2 FAIL, 3 ERROR, 64 usage error.
-    """
+    """The command group; its help (with every exit code, :mod:`afddiag.exitcodes`) is set above."""
 
 
 @cli.command()
@@ -697,8 +696,9 @@ def baseline_record(baseline_path, budget_s, force) -> int:
 
 
 @baseline.command("show")
-@click.option("--path", "baseline_path", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--path", "baseline_path", type=click.Path(dir_okay=False),
+              help="The baseline file to show (default: baseline.json in the state directory, $AFDDIAG_STATE_DIR).")
+@click.option("--json", "as_json", is_flag=True, help="Print the baseline as JSON (stdout holds nothing else).")
 def baseline_show(baseline_path, as_json) -> int:
     """Print the recorded baseline (exit 1 when none is recorded)."""
     import json as _json
@@ -751,7 +751,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except click.Abort:
         click.echo("afddiag: aborted", err=True)
-        return 130
+        return EXIT_ABORT
     except PipeClosed:
         return EXIT_SIGPIPE
     except click.ClickException as e:
@@ -767,7 +767,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
-EXIT_SIGPIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that closed the pipe
 
 
 def main(argv: Sequence[str] | None = None) -> None:

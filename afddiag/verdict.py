@@ -8,7 +8,7 @@ from typing import Any
 PASS, WARN, FAIL, SKIP, ERROR = "PASS", "WARN", "FAIL", "SKIP", "ERROR"
 VERDICTS = (PASS, WARN, FAIL, SKIP, ERROR)
 
-EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_ERROR, EXIT_USAGE = 0, 1, 2, 3, 64
+from afddiag.exitcodes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EXIT_WARN  # noqa: F401 - re-exported
 
 
 @dataclass

@@ -1,0 +1,25 @@
+"""Every exit code afddiag uses, with its meaning: the one list the top-level ``--help``, the CLI and
+README's "Exit code" sentence follow (``tests/test_operator_views.py`` keeps README in step).
+
+No imports: ``afddiag --help`` loads this and click alone."""
+
+EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_ERROR = 0, 1, 2, 3
+EXIT_USAGE = 64  # BSD EX_USAGE: a missing file, a bad value, conflicting flags
+EXIT_ABORT = 130  # 128 + SIGINT: interrupted (Ctrl-C)
+EXIT_SIGPIPE = 141  # 128 + SIGPIPE: the reader closed the pipe (`afddiag all | head`), quietly
+
+#: (code, meaning), in order; a verdict's code is the worst verdict's: FAIL, then ERROR, then WARN.
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "clean (every gate PASS or SKIP)"),
+    (EXIT_WARN, "a WARN (no FAIL, no ERROR)"),
+    (EXIT_FAIL, "a FAIL"),
+    (EXIT_ERROR, "an ERROR (no FAIL)"),
+    (EXIT_USAGE, "usage error: a missing file, a bad value, conflicting flags"),
+    (EXIT_ABORT, "interrupted (Ctrl-C)"),
+    (EXIT_SIGPIPE, "the reader closed the pipe (SIGPIPE), quietly"),
+)
+
+
+def help_text() -> str:
+    """The exit codes as click help lines (one per code, kept unwrapped by click's ``\\b``)."""
+    return "\b\nExit codes:\n" + "\n".join(f"  {c:>3}  {m}" for c, m in EXIT_CODES)
