@@ -95,3 +95,63 @@ def test_link_speed_unread_live_names_the_errno():
     snap = speed_unread(errno.ENOENT, snapshot=True, netdev="x")
     assert snap.startswith("not read: not captured in this snapshot") and "link down" not in snap
     assert judge_link_speed("x", None, 200000, "expert", live) == ("SKIP", f"x: negotiated speed {live}")
+
+
+def test_help_lists_every_exit_code_and_readme_agrees():
+    import re
+
+    from afddiag.exitcodes import EXIT_CODES
+
+    out = _cli("--help").stdout
+    listed = {int(m) for m in re.findall(r"^\s+(\d+)\s+\S", out.split("Exit codes:")[1].split("Options:")[0], re.M)}
+    assert listed == {c for c, _ in EXIT_CODES}, out
+    assert {0, 1, 2, 3, 64, 141} <= listed
+    readme = (REPO / "README.md").read_text()
+    sentence = readme[readme.index("Exit code: 2 if any FAIL"):][:600]
+    for code, _ in EXIT_CODES:
+        assert re.search(rf"\b{code}\b", sentence), (code, sentence)
+    # the codes the CLI returns come from that list
+    from afddiag import cli as c
+
+    assert (c.EXIT_USAGE, c.EXIT_ABORT, c.EXIT_SIGPIPE) == (64, 130, 141)
+
+
+def test_every_option_has_help():
+    import click
+
+    from afddiag.cli import cli
+
+    ctx = click.Context(cli)
+    missing = []
+
+    def walk(cmd, path):
+        if isinstance(cmd, click.Group):
+            for n in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, n), path + [n])
+            return
+        missing.extend(f"{' '.join(path)} {p.opts[0]}" for p in cmd.params
+                       if isinstance(p, click.Option) and not p.hidden and not p.help)
+
+    walk(cli, [])
+    assert not missing, missing
+    assert "--path FILE  The baseline file" in _cli("baseline", "show", "--help").stdout
+
+
+def test_merge_of_the_same_report_twice_is_one_host_with_a_note(tmp_path):
+    a = tmp_path / "a.json"
+    a.write_text(_cli("all", "--json", "--no-history", "--snapshot", C01, "--fabric-ip", "192.168.100.10").stdout)
+    b = tmp_path / "b.json"
+    b.write_text(a.read_text())  # a copy: same host, same generated_at
+    for files in ([a, a], [a, b]):
+        p = _cli("merge", "--json", *map(str, files))
+        fr = json.loads(p.stdout)
+        assert [h["name"] for h in fr["hosts"]] == ["spark-a"], fr["hosts"]
+        fip = next(g for g in fr["gates"] if g["id"] == "fleet.fabric-ip")
+        assert fip["verdict"] != "FAIL", fip
+        assert str(files[1]) in p.stderr and "duplicate input" in p.stderr, p.stderr
+    # another run of the same host (other content) is still kept apart, named #2
+    rep = json.loads(a.read_text())
+    rep["generated_at"] = "2000-01-01T00:00:00+00:00"
+    b.write_text(json.dumps(rep))
+    fr = json.loads(_cli("merge", "--json", str(a), str(b)).stdout)
+    assert [h["name"] for h in fr["hosts"]] == ["spark-a", "spark-a#2"]

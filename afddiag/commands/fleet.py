@@ -110,10 +110,13 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, htm
     """
     from afddiag.reader import InputError
 
+    notes: list[str] = []
     try:
-        hosts = load_reports(list(files))
+        hosts = load_reports(list(files), notes)
     except InputError as e:
         raise click.UsageError(f"merge input {e}")
+    for n in notes:  # a duplicate input is not a second host: say so, judge it once
+        click.echo(f"afddiag merge: {n}", err=True)
     expect: dict[str, Any] = {}
     if inventory_path:
         try:

@@ -48,19 +48,35 @@ def _not_a_report(obj: Any) -> str | None:
 MAX_MERGE_FILE_BYTES = 256 << 20  # one merge input (1,000 reports of ~100 KiB in one JSON array)
 
 
-def load_reports(paths: list[str]) -> list[HostResult]:
+def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostResult]:
     """Per-host report files → one :class:`HostResult` per report. A file holds one report, a JSON
     array of reports, or one report per line (JSON lines). A file that does not parse is an ERROR
-    row named after the file; a host name seen twice gets ``#2``, ``#3`` appended. Files are read
+    row named after the file. A report identical to one already read (the same file named twice, a
+    copy: same host, same ``generated_at``, same content) is the same run, not a second host: it is
+    skipped and ``notes`` gets a line naming both places. Another run of a host already seen (other
+    content) gets ``#2``, ``#3`` appended to its name. Files are read
     through :mod:`afddiag.reader`: a device, FIFO, a file over :data:`MAX_MERGE_FILE_BYTES` or JSON
     nested deeper than its cap raises :class:`afddiag.reader.InputError` (the CLI's usage error)."""
     from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 
+    import hashlib
+    import json
+
     out: list[HostResult] = []
     names: dict[str, int] = {}
+    seen: dict[str, str] = {}  # digest of a report's canonical JSON -> where it was first read
 
     def add(rep: dict[str, Any] | None, path: str, err: str | None = None) -> None:
         name = str(rep.get("host") or Path(path).stem) if rep else Path(path).name
+        if rep:
+            digest = hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest()
+            if digest in seen:
+                if notes is not None:
+                    first = "named twice" if seen[digest] == path else f"the same report as {seen[digest]}"
+                    notes.append(f"{path}: {first} ({name}, generated {rep.get('generated_at') or 'at an unknown time'})"
+                                 ": a duplicate input, skipped")
+                return
+            seen[digest] = path
         n = names.get(name, 0) + 1
         names[name] = n
         out.append(HostResult(name=name if n == 1 else f"{name}#{n}", target=path, report=rep, error=err))
