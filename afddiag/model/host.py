@@ -141,7 +141,7 @@ def reach_facts(r: object) -> ReachFacts:
     """:class:`ReachFacts` from :func:`afddiag.probes.reach.read_reach` readings (None: not captured).
     Never raises."""
     if not isinstance(r, dict):
-        return ReachFacts(captured=False, notes=["not captured in this snapshot (no reach.json)"])
+        return ReachFacts(captured=False, notes=["not captured in this snapshot"])
     att = [a for a in r.get("attempts", []) if isinstance(a, dict) and isinstance(a.get("peer"), str)
            and isinstance(a.get("port"), int)] if isinstance(r.get("attempts"), list) else []
     return ReachFacts(source=r.get("source") if isinstance(r.get("source"), str) else None,
