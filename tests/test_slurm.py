@@ -103,7 +103,7 @@ def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys, down
     assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
     err = capsys.readouterr().err
     assert "NOT FIT" in err and "drained gpu-node-7 (reason=afddiag: fabric.link)" in err
-    assert "[FIX_LINK]" in err
+    assert "[FIX_LINK, drain]" in err  # the action with its drain flag, as every view shows it
 
 
 def test_a_launch_setting_fault_is_not_drained(slurm_node, capsys):
