@@ -128,6 +128,35 @@ def refusals(readings: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+CPU_FIGURES = ("loop_mops", "loop_mops_on_cpu", "loop_samples_mops", "loop_on_cpu", "under_load_mhz", "max_mhz")
+
+
+def cpu_refusals(cpu: dict[str, Any] | None) -> list[str]:
+    """Why the CPU probe's facts (:func:`afddiag.probes.cpu.read_cpu`) must not become this host's
+    CPU baseline; [] when they may (or when there are none to record):
+
+    - the loop ran on a busy host (:func:`afddiag.gates.host.cpu_contention`: samples that lost their
+      core, samples that disagree, a load average at the CPU count): a noisy rate compared later
+      makes every healthy run look fast or slow;
+    - host.cpu-clock FAILs on them (the clock under load stuck low).
+
+    Pure."""
+    from afddiag.gates import host as gates_host
+
+    if not cpu or cpu.get("why") or cpu.get("failed") or not isinstance(cpu.get("loop_mops"), (int, float)):
+        return []
+    out = []
+    busy = gates_host.cpu_contention(cpu)
+    if busy:
+        out.append(f"CPU loop {cpu['loop_mops']:g} Mop/s measured on a busy host ({'; '.join(busy)}): "
+                   "record it when the host is idle")
+    clk, mx = cpu.get("under_load_mhz"), cpu.get("max_mhz")
+    if (isinstance(clk, (int, float)) and isinstance(mx, (int, float)) and mx
+            and clk < gates_host.SLOW_CLOCK_FRACTION * mx):
+        out.append(f"CPU clock under load {clk:.0f} MHz is {clk / mx:.0%} of max {mx:.0f} MHz: no healthy baseline")
+    return out
+
+
 def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
            path: str | os.PathLike | None = None, forced: list[str] | None = None) -> Path:
     """Write the healthy figures of every GPU that has under-load readings (keyed by UUID) and the
@@ -147,6 +176,9 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
             "gpus": gpus, "cpu": cpu or {}}
     if forced:
         data["forced"], data["forced_over"] = True, list(forced)
+        cpu_forced = [w for w in forced if w.startswith("CPU ")]
+        if cpu_forced and data["cpu"]:
+            data["cpu"] = {**data["cpu"], "forced_over": cpu_forced}
     p = Path(path) if path else default_path()
     p.parent.mkdir(parents=True, exist_ok=True)
     from afddiag.atomic import atomic_write

@@ -654,7 +654,8 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     """Run the GPU load probe and the CPU loop on this (healthy) host and store the figures.
 
     Refuses (exit 2, saying why) when a GPU gate would FAIL on them, the GPU is busy with another job,
-    no GPU gave figures, or a figure is below the reference table's floor for the model; --force
+    no GPU gave figures, a figure is below the reference table's floor for the model, the CPU loop
+    ran on a busy host (samples that lost their core or disagree) or the CPU clock is stuck low; --force
     records anyway and marks the record forced."""
     from afddiag import baseline as bl
     from afddiag import runner
@@ -670,8 +671,8 @@ def baseline_record(baseline_path, budget_s, force) -> int:
         click.echo(f"afddiag baseline record: {'; '.join(failed)}: nothing recorded", err=True)
         return 3
     readings = (obs.gpu.readings if obs.gpu else None) or {}
-    cpu_fig = {k: cpu[k] for k in ("loop_mops", "under_load_mhz", "max_mhz") if cpu.get(k) is not None}
-    refused = bl.refusals(readings)
+    cpu_fig = {k: cpu[k] for k in bl.CPU_FIGURES if cpu.get(k) is not None}
+    refused = bl.refusals(readings) + bl.cpu_refusals(cpu)
     if refused and not force:
         click.echo("afddiag baseline record: not recorded: these figures are no healthy baseline:", err=True)
         for why in refused:

@@ -184,7 +184,8 @@ def test_gpu_processes_display_server_is_not_a_tenant(role):
     ({"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0}, None, "expert", "FAIL"),
     ({"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0}, None, None, "FAIL"),
     ({"model": "Cortex-X925", "under_load_mhz": 2100, "max_mhz": 3900, "loop_mops": 10.0}, None, None, "PASS"),
-    ({"model": "vCPU", "under_load_mhz": None, "max_mhz": None, "loop_mops": 7.9}, {"loop_mops": 10.0}, None, "FAIL"),
+    # a loop timing alone (no clock to corroborate it) is a WARN RERUN, never a FAIL with a power cycle
+    ({"model": "vCPU", "under_load_mhz": None, "max_mhz": None, "loop_mops": 7.9}, {"loop_mops": 10.0}, None, "WARN"),
     ({"model": "vCPU", "under_load_mhz": None, "max_mhz": None, "loop_mops": 8.0}, {"loop_mops": 10.0}, None, "PASS"),
     ({"model": "vCPU", "under_load_mhz": None, "max_mhz": None, "loop_mops": 8.0}, None, None, "SKIP"),
 ])

@@ -1,5 +1,12 @@
 """Host CPU probe: clocks at idle and during a short fixed-work loop (psutil.cpu_freq), and the
-loop's rate — a clock that reads normal but runs slow shows in the rate."""
+loop's rate — a clock that reads normal but runs slow shows in the rate.
+
+The loop runs as several short samples on one pinned core. Each sample records its rate (wall
+clock) and how much of its wall time the loop's thread was on the CPU (CLOCK_THREAD_CPUTIME_ID): a
+sample that lost its core to another process is slow for that reason, not the CPU's. The best
+sample is the rate (noise only ever slows a loop). The core's cpufreq policy (governor, driver,
+scaling_max_freq) and, where the kernel has them, its thermal throttle counters around the loop
+are recorded: they are what explains a low clock other than a stuck power state."""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ import platform
 import threading
 import time
 from typing import Any
+
+SAMPLES = 5  # short loop samples; the best is the rate
 
 
 def _freqs() -> tuple[list[float], float | None]:
@@ -22,6 +31,35 @@ def _freqs() -> tuple[list[float], float | None]:
         return [], None
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(256).strip() or None
+    except OSError:
+        return None
+
+
+def cpufreq_policy(core: int | None, sys_root: str = "/sys") -> dict[str, Any]:
+    """The cpufreq policy of ``core``: ``governor`` (scaling_governor: "performance", "schedutil",
+    "powersave", ...), ``scaling_driver`` ("intel_pstate", "acpi-cpufreq", "cppc_cpufreq", ...),
+    ``scaling_max_mhz`` (scaling_max_freq, kHz → MHz: a cap an admin or a power profile set). Each
+    None when unreadable (VMs have no cpufreq). Source: /sys/devices/system/cpu/cpu<N>/cpufreq/.
+    Never raises."""
+    base = f"{sys_root}/devices/system/cpu/cpu{core if core is not None else 0}/cpufreq"
+    smax = _read(f"{base}/scaling_max_freq")
+    return {"governor": _read(f"{base}/scaling_governor"), "scaling_driver": _read(f"{base}/scaling_driver"),
+            "scaling_max_mhz": int(smax) / 1000 if smax and smax.isdigit() else None}
+
+
+def throttle_count(core: int | None, sys_root: str = "/sys") -> int | None:
+    """The core's thermal throttle events so far (x86 ``thermal_throttle/core_throttle_count`` plus
+    ``package_throttle_count``), None when the kernel has no such counters (ARM, VMs). Never raises."""
+    base = f"{sys_root}/devices/system/cpu/cpu{core if core is not None else 0}/thermal_throttle"
+    vals = [_read(f"{base}/{n}_throttle_count") for n in ("core", "package")]
+    nums = [int(v) for v in vals if v and v.isdigit()]
+    return sum(nums) if nums else None
+
+
 def _work(n: int) -> int:
     """Fixed integer work (an LCG): the same instructions on every host and run."""
     x = 1
@@ -30,11 +68,36 @@ def _work(n: int) -> int:
     return x
 
 
-def read_cpu(work_s: float = 0.3) -> dict[str, Any]:
+def run_loop(work_s: float, samples: int = SAMPLES) -> list[dict[str, float]]:
+    """Run the fixed-work loop as ``samples`` samples of ``work_s / samples`` seconds each on the
+    calling thread → ``[{"mops", "on_cpu"}]``: millions of loop iterations per wall second, and the
+    fraction (0..1) of the sample's wall time the thread was on a CPU (thread CPU time / wall time;
+    below 1 when another process took the core). Never raises."""
+    per = max(work_s / max(samples, 1), 0.002)
+    out = []
+    n = 20000
+    for _ in range(max(samples, 1)):
+        done, t0, c0 = 0, time.perf_counter(), time.thread_time()
+        while time.perf_counter() - t0 < per:
+            _work(n)
+            done += n
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        out.append({"mops": round(done / wall / 1e6, 3), "on_cpu": round(min(cpu / wall, 1.0), 3) if wall else 1.0})
+    return out
+
+
+def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     """CPU facts: ``model``, ``logical_cpus``, ``max_mhz``, ``idle_mhz`` (median of per-CPU current),
-    ``under_load_mhz`` (highest per-CPU current sampled while one core runs the loop), ``loop_mops``
-    (millions of loop iterations per second, one core). Sources: psutil.cpu_freq (cpufreq sysfs),
-    /proc/cpuinfo. Missing cpufreq (VMs) leaves the clocks None with a note. Never raises."""
+    ``under_load_mhz`` (median of the loop core's current clock sampled every 50 ms while it runs the
+    loop), ``loop_mops`` (millions of loop iterations per second, one core, the best of
+    ``loop_samples_mops``), ``loop_samples_mops`` and ``loop_on_cpu`` (per sample: rate, and the
+    fraction of wall time the loop was on the CPU), ``loop_mops_on_cpu`` (the best sample's rate per
+    second the loop was on the CPU: what another process taking the core does not lower; None when no
+    sample ran 5 % of its time), ``load_avg_1m`` (os.getloadavg), ``governor``,
+    ``scaling_driver``, ``scaling_max_mhz`` (:func:`cpufreq_policy`), ``throttle_events`` (thermal
+    throttle events on the loop's core during the loop; None when not counted). Sources:
+    psutil.cpu_freq (cpufreq sysfs), /proc/cpuinfo, /sys/devices/system/cpu. Missing cpufreq (VMs)
+    leaves the clocks None with a note. Never raises."""
     try:
         import psutil
     except ImportError:
@@ -65,7 +128,11 @@ def read_cpu(work_s: float = 0.3) -> dict[str, Any]:
         out["idle_mhz"] = sorted(idle)[len(idle) // 2]
     else:
         out["notes"].append("no cpufreq clocks (psutil.cpu_freq empty: a VM or no cpufreq driver)")
-    samples: list[float] = []
+    try:
+        out["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        out["load_avg_1m"] = None
+    clk_samples: list[float] = []
     stop = threading.Event()
 
     core = None
@@ -76,21 +143,18 @@ def read_cpu(work_s: float = 0.3) -> dict[str, Any]:
     except (AttributeError, OSError):
         old_affinity = None
     out["core"] = core
+    out.update(cpufreq_policy(core))
+    thr0 = throttle_count(core)
 
     def sample() -> None:
         while not stop.wait(0.05):
             cur, _ = _freqs()
             if cur:
-                samples.append(cur[core] if core is not None and core < len(cur) else max(cur))
+                clk_samples.append(cur[core] if core is not None and core < len(cur) else max(cur))
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    n, t0 = 20000, time.perf_counter()
-    done = 0
-    while time.perf_counter() - t0 < work_s:
-        _work(n)
-        done += n
-    elapsed = time.perf_counter() - t0
+    loop = run_loop(work_s, samples)
     stop.set()
     if old_affinity is not None:
         try:
@@ -98,7 +162,13 @@ def read_cpu(work_s: float = 0.3) -> dict[str, Any]:
         except OSError:
             pass
     t.join(1.0)
-    out["loop_mops"] = round(done / elapsed / 1e6, 3)
-    if samples:
-        out["under_load_mhz"] = sorted(samples)[len(samples) // 2]
+    thr1 = throttle_count(core)
+    out["throttle_events"] = thr1 - thr0 if thr0 is not None and thr1 is not None else None
+    out["loop_samples_mops"] = [s["mops"] for s in loop]
+    out["loop_on_cpu"] = [s["on_cpu"] for s in loop]
+    out["loop_mops"] = max(out["loop_samples_mops"])
+    per_cpu = [s["mops"] / s["on_cpu"] for s in loop if s["on_cpu"] >= 0.05]
+    out["loop_mops_on_cpu"] = round(max(per_cpu), 3) if per_cpu else None
+    if clk_samples:
+        out["under_load_mhz"] = sorted(clk_samples)[len(clk_samples) // 2]
     return out
