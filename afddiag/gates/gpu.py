@@ -96,9 +96,27 @@ def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
     return None
 
 
+def xid_faults_without_gpu(g: GpuFacts | None) -> list[str]:
+    """On a host where NVML and CUDA list no GPU, the kernel log's Xids that FAIL by
+    :func:`xid_judgment` (a GPU fallen off the bus, Xid 79; a reset or node reboot the driver asks
+    for, Xid 154; NVIDIA's catalog's fatal Xids), in words: a GPU in that state is one NVML does not
+    list, so the Xid, not a missing driver, is the root. [] when a GPU is listed or no such Xid is
+    there. Pure."""
+    if g is None or not g.captured or g.devices or not g.xid_events:
+        return []
+    return list(dict.fromkeys(w for v, w, _ in (xid_judgment(e) for e in g.xid_events if isinstance(e, dict))
+                              if v == FAIL))
+
+
 def present(ctx: Context) -> Verdict:
     gid = "gpu.present"
     if (v := _need_gpu(ctx, gid)) is not None:
+        if v.verdict == SKIP and (xids := xid_faults_without_gpu(ctx.obs.gpu)):
+            # the GPU fell off the bus (or needs a reset/reboot): gpu.errors names that root once;
+            # "install the driver" would send the operator after the wrong fault
+            return Verdict(gid, SKIP, f"not judged: gpu.errors failed ({'; '.join(xids)}): NVML lists no GPU "
+                           f"({v.summary}), as it does not list a GPU in that state",
+                           "fix gpu.errors first (see its remedy), then re-run", {"xid_faults": xids, "why": v.summary})
         if v.verdict == SKIP and ctx.requires("gpu"):  # absent or not looked at: the role cannot pass
             v.verdict = FAIL
             v.summary += f"; role {ctx.playbook.name} requires a GPU"
@@ -576,8 +594,8 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
 
 def errors(ctx: Context) -> Verdict:
     gid = "gpu.errors"
-    if (v := _need_gpu(ctx, gid)) is not None:
-        return v
+    if (v := _need_gpu(ctx, gid)) is not None and not xid_faults_without_gpu(ctx.obs.gpu):
+        return v  # no GPU listed and no Xid that explains it: nothing to judge (a listed GPU's Xids are judged below)
     g = ctx.obs.gpu
     if g.xid_events is None and all(d.ecc is None and d.retired_pages is None and d.remapped_rows is None
                                     for d in g.devices):
