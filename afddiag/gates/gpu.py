@@ -82,6 +82,41 @@ def _lost_not_judged(gid: str, why: str, judged: str, facts: dict) -> Verdict:
                    "fix gpu.errors first (see its remedy), then re-run", {**facts, "lost": why})
 
 
+NOT_RECORDED_REMEDY = ("nothing to judge on this replay: capture the host with this afddiag (`afddiag capture`) "
+                       "or run on the host to judge it")
+
+
+def read_failures(g: GpuFacts, d: GpuDevice, calls: tuple[str, ...]) -> list[str]:
+    """The probe's notes (the host's and ``d``'s, as a capture records them) saying one of ``calls``
+    (NVML/CUDA function names, ``libcuda``) failed, on ``d`` or on no device in particular: the
+    evidence that a figure was unreadable on the host, not merely left out of a snapshot. Pure."""
+    out = []
+    for n in [*(g.notes or []), *(d.notes or [])]:
+        names_dev = "device " in n
+        if any(c in n for c in calls) and (not names_dev or f"device {d.index}" in n):
+            out.append(n)
+    cuda_why = (g.cuda_view or {}).get("why") if isinstance(g.cuda_view, dict) else None
+    if isinstance(cuda_why, str) and any(c in cuda_why for c in calls):
+        out.append(cuda_why)
+    return list(dict.fromkeys(out))
+
+
+def missing_figure(ctx: Context, d: GpuDevice, what: str, calls: tuple[str, ...], live: Verdict) -> Verdict:
+    """A figure ``what`` of ``d`` that is None: ``live`` (the gate's WARN about an unreadable reading and
+    its remedy for the host) on a live run, or on a replay whose capture notes that one of ``calls``
+    failed (quoted); on a replay without such a note the figure was simply not recorded: SKIP "not
+    recorded in the snapshot", not a claim about the live driver. Pure."""
+    if not (ctx.obs.source or "").startswith("snapshot"):
+        return live
+    why = read_failures(ctx.obs.gpu, d, calls)
+    if why:
+        live.summary += f" (the capture says: {'; '.join(why[:2])})"
+        return live
+    return Verdict(live.id, SKIP, f"{_label(d)}: {what} not recorded in the snapshot"
+                   + (f", {live.summary.split(', ', 1)[1]}" if ", cannot check" in live.summary else ""),
+                   NOT_RECORDED_REMEDY, live.facts)
+
+
 def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
     g = ctx.obs.gpu
     if (v := probe_failed(gid, g)) is not None:
@@ -179,8 +214,9 @@ def sm_count(ctx: Context) -> Verdict:
         return Verdict(gid, FAIL, f"{_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
                        remedy(gid).format(have=d.sm_count), facts)
     if unknown:
-        return Verdict(gid, WARN, f"{_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
-                       "check that libcuda.so.1 loads (driver installed, /dev/nvidia* visible)", facts)
+        return missing_figure(ctx, unknown[0], "SM count", ("cuDeviceGetAttribute", "libcuda", "cuInit", "cuDeviceGet("),
+                              Verdict(gid, WARN, f"{_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
+                                      "check that libcuda.so.1 loads (driver installed, /dev/nvidia* visible)", facts))
     if lost:
         return _lost_not_judged(gid, lost_why, f"{len(devs)} GPU(s) with {want} SMs" if devs else "", facts)
     return Verdict(gid, PASS, f"{len(g.devices)} GPU(s) have {want} SMs, as the image expects ({src})",
@@ -205,8 +241,9 @@ def memory(ctx: Context) -> Verdict:
     missing = [d for d in devs if not d.memory_total_bytes]
     if missing:
         d = missing[0]
-        return Verdict(gid, WARN, f"{_label(d)}: total memory not read ({'; '.join(d.notes) or 'no reading'})",
-                       remedy(gid), facts)
+        return missing_figure(ctx, d, "total memory", ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetHandleByIndex"),
+                              Verdict(gid, WARN, f"{_label(d)}: total memory not read "
+                                      f"({'; '.join(d.notes) or 'no reading'})", remedy(gid), facts))
     pb = ctx.playbook
     for d in devs:
         if pb.min_memory_bytes and d.memory_total_bytes < pb.min_memory_bytes:
@@ -215,8 +252,9 @@ def memory(ctx: Context) -> Verdict:
         if pb.reserve_fraction and not d.unified:
             need = pb.reserve_fraction * d.memory_total_bytes
             if d.memory_free_bytes is None:
-                return Verdict(gid, WARN, f"{_label(d)}: free memory not read, cannot check the "
-                               f"{pb.reserve_fraction:.0%} reservation", remedy(gid), facts)
+                return missing_figure(ctx, d, "free memory", ("nvmlDeviceGetMemoryInfo",),
+                                      Verdict(gid, WARN, f"{_label(d)}: free memory not read, cannot check the "
+                                              f"{pb.reserve_fraction:.0%} reservation", remedy(gid), facts))
             if d.memory_free_bytes < need:
                 return Verdict(gid, FAIL, f"{_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
                                f"{d.memory_total_bytes / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
@@ -234,9 +272,14 @@ def clock_events(ctx: Context) -> Verdict:
         return v
     g = ctx.obs.gpu
     worst, lines, facts = PASS, [], {}
+    unread: list[GpuDevice] = []
     lost, lost_why = lost_gpus(g)
     for d in g.devices:
         if d.index in lost:  # no reading is no "no reason bit"
+            continue
+        if (d.clocks_event_reasons is None and (d.under_load is None or d.under_load.clocks_event_reasons is None)
+                and not d.clocks_event_reason_counters_us):
+            unread.append(d)  # no mask read: no evidence either way, never "no reason"
             continue
         idle = d.clocks_event_reasons or 0
         load = (d.under_load.clocks_event_reasons or 0) if d.under_load else 0
@@ -259,13 +302,22 @@ def clock_events(ctx: Context) -> Verdict:
                 spent = {**hw, **({"sw_thermal_slowdown": th} if th else {})}
                 lines.append(f"{_label(d)}: no bit now, but has spent time in " +
                              ", ".join(f"{k} {v / 1e6:.2f} s" for k, v in spent.items()))
+    if worst == PASS and unread and len(unread) + len(lost) == len(g.devices) and not lost:
+        d = unread[0]
+        return missing_figure(ctx, d, "clock event reasons", ("ClocksEventReasons", "ClocksThrottleReasons"),
+                              Verdict(gid, SKIP, f"{_label(d)}: clock event reasons not read "
+                                      f"({'; '.join(read_failures(g, d, ('ClocksEventReasons', 'ClocksThrottleReasons'))) or 'no reading'})",
+                                      "check NVML on the host: `nvidia-smi -q -d PERFORMANCE`", facts))
+    judged = len(g.devices) - len(lost) - len(unread)
     if worst == PASS and lost:
         return _lost_not_judged(gid, lost_why, f"{len(g.devices) - len(lost)} GPU(s) without a thermal, HW slowdown "
                                 "or power-brake reason" if len(lost) < len(g.devices) else "", facts)
     if worst == PASS:
         seen = sorted({n for f in facts.values() for n in f["names"]})
-        return Verdict(gid, PASS, f"{len(g.devices)} GPU(s): no thermal, HW slowdown or power-brake reason"
-                       + (f" (seen: {', '.join(seen)}, not faults)" if seen else ""), "nothing to do", facts)
+        return Verdict(gid, PASS, f"{judged} GPU(s): no thermal, HW slowdown or power-brake reason"
+                       + (f" (seen: {', '.join(seen)}, not faults)" if seen else "")
+                       + (f"; reasons not read on {', '.join(_label(d) for d in unread)}" if unread else ""),
+                       "nothing to do", facts)
     return Verdict(gid, worst, "; ".join(lines), remedy(gid + (".hw" if worst == FAIL else ".thermal")), facts)
 
 
@@ -776,13 +828,19 @@ def headroom(ctx: Context) -> Verdict:
                 continue
             plan = (f"reservation of role {pb.name}" if pb.reserve_bytes
                     else f"{pb.reserve_fraction:.0%} reservation of role {pb.name}")
-            results.append(judge_unified_headroom(label, g.host_meminfo_kb, need, plan))
+            verdict, text, f = judge_unified_headroom(label, g.host_meminfo_kb, need, plan)
+            if verdict == WARN and "MemAvailable not read" in text:
+                m = missing_figure(ctx, d, "MemAvailable (/proc/meminfo)", ("meminfo",), Verdict(gid, WARN, text, "", f))
+                verdict, text = m.verdict, m.summary
+            results.append((verdict, text, f))
         elif pb.reserve_bytes:
             free = d.memory_free_bytes
             facts = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free, "total_bytes": d.memory_total_bytes}
             if free is None:
-                results.append((WARN, f"{label}: NVML free memory not read, cannot check the "
-                                f"{pb.reserve_bytes / GIB:.1f} GiB reservation of role {pb.name}", facts))
+                m = missing_figure(ctx, d, "NVML free memory", ("nvmlDeviceGetMemoryInfo",),
+                                   Verdict(gid, WARN, f"{label}: NVML free memory not read, cannot check the "
+                                           f"{pb.reserve_bytes / GIB:.1f} GiB reservation of role {pb.name}", "", facts))
+                results.append((m.verdict, m.summary, facts))
             elif free < pb.reserve_bytes:
                 results.append((FAIL, f"{label}: NVML free {free / GIB:.2f} GiB is below the "
                                 f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", facts))
@@ -802,9 +860,11 @@ def headroom(ctx: Context) -> Verdict:
     if lost and worst in (PASS, SKIP):  # nothing wrong on the readable GPUs: the lost one is gpu.errors'
         return _lost_not_judged(gid, lost_why, summary if worst == PASS else "", facts)
     cache = worst == WARN and any("page cache" in s for v, s, _ in results if v == WARN)
+    unrecorded = worst == SKIP and any("not recorded in the snapshot" in s for v, s, _ in results if v == SKIP)
     rem = {FAIL: remedy(gid), WARN: remedy(gid + ".cache") if cache
            else "read /proc/meminfo and NVML memory on the host (`afddiag gpu`)",
-           PASS: "nothing to do", SKIP: "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
+           PASS: "nothing to do", SKIP: NOT_RECORDED_REMEDY if unrecorded else
+           "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
     action = "DROP_CACHES" if cache else ("RERUN" if worst == WARN else "")
     return Verdict(gid, worst, summary, rem, facts, action=action)
 
