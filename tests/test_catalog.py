@@ -127,3 +127,17 @@ def test_a_broken_catalog_is_one_line_naming_the_file_and_the_fix(monkeypatch, c
             assert len(err) == 1 and "checks/gates.toml" in err[0] and words in err[0] and "git checkout" in err[0], err
     finally:
         catalog.load.cache_clear()
+
+
+def test_remedies_that_take_the_node_out_of_service_drain():
+    """A firmware/driver/kernel/BIOS update takes a reboot or a driver reload, and changing a live RoCE
+    netdev's MTU drops its traffic and the peers' QPs: both are done on a drained node, and their
+    gates' remedies say so (the action's drain flag and the remedy agree)."""
+    from afddiag.catalog import load
+    from afddiag.diagnosis import needs_drain
+
+    cat = load()
+    assert needs_drain("UPDATE_VERSIONS") and needs_drain("SET_MTU")
+    for gid, g in cat["gates"].items():
+        if g.get("action") in ("UPDATE_VERSIONS", "SET_MTU"):
+            assert "drain" in g["remedy"], (gid, g["remedy"])
