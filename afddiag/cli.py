@@ -194,11 +194,10 @@ def _gather_fabric(inputs: Inputs):
         raise click.UsageError(str(e))
 
 
-def _no_map_reason(obs) -> str:
-    if not (obs.fabric and obs.fabric.devices):
-        return "no RDMA device on this host: load the RDMA driver first (afddiag fabric says more)"
-    return ("no IPv4 RoCE v2 GID on any port: put the fabric address on the RoCE netdev first "
-            "(afddiag fabric says more)")
+def _no_map_reason(obs, fabric_ip: str | None = None) -> str:
+    from afddiag.endpoint import no_map_reason
+
+    return no_map_reason(obs.fabric, fabric_ip)
 
 
 def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
@@ -587,7 +586,9 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
     """Print DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP for this host (each IPv4 RoCE v2 GID's address → its device,
     whatever the link does: stderr names an entry whose port is down).
 
-    Exits 2 with a message on stderr when no address qualifies (table/csv: when there is no RDMA device).
+    Exits 2 with a message on stderr when no address qualifies (table/csv: when there is no RDMA device),
+    naming why (no device, the address there only as RoCE v1, a GID type not read, no IPv4 GID); 64 when
+    --format nccl is asked on a host with several fabric IPs and no --fabric-ip (the caller's choice).
     """
     from afddiag import endpoint, report
     from afddiag.endpoint import resolve_fabric_ip
@@ -603,17 +604,23 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         return 2
     if fabric_ip and fabric_ip not in dm:
         # Every format: a map that lacks the launcher's own address is no answer for it.
-        click.echo(f"afddiag devicemap: fabric IP {fabric_ip} has no IPv4 RoCE v2 GID on this host: give "
-                   f"--fabric-ip with one of {', '.join(sorted(dm))}", err=True)
+        from afddiag.model.fabric import ipv4_entries
+
+        if any(e.ip == fabric_ip for e in ipv4_entries(obs.fabric)):
+            why = _no_map_reason(obs, fabric_ip)  # the address is here, in a form the map cannot name
+        else:
+            why = (f"fabric IP {fabric_ip} has no IPv4 RoCE v2 GID on this host: give --fabric-ip with one of "
+                   f"{', '.join(sorted(dm))}")
+        click.echo(f"afddiag devicemap: {why}", err=True)
         return 2
     for line in endpoint.devicemap_caveats(obs.fabric, dm):
         click.echo(f"afddiag devicemap: {line}", err=True)
     if fmt == "nccl":
         fip = resolve_fabric_ip(obs.fabric, fabric_ip)
-        if fip.ip is None:
-            click.echo(f"afddiag devicemap: several fabric IPs ({', '.join(sorted(dm))}): give --fabric-ip with "
-                       "the one the launcher uses", err=True)
-            return 2
+        if fip.ip is None:  # the caller's to say, not the host's fault: a usage error (64), not FAIL (2)
+            click.echo(f"afddiag devicemap: --format nccl on a host with several fabric IPs ({', '.join(sorted(dm))}): "
+                       "give --fabric-ip with the one the launcher uses", err=True)
+            return EXIT_USAGE
         pairs = [p for p in endpoint.launch_exports(obs.fabric, fip.ip) if p[0].startswith("NCCL_")]
         if not pairs:
             down = next((e for e in fip.candidates if e.ip == fip.ip), None)

@@ -90,6 +90,41 @@ def device_map(fabric: FabricFacts | None) -> dict[str, str]:
     return {ip: chosen[ip] for ip in dict.fromkeys(order)}  # listed in enumeration order, as before
 
 
+def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> str:
+    """Why :func:`device_map` is empty (or lacks ``fabric_ip``), naming the first cause the facts show
+    and its fix, one line: no RDMA device; the address carried only as RoCE v1 GIDs (the HCA's RoCE
+    mode is the fault: the address is there); carried by GIDs whose type was not read; IPv4-mapped
+    GIDs whose netdev does not hold the address (a stale GID); else no IPv4 GID at all (put the
+    address on the RoCE netdev). Facts: the GID tables (``gid_attrs/types``, ``ndevs``) and addresses."""
+    from afddiag.model.fabric import ROCE_V1, ipv4_entries
+
+    if not (fabric and fabric.devices):
+        return "no RDMA device on this host: load the RDMA driver first (afddiag fabric says more)"
+    entries = [e for e in ipv4_entries(fabric) if fabric_ip is None or e.ip == fabric_ip]
+    held = [e for e in entries if e.netdev_holds_ip]
+    subject = f"fabric IP {fabric_ip}" if fabric_ip else "no IPv4 RoCE v2 GID on any port"
+
+    def where(es: list[Entry]) -> str:
+        return ", ".join(f"{e.ip} on {e.device} port {e.port} GID {e.gid_index}" for e in es[:4]) + \
+            (f" and {len(es) - 4} more" if len(es) > 4 else "")
+
+    v1 = [e for e in held if e.gid_type == ROCE_V1]
+    if v1:
+        return (f"{subject}: the address is there only as RoCE v1 ({where(v1)}): enable RoCE v2 on the HCA "
+                "(its RoCE mode setting; `afddiag fabric` judges it in fabric.rocev2-ipv4)")
+    unread = [e for e in held if e.gid_type is None]
+    if unread:
+        return (f"{subject}: the GID type of {where(unread)} was not read: read "
+                "/sys/class/infiniband/<hca>/ports/<p>/gid_attrs/types/<i> on the host (or re-capture)")
+    if entries:
+        return (f"{subject}: {where(entries)} is an IPv4 GID whose netdev does not hold the address: "
+                "put the address back on that netdev or use the one it holds (afddiag fabric says more)")
+    if fabric_ip:
+        return f"fabric IP {fabric_ip}: no GID on this host carries it: give --fabric-ip with this host's RoCE address"
+    return ("no IPv4 RoCE v2 GID on any port: put the fabric address on the RoCE netdev first "
+            "(afddiag fabric says more)")
+
+
 def devicemap_caveats(fabric: FabricFacts | None, dm: dict[str, str]) -> list[str]:
     """One line per map entry whose port is not ACTIVE: the entry is right, the link is not (fabric.link)."""
     out = []

@@ -9,7 +9,9 @@ from click.testing import CliRunner
 
 from afddiag import __version__
 from afddiag.cli import cli, run
-from conftest import CASES
+from pathlib import Path
+
+from conftest import CASES, load_case
 
 C01 = str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device")
 C02 = str(CASES / "fabric" / "02-spark-map-set-healthy")
@@ -108,3 +110,32 @@ def test_devicemap_with_a_fabric_ip_not_in_the_map_exits_2_in_every_format():
 def test_version():
     assert run(["--version"]) == 0
     assert __version__ in invoke(["--version"]).stdout
+
+
+def test_devicemap_names_a_rocev1_only_address_not_a_missing_one():
+    """Case 09: the address is on the netdev, offered only as RoCE v1: the fix is the HCA's RoCE mode,
+    not 'put the fabric address on the RoCE netdev', with or without --fabric-ip."""
+    c09 = str(CASES / "fabric" / "09-rocev1-only-entry")
+    ip = load_case(Path(c09))["fabric_ip"]
+    for extra in ([], ["--fabric-ip", ip]):
+        res = invoke(["devicemap", "--snapshot", c09, *extra])
+        assert res.return_value == 2 and res.stdout == ""
+        assert "only as RoCE v1" in res.stderr and "enable RoCE v2" in res.stderr and ip in res.stderr, res.stderr
+        assert "put the fabric address" not in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_no_map_reason_names_each_cause():
+    from afddiag.endpoint import no_map_reason
+    from afddiag.model.fabric import ROCE_V1, FabricFacts, Gid, Netdev, Port, RdmaDevice
+
+    def fab(gtype, holds=True):
+        nd = Netdev(name="eth0", ipv4=["10.0.0.5/24"] if holds else [])
+        g = Gid(index=1, gid="0000:0000:0000:0000:0000:ffff:0a00:0005", type=gtype, netdev="eth0", ipv4="10.0.0.5")
+        return FabricFacts(devices=[RdmaDevice(name="mlx5_0", ports=[Port(num=1, state="ACTIVE", gids=[g])])],
+                           netdevs={"eth0": nd})
+
+    assert "no RDMA device" in no_map_reason(FabricFacts())
+    assert "only as RoCE v1 (10.0.0.5 on mlx5_0 port 1 GID 1)" in no_map_reason(fab(ROCE_V1))
+    assert "GID type of 10.0.0.5 on mlx5_0 port 1 GID 1 was not read" in no_map_reason(fab(None))
+    assert "netdev does not hold the address" in no_map_reason(fab("RoCE v2", holds=False))
+    assert no_map_reason(fab(ROCE_V1), "10.9.9.9").startswith("fabric IP 10.9.9.9: no GID on this host carries it")

@@ -217,7 +217,9 @@ def test_devicemap_nccl_format():
     assert res.stdout.splitlines() == ["NCCL_IB_HCA==mlx5_0:1", "NCCL_IB_GID_INDEX=3"]
     c01 = str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device")
     res = CliRunner().invoke(cli, ["devicemap", "--snapshot", c01, "--format", "nccl"], standalone_mode=False)
-    assert res.return_value == 2 and "several fabric IPs (192.168.100.10, 192.168.101.10)" in res.stderr
+    # the caller's choice missing is a usage error (64, one line naming --fabric-ip), not the FAIL code
+    assert res.return_value == 64 and "several fabric IPs (192.168.100.10, 192.168.101.10)" in res.stderr
+    assert res.stderr.count("\n") == 1 and "give --fabric-ip" in res.stderr and res.stdout == ""
     res = CliRunner().invoke(cli, ["devicemap", "--snapshot", c01, "--format", "nccl", "--fabric-ip",
                                    "192.168.101.10"], standalone_mode=False)
     assert res.stdout.splitlines() == ["NCCL_IB_HCA==roceP2p1s0f1:1", "NCCL_IB_GID_INDEX=3"]
