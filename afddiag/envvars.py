@@ -18,6 +18,38 @@ UCX_GID_VAR = "UCX_IB_GID_INDEX"  # UCX (UCT/IB; NIXL and UCX-based engines)
 GID_INDEX_VARS = (NCCL_GID_VAR, MC_GID_VAR, UCX_GID_VAR)
 WATCHED = (MAP_VAR, NCCL_HCA_VAR) + GID_INDEX_VARS
 
+# Names whose values are credentials: a whole "_"-separated word of the name is one of _SECRET_WORDS
+# (AFD_HF_TOKEN, AFD_DB_PASSWORD, AFD_API_KEY, AWS_SECRET_ACCESS_KEY, HF_AUTH), or a word ends in one of
+# _SECRET_SUFFIXES (HFTOKEN, APIKEY). KEY is not a secret before an index/file word (AFD_KEY_INDEX,
+# AFD_SSH_KEY_FILE), and PKEY (an InfiniBand partition key index: NCCL_IB_PKEY) is no word of the list.
+_SECRET_WORDS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
+                 "CREDENTIALS", "AUTH", "AUTHORIZATION", "COOKIE", "KEY", "KEYS")
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "PRIVATEKEY", "ACCESSKEY", "SECRETKEY")
+_INDEX_WORDS = ("INDEX", "IDX", "ID", "NUM", "NUMBER", "COUNT", "LEN", "SIZE", "FILE", "PATH", "NAME")
+REDACTED = "<redacted>"
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable's name says its value is a credential (token, secret,
+    password, key, auth: ``_SECRET_WORDS``, ``_SECRET_SUFFIXES``); False for GID/partition-key indexes
+    (``NCCL_IB_GID_INDEX``, ``NCCL_IB_PKEY``) and names of files or indexes (``AFD_KEY_FILE``)."""
+    words = [w for w in name.upper().split("_") if w]
+    for i, w in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if w in ("KEY", "KEYS") and nxt in _INDEX_WORDS:
+            continue
+        if w in _SECRET_WORDS or w.endswith(_SECRET_SUFFIXES):
+            return True
+    return False
+
+
+def redact_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``env`` with each secret-named value (:func:`is_secret_name`) replaced by :data:`REDACTED`, and
+    the names redacted (sorted). The name stays, so a reader sees the variable was set."""
+    names = sorted(k for k, v in env.items() if is_secret_name(k) and v != REDACTED)
+    return {k: (REDACTED if k in names else v) for k, v in env.items()}, names
+
+
 _DEV_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 

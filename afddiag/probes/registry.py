@@ -287,12 +287,18 @@ def env_allowed(name: str) -> bool:
 
 def env_text(environ: Mapping[str, str], notes: list[str]) -> str:
     """The allow-listed variables as ``KEY='value'`` lines (``parse_env_file`` reads them back exactly);
-    a value with a newline is left out with a note."""
+    a value with a newline is left out with a note; a credential's value (the name says token, secret,
+    password, key, auth: :func:`afddiag.envvars.is_secret_name`) is written as ``<redacted>``, noted."""
+    from afddiag.envvars import REDACTED, is_secret_name
+
     lines = []
     for k in sorted(environ):
         if not env_allowed(k):
             continue
         v = environ[k]
+        if is_secret_name(k):  # the name is kept, the credential never enters a bundle
+            notes.append(f"env {k}: value redacted (the name looks like a credential)")
+            v = REDACTED
         if "\n" in v or "\r" in v:
             notes.append(f"env {k}: value has a newline; not captured")
             continue
@@ -307,7 +313,7 @@ def _env_read(run: Run, progress: Any) -> dict[str, Any]:
 
 
 def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
-    from afddiag.envvars import MAP_VAR, WATCHED, parse_env_file
+    from afddiag.envvars import MAP_VAR, WATCHED, parse_env_file, redact_env
 
     if run.live:
         env, source = {k: v for k, v in parse_env_file(r.get("env") or "").items() if k in WATCHED}, \
@@ -316,11 +322,13 @@ def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
         env, source = parse_env_file(r["env"]), "snapshot env"
     else:
         env, source = {}, "snapshot without an env file: nothing set"
+    env, redacted = redact_env(env)  # a snapshot written before redaction, or by hand
     le = run.inputs.launch_env
     if le is not None:  # the launch env file's device selection is what the launcher exports
         env.pop(MAP_VAR, None)
         env.update({k: v for k, v in le.items() if k in WATCHED})
         source = f"launch env {run.inputs.launch_env_path}"
+    run.obs.notes.extend(f"env {k}: value redacted (the name looks like a credential)" for k in redacted)
     return {"env": env, "env_source": source}
 
 
