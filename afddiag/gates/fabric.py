@@ -117,8 +117,33 @@ def rdma_present(ctx: Context) -> Verdict:
                    "nothing to do", {"devices": devs, "order_source": fab.order_source, "notes": fab.notes})
 
 
+def no_device_but_named(ctx: Context, gid: str) -> Verdict | None:
+    """On a host whose fabric was looked at and lists no RDMA device: FAIL (LOAD_DRIVER) naming the
+    missing device when the role requires RDMA; WARN when the operator named a fabric expectation
+    (``--fabric-ip``/``AFD_FABRIC_IP``, ``--peer``/``AFD_PEER_FABRIC_IPS``) that nothing could check:
+    asking for the fabric and getting only SKIPs must not read as a pass. None otherwise. Pure."""
+    fab = ctx.obs.fabric
+    if fab is None or not fab.captured or fab.devices or fab.failed:
+        return None
+    named = ([f"fabric IP {ctx.fabric_ip.ip}"] if ctx.fabric_ip.source == "--fabric-ip" and ctx.fabric_ip.ip else [])
+    named += [f"peer(s) {', '.join(ctx.inputs.peers)}"] if ctx.inputs.peers else []
+    what = " and ".join(named) or "the fabric IP"
+    if ctx.requires("rdma"):
+        return Verdict(gid, FAIL, f"no RDMA device on this host: no port can carry {what}; role "
+                       f"{ctx.playbook.name} requires RDMA", remedy("fabric.rdma-present"),
+                       {"named": named, "notes": fab.notes}, action="LOAD_DRIVER")
+    if named:
+        return Verdict(gid, WARN, f"{what} given, but no RDMA device on this host: nothing on the fabric could be "
+                       "checked", "run on the host whose RDMA device carries the fabric IP, or load its RDMA driver "
+                       "(mlx5_ib for ConnectX) and check `rdma dev`", {"named": named, "notes": fab.notes},
+                       action="RERUN")
+    return None
+
+
 def link(ctx: Context) -> Verdict:
     gid = "fabric.link"
+    if (v := no_device_but_named(ctx, gid)) is not None:
+        return v
     e = _fabric_entry(ctx, gid)
     if isinstance(e, Verdict):
         return e

@@ -191,6 +191,16 @@ def expected_sm(ctx: Context) -> tuple[int | None, str]:
 def sm_count(ctx: Context) -> Verdict:
     gid = "gpu.sm-count"
     if (v := _need_gpu(ctx, gid)) is not None:
+        want, src = expected_sm(ctx)
+        g = ctx.obs.gpu
+        if (v.verdict == SKIP and want is not None and g is not None and g.captured and not g.devices
+                and not ctx.requires("gpu") and not xid_faults_without_gpu(g)):
+            # an expectation the operator named that nothing could check is no pass (a role that requires
+            # the GPU already FAILs gpu.present; a fatal Xid is gpu.errors')
+            return Verdict(gid, WARN, f"the image is expected to run on {want} SMs ({src}), but no GPU is seen "
+                           f"({g.why or 'none listed'}): nothing to check it against",
+                           "run on the GPU host, or see gpu.present for why no GPU is listed", 
+                           {"expected": want, "expected_from": src}, action="RERUN")
         return v
     g = ctx.obs.gpu
     want, src = expected_sm(ctx)
