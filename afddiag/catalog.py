@@ -28,6 +28,18 @@ class CatalogError(RuntimeError):
     install or a bad local edit. The message names the file and the fix in one line."""
 
 
+def listing(width: int | None = None) -> list[str]:
+    """``afddiag catalog``'s lines: each gate id padded to the longest, then its title; with ``width``
+    (a terminal's columns) the title wraps between words under itself (:func:`afddiag.render.wrap`)."""
+    gates = load()["gates"]
+    pad = max(len(g) for g in gates) + 1
+    if width is None or width < pad + 20:
+        return [f"{gid:<{pad}}{g['title']}" for gid, g in gates.items()]
+    from afddiag.render import wrap
+
+    return [ln for gid, g in gates.items() for ln in wrap(g["title"], width, f"{gid:<{pad}}", " " * pad)]
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any]:
     """The parsed catalog: ``{"gates": {id: {...}}, "remedies": {key: text}}``, from the JSON twin

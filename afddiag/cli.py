@@ -216,7 +216,12 @@ def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip).ip
     dev, how = engine_device_for(obs.fabric, obs.env, fip)
     rows = gid_rows(obs.fabric, dev, fip)
-    write_gid_table(rows, legend(rows, dev, how, fip) if fmt == "table" else [], fmt)
+    width = None
+    if fmt == "table" and sys.stdout.isatty():  # a terminal narrower than the table gets the narrow layout
+        import shutil
+
+        width = shutil.get_terminal_size().columns
+    write_gid_table(rows, legend(rows, dev, how, fip) if fmt == "table" else [], fmt, width=width)
     return 0
 
 
@@ -743,8 +748,13 @@ def catalog(markdown) -> int:
     if markdown:
         click.echo(cat.markdown(), nl=False)
     else:
-        for gid, g in cat.load()["gates"].items():
-            click.echo(f"{gid:<22} {g['title']}")
+        width = None
+        if sys.stdout.isatty():
+            import shutil
+
+            width = shutil.get_terminal_size().columns
+        for line in cat.listing(width):
+            click.echo(line)
     return 0
 
 

@@ -5,6 +5,9 @@ carries the fabric IP.
 Columns as ``show_gids`` prints them: DEV PORT INDEX GID IPv4 VER NETDEV, then MARK
 (``engine``: the device the engine opens; ``fabric-ip``: the GID the launcher's fabric IP is on).
 Rendered as aligned text (full width, one line per GID, as show_gids: grep and awk read it) or CSV.
+On a terminal narrower than that table (a 39-character GID makes it 100 columns and more) each GID
+takes two lines: DEV PORT INDEX VER NETDEV MARK, then the GID and its IPv4 indented under it (whole,
+so they copy); ``--format csv`` or a pipe keep the one-line form.
 """
 
 from __future__ import annotations
@@ -76,10 +79,16 @@ def legend(rows: list[GidRow], engine_device: str | None, engine_how: str, fabri
     return lines
 
 
-def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out: TextIO | None = None) -> None:
+NARROW_HEADER = (("DEV", "PORT", "INDEX", "VER", "NETDEV", "MARK"), ("GID", "IPv4"))
+
+
+def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out: TextIO | None = None,
+                    width: int | None = None) -> None:
     """Write ``rows`` as ``fmt``: ``csv`` (header ``dev,port,index,gid,ipv4,ver,netdev,engine,fabric_ip``,
-    engine/fabric_ip 1 or 0), or ``table``: aligned columns like show_gids, one line per GID, never cut
-    (a terminal narrower than the line wraps it; GIDs stay whole so they can be copied), then ``foot``."""
+    engine/fabric_ip 1 or 0), or ``table``: aligned columns like show_gids, one line per GID, then
+    ``foot``. ``width`` (a terminal's columns; None: a pipe, no limit): when a line would be wider,
+    the narrow layout (:data:`NARROW_HEADER`: two lines per GID) and ``foot`` wrapped between words,
+    so nothing is cut and no GID is split."""
     import sys
 
     out = out or sys.stdout
@@ -93,8 +102,23 @@ def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out
         out.write(buf.getvalue())
         return
     cells = [HEADER] + [r.cells() for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    for c in cells:
-        out.write("  ".join(v.ljust(widths[i]) for i, v in enumerate(c)).rstrip() + "\n")
+    lines = _aligned(cells)
+    if width is None or max(len(ln) for ln in lines) <= width:
+        out.write("".join(ln + "\n" for ln in lines))
+        for line in foot:
+            out.write(line + "\n")
+        return
+    from afddiag.render import wrap
+
+    top = _aligned([NARROW_HEADER[0]] + [(r.device, str(r.port), str(r.index), r.ver, r.netdev or "", r.mark)
+                                         for r in rows])
+    under = _aligned([NARROW_HEADER[1]] + [(r.gid, r.ipv4 or "") for r in rows])
+    for a, b in zip(top, under):
+        out.write(f"{a}\n    {b}\n")
     for line in foot:
-        out.write(line + "\n")
+        out.write("".join(ln + "\n" for ln in wrap(line, width, "", "    ")))
+
+
+def _aligned(cells: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    return ["  ".join(v.ljust(widths[i]) for i, v in enumerate(c)).rstrip() for c in cells]

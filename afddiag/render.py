@@ -9,11 +9,84 @@ ending in ``…``.
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, TextIO
 
 COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
 TELLS = ("WARN", "FAIL", "ERROR")  # verdicts whose remedy is printed
+
+
+def units(text: str) -> list[str]:
+    """``text`` cut into the pieces a line may not break: words, ``export VAR=value`` (a command cut
+    after ``export`` exports nothing when pasted) and backquoted spans (```rdma link show```)."""
+    import re
+
+    out: list[str] = []
+    for m in re.finditer(r"[^\s`]*`[^`]*`\S*|\S+", text):
+        w = m.group(0)
+        if out and out[-1] == "export":
+            out[-1] += " " + w
+        else:
+            out.append(w)
+    return out
+
+
+def unbroken(text: str) -> list[str]:
+    """The pieces of ``text`` a renderer must keep on one line: ``export VAR=value`` and every
+    space-free word (a folded word no longer pastes)."""
+    return [u for u in units(text) if u.startswith("export ") or " " not in u]
+
+
+def wrap(text: str, width: int, first: str = "", indent: str = "") -> list[str]:
+    """``text`` wrapped at ``width`` columns between :func:`units`, the first line after ``first``,
+    the others after ``indent``. A unit longer than the room after ``indent`` gets a line of its own
+    at column 0 (still whole: it pastes); an ``export`` longer than ``width`` continues over lines
+    ending in a backslash (it still pastes as one command); any other such unit is folded."""
+    lines: list[str] = []
+    cur = first
+    bare = True  # cur holds no unit yet
+    for u in units(text):
+        if len(cur) + (0 if bare else 1) + len(u) <= width:
+            cur += ("" if bare else " ") + u
+            bare = False
+            continue
+        if not bare or cur.strip():
+            lines.append(cur.rstrip())
+        if len(indent) + len(u) <= width:
+            cur, bare = indent + u, False
+        elif len(u) <= width:
+            lines.append(u)
+            cur, bare = indent, True
+        else:  # wider than the terminal: a shell line continues after `\`, anything else folds
+            lines.extend(_continued(u, width) if u.startswith("export ") else
+                         [u[i:i + width] for i in range(0, len(u), width)])
+            cur, bare = indent, True
+    if not bare or (cur.strip() and cur != indent):
+        lines.append(cur.rstrip())
+    return lines
+
+
+def _continued(command: str, width: int) -> list[str]:
+    """A shell word wider than ``width`` as lines ending in ``\\`` (the shell drops backslash-newline,
+    so the pasted lines are the one command), broken after commas where it can."""
+    import re
+
+    pieces = [p for p in re.split(r"(?<=,)", command) if p]
+    lines, cur = [], ""
+    for p in pieces:
+        while len(p) > width - 1:
+            if cur:
+                lines.append(cur)
+                cur = ""
+            lines.append(p[:width - 1])
+            p = p[width - 1:]
+        if len(cur) + len(p) > width - 1:
+            lines.append(cur)
+            cur = ""
+        cur += p
+    lines.append(cur)
+    return [ln + "\\" for ln in lines[:-1]] + lines[-1:]
 
 
 def console_for(out: TextIO, width: int | None = None):
@@ -47,24 +120,47 @@ def action_tag(entry: dict[str, Any]) -> str:
     return f"[{action}{', drain' if drain else ''}]"
 
 
-def gate_table(gates: list[dict[str, Any]], title: str | None = None):
+def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: frozenset[str] = frozenset()):
     """A rich Table of verdicts: verdict, gate id, summary with the remedy under it (for WARN, FAIL,
-    ERROR). Every cell folds: at 80 columns nothing is cut, long words (an ``export VAR=…`` line)
-    continue on the next line."""
+    ERROR; for the gates in ``below``, a pointer to the remedy printed under the table). Words wrap at
+    spaces; :func:`print_gate_table` moves a remedy whose command would not fit its cell."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     t = Table(title=title, box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
     t.add_column("verdict", no_wrap=True, min_width=5)
-    t.add_column("gate", overflow="fold", min_width=min(max([len(g["id"]) for g in gates] + [4]), 22))
+    t.add_column("gate", overflow="fold", min_width=min(max([len(g["id"]) for g in gates] + [4]), 23))
     t.add_column("summary / remedy", overflow="fold", ratio=1)
     for g in gates:
         body = Text(g["summary"], overflow="fold")
         if g["verdict"] in TELLS and g.get("remedy"):
-            body.append("\n→ " + g["remedy"] + (f" {action_tag(g)}" if g.get("action") else ""), style="italic")
+            tail = "remedy below the table" if g["id"] in below else g["remedy"]
+            body.append("\n→ " + tail + (f" {action_tag(g)}" if g.get("action") else ""), style="italic")
         t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
     return t
+
+
+def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None) -> None:
+    """Print :func:`gate_table` on ``con`` so that no command is split: a remedy whose ``export``
+    line or long word would not fit its cell (the table is rendered once to see) is printed under
+    the table instead, on lines of its own (:func:`wrap`), where it pastes."""
+    from rich.console import Console
+    from rich.text import Text
+
+    probe = Console(width=con.width, record=True, file=io.StringIO(), color_system=None, emoji=False,
+                    highlight=False)
+    probe.print(gate_table(gates, title))
+    lines = probe.export_text().splitlines()
+    below = frozenset(g["id"] for g in gates if g["verdict"] in TELLS and g.get("remedy")
+                      and not all(any(u in ln for ln in lines) for u in unbroken(g["remedy"])))
+    con.print(gate_table(gates, title, below))
+    for g in gates:
+        if g["id"] in below:
+            con.print(Text(f"{g['verdict']} {g['id']} {action_tag(g)}:", style=COLORS.get(g["verdict"], "")),
+                      overflow="ignore", crop=False)
+            for ln in wrap(g["remedy"], con.width, "  ", "  "):
+                con.print(Text(ln), overflow="ignore", crop=False, soft_wrap=True)
 
 
 def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, id_width: int = 22) -> None:

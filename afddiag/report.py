@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import io
 import json
 import os
 import shlex
@@ -73,37 +72,47 @@ def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:
 def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
     """A rich table on a terminal (cells fold at its width, or at ``width``); plain full-width
     lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`)."""
-    from afddiag.render import console_for, gate_table, write_gate_lines
+    from afddiag.render import console_for, print_gate_table, write_gate_lines
     from afddiag.termsafe import cleaned
 
     report = cleaned(report)  # device names, remote text: no control sequence reaches the terminal
     out = out or sys.stdout
     con = console_for(out, width)
-    if con is None:
-        write_diagnosis(report, out)
-    else:
-        from rich.text import Text
-
-        buf = io.StringIO()
-        write_diagnosis(report, buf)
-        for line in buf.getvalue().splitlines():  # folded at the console's width, never cut
-            con.print(Text(line, overflow="fold"))
     if con is None:  # plain text needs no rich (start-up: rich costs ~40 ms to import)
+        write_diagnosis(report, out)
         write_gate_lines(report["gates"], out)
-    else:
-        con.print(gate_table(report["gates"], f"afddiag {report['afddiag_version']} — {report['host']} "
-                             f"({report['source']})"))
+    else:  # a terminal: lines wrap between words, a command stays on one line (afddiag.render.wrap)
+        write_diagnosis(report, out, con.width)
+        print_gate_table(con, report["gates"], f"afddiag {report['afddiag_version']} — {report['host']} "
+                         f"({report['source']})")
     dm = report.get("device_map") or {}
     if dm:
-        out.write(f"device map: {MAP_VAR}={format_device_map(dm)}\n")
+        line = f"device map: {MAP_VAR}={format_device_map(dm)}"
+        if con is None or len(line) <= con.width:
+            out.write(line + "\n")
+        else:  # one entry a line; `afddiag devicemap --format shell` prints the line to paste
+            from afddiag.render import wrap
+
+            head = f"device map: {MAP_VAR}, one entry a line (`afddiag devicemap` prints the line to paste):"
+            out.write("".join(ln + "\n" for ln in wrap(head, con.width, "", "  ")))
+            for ip, dev in dm.items():
+                out.write(f"  {ip}={dev}\n")
     c = report["counts"]
     out.write(f"{c['PASS']} pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error"
               f" — exit {report['exit_code']}\n")
 
 
-def write_diagnosis(report: dict[str, Any], out: TextIO) -> None:
-    """The report's opening: each independent fault with its one remedy and action, in fix order."""
-    from afddiag.render import action_tag
+def write_diagnosis(report: dict[str, Any], out: TextIO, width: int | None = None) -> None:
+    """The report's opening: each independent fault with its one remedy and action, in fix order.
+    ``width`` (a terminal's columns): lines wrap between words, under their indent, and a command
+    (``export VAR=value``, a long word) is never split (:func:`afddiag.render.wrap`)."""
+    from afddiag.render import action_tag, wrap
+
+    def put(first: str, text: str, indent: str) -> None:
+        if width is None:
+            out.write(first + text + "\n")
+        else:
+            out.write("".join(ln + "\n" for ln in wrap(text, width, first, indent)))
 
     diag = report.get("diagnosis") or []
     faults = [d for d in diag if d["verdict"] in ("FAIL", "ERROR")]
@@ -112,12 +121,12 @@ def write_diagnosis(report: dict[str, Any], out: TextIO) -> None:
         return
     head = (f"{len(faults)} fault(s)" if faults else "no fault") + (
         f", {len(diag) - len(faults)} warning(s)" if len(diag) > len(faults) else "")
-    out.write(f"diagnosis: {head}, in the order to fix them\n")
+    put("", f"diagnosis: {head}, in the order to fix them", "  ")
     for i, d in enumerate(diag, 1):
-        out.write(f"  {i}. {d['verdict']} {d['gate']}: {d['summary']}\n")
-        out.write(f"     remedy: {d['remedy']} {action_tag(d)}\n")
+        put(f"  {i}. ", f"{d['verdict']} {d['gate']}: {d['summary']}", "     ")
+        put("     remedy: ", f"{d['remedy']} {action_tag(d)}", "     ")
         if d["explains"]:
-            out.write(f"     explains: {', '.join(d['explains'])}\n")
+            put("     explains: ", ", ".join(d["explains"]), "     ")
     out.write("\n")
 
 

@@ -79,6 +79,7 @@ def _column(text, header):
 def test_report_at_80_columns_cuts_nothing():
     from afddiag.cli import diagnose_full
     from afddiag.collect import Inputs
+    from afddiag.render import unbroken
     from afddiag.report import write_table
 
     rep, _ = diagnose_full(Inputs(snapshot=C01, fabric_ip="192.168.100.10", run_qp=False), {"fabric", "launch"})
@@ -92,7 +93,12 @@ def test_report_at_80_columns_cuts_nothing():
     for g in rep["gates"]:
         assert g["id"] in squashed
         if g["verdict"] in ("WARN", "FAIL", "ERROR"):
-            assert "".join(g["remedy"].split()) in "".join(_column(text, "summary / remedy").split())
+            # in its cell, or (a command too wide for the cell) on lines of its own under the table;
+            # never folded mid-word (this asserted the fold into the cell before the 80-column fix)
+            assert ("".join(g["remedy"].split()) in "".join(_column(text, "summary / remedy").split())
+                    or "".join(g["remedy"].split()) in squashed)
+            for unit in unbroken(g["remedy"]):
+                assert any(unit in ln for ln in text.splitlines()), unit
     first = next(g for g in rep["gates"] if g["id"] == "fabric.first-device")
     assert first["remedy"].startswith("export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1")
 

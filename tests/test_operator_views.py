@@ -155,3 +155,110 @@ def test_merge_of_the_same_report_twice_is_one_host_with_a_note(tmp_path):
     b.write_text(json.dumps(rep))
     fr = json.loads(_cli("merge", "--json", str(a), str(b)).stdout)
     assert [h["name"] for h in fr["hosts"]] == ["spark-a", "spark-a#2"]
+
+
+def _fits(text: str, width: int = 80) -> None:
+    long = [ln for ln in text.splitlines() if len(ln) > width]
+    assert not long, long
+    assert "…" not in text
+
+
+def _whole(text: str, remedy: str) -> None:
+    """Every command and word of ``remedy`` sits on one line of ``text`` (none folded, no `export`
+    cut from its assignment), or, wider than the terminal, on shell lines continued with a backslash."""
+    from afddiag.render import unbroken
+
+    lines = text.replace("\\\n", "").splitlines()  # a shell line continued after a backslash is one line
+    for unit in unbroken(remedy):
+        assert any(unit in ln for ln in lines), (unit, text)
+
+
+def test_every_case_report_fits_80_columns_and_splits_no_command():
+    from afddiag.report import write_table
+
+    for c, rep in _reports_of_every_case():
+        buf = io.StringIO()
+        write_table(rep, buf, width=80)
+        text = buf.getvalue()
+        _fits(text)
+        for g in rep["gates"] + rep["diagnosis"]:
+            if g["verdict"] in ("WARN", "FAIL", "ERROR") and g.get("remedy"):
+                _whole(text, g["remedy"])
+
+
+def test_the_trial_command_on_an_80_column_terminal():
+    """The repro: `COLUMNS=80 afddiag all --snapshot <case 01> --fabric-ip ...` on a terminal (a pty)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = dict(os.environ, COLUMNS="80", AFDDIAG_NO_PROGRESS="1")
+    env.pop("NO_COLOR", None)
+    p = subprocess.Popen([sys.executable, "-m", "afddiag", "all", "--no-history", "--snapshot", C01,
+                          "--fabric-ip", "192.168.100.10"], stdout=sub, stderr=sub, cwd=REPO, env=env)
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            b = os.read(main, 65536)
+        except OSError:
+            break
+        if not b:
+            break
+        chunks.append(b)
+    p.wait(timeout=60)
+    os.close(main)
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode()).replace("\r", "")
+    _fits(text)
+    assert any("export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in ln
+               for ln in text.splitlines()), text
+    assert any(ln.strip() == "192.168.101.10=roceP2p1s0f1" for ln in text.splitlines())  # the map, one entry a line
+
+
+def test_gid_table_catalog_and_merge_fit_80_columns(tmp_path):
+    from afddiag.catalog import listing, load
+    from afddiag.cli import _gather_fabric, make_inputs
+    from afddiag.endpoint import resolve_fabric_ip
+    from afddiag.fleet import judge, load_reports, write_fleet_table
+    from afddiag.gates.fabric import engine_device_for
+    from afddiag.gidtable import gid_rows, legend, write_gid_table
+
+    obs = _gather_fabric(make_inputs(snapshot=C01, fabric_ip="192.168.100.10"))
+    fip = resolve_fabric_ip(obs.fabric, "192.168.100.10").ip
+    dev, how = engine_device_for(obs.fabric, obs.env, fip)
+    rows = gid_rows(obs.fabric, dev, fip)
+    wide, narrow = io.StringIO(), io.StringIO()
+    write_gid_table(rows, legend(rows, dev, how, fip), out=wide)
+    write_gid_table(rows, legend(rows, dev, how, fip), out=narrow, width=80)
+    assert max(map(len, wide.getvalue().splitlines())) > 80  # the show_gids line, kept for pipes
+    _fits(narrow.getvalue())
+    lines = narrow.getvalue().splitlines()
+    assert lines[0].split() == ["DEV", "PORT", "INDEX", "VER", "NETDEV", "MARK"] and lines[1].split() == ["GID", "IPv4"]
+    for k, r in enumerate(rows):  # two lines a GID: its slot, then the GID whole (and its IPv4)
+        assert lines[2 + 2 * k].split()[:4] == [r.device, str(r.port), str(r.index), r.ver]
+        assert lines[3 + 2 * k].split() == [r.gid] + ([r.ipv4] if r.ipv4 else [])
+    cat = listing(80)
+    _fits("\n".join(cat))
+    col = max(len(g) for g in load()["gates"]) + 1
+    for gid, g in load()["gates"].items():  # every title starts in one column, whole
+        first = next(ln for ln in cat if ln.startswith(gid + " "))
+        assert first[col:].split()[0] == g["title"].split()[0] and first[:col].strip() == gid
+    reports = []
+    for i in range(3):
+        rep = json.loads(_cli("all", "--json", "--no-history", "--snapshot", C07).stdout)
+        rep["host"] = f"spark-with-a-long-name-{i}"
+        (tmp_path / f"{i}.json").write_text(json.dumps(rep))
+        reports.append(str(tmp_path / f"{i}.json"))
+    fr = judge(load_reports(reports))
+    buf = io.StringIO()
+    write_fleet_table(fr, buf, width=80)
+    _fits(buf.getvalue())
+    for g in fr["gates"]:
+        if g["verdict"] in ("WARN", "FAIL", "ERROR"):
+            _whole(buf.getvalue(), g["remedy"])

@@ -159,7 +159,7 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
     one row per fleet gate with its remedy. Plain full-width text when ``out`` is not a terminal;
     on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing. Names
     and a remote's stderr are shown with control characters escaped (:mod:`afddiag.termsafe`)."""
-    from afddiag.render import COLORS, console_for, gate_table, write_gate_lines
+    from afddiag.render import COLORS, console_for, print_gate_table, wrap, write_gate_lines
     from afddiag.termsafe import cleaned
 
     fr = cleaned(fr)
@@ -197,8 +197,8 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
             t.add_row(r["name"], str(r.get("role") or "-"), Text(r["status"], style="" if r["status"] == "ok"
                       else COLORS["ERROR"]), str(r["exit_code"]), cnt, what)
         con.print(t)
-        con.print(gate_table(fr["gates"], "cross-host gates"))
+        print_gate_table(con, fr["gates"], "cross-host gates")
     c = fr["counts"]
-    out.write(f"{fr['hosts_ok']} host(s) reported, {fr['hosts_error']} without a report; fleet gates: {c['PASS']} "
-              f"pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error — exit "
-              f"{fr['exit_code']}\n")
+    line = (f"{fr['hosts_ok']} host(s) reported, {fr['hosts_error']} without a report; fleet gates: {c['PASS']} "
+            f"pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error — exit {fr['exit_code']}")
+    out.write("".join(ln + "\n" for ln in (wrap(line, con.width, "", "  ") if con else [line])))
