@@ -9,8 +9,11 @@ It is bounded: after each append the oldest runs are pruned past :data:`MAX_RUNS
 :data:`MAX_BYTES` bytes of report text (``$AFDDIAG_HISTORY_MAX_RUNS``, ``$AFDDIAG_HISTORY_MAX_MB``).
 
 A run whose history cannot be written still reports; the first failure in a process says so on
-stderr, once. Every run is recorded with its host and source (``live`` or ``snapshot <path>``), so a
-replayed bundle shows under the host it came from.
+stderr, once. Every run is recorded with its host, command, role and source (``live`` or
+``snapshot <path>``). ``afddiag history`` keeps them apart: by default it shows this node's live runs
+only (a replayed bundle is another host's past, not this node's: ``--replays`` shows those, marked),
+and per host it compares runs of one command and role (a ``preflight --role expert`` followed by a
+generic ``all`` is no repair of the gates the role skips), and lists the gates whose verdict changed.
 """
 
 from __future__ import annotations
@@ -204,52 +207,86 @@ def _figures(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _context(command: str | None, role: str | None) -> str:
+    """A run's command and role as the operator types them: ``preflight --role expert``."""
+    return f"{command or '?'}" + (f" --role {role}" if role else "")
+
+
 def summarize(path: str | os.PathLike | None = None, gate: str | None = None,
-              host: str | None = None) -> dict[str, Any]:
-    """Read the store → ``{"path", "hosts": {host: {"runs", "first", "last", "gates": {gate: [segment]},
-    "drift": {...}}}}``. A segment is a stretch of runs with one verdict: ``{"verdict", "since"
-    (generated_at of its first run), "first_run", "last_run", "runs"}`` — a new segment is when the
-    verdict changed. ``drift`` compares the latest run with load figures to the last earlier run whose
-    ``gpu.slow-state`` was PASS: per GPU, ``{figure: {"now", "pass", "change_pct"}}``. ``gate`` filters
-    gate ids (exact or a glob such as ``fabric.*``). Raises FileNotFoundError when there is no store,
-    sqlite3.Error when it cannot be read."""
+              host: str | None = None, replays: bool = False, command: str | None = None,
+              role: str | None = None, changed_only: bool = False) -> dict[str, Any]:
+    """Read the store → ``{"path", "replays", "changed_only", "hosts": {host: {"runs", "first", "last",
+    "command", "role", "gates": {gate: [segment]}, "unchanged", "other", "drift"}}}``.
+
+    Live runs only (``source`` "live"), or with ``replays`` only the snapshot replays (another host's
+    data judged here: never mixed into a live timeline). Per host, the runs compared are those of one
+    command and role: ``command``/``role`` when given, else those of the host's latest run; ``other``
+    lists the host's other command/role pairs (``{"command", "role", "runs", "last"}``) and ``runs``,
+    ``first``, ``last`` count the compared runs only. A segment is a stretch of those runs with one
+    verdict: ``{"verdict", "since" (generated_at of its first run), "first_run", "last_run", "runs"}``;
+    a new segment is when the verdict changed. With ``changed_only`` a gate with one segment is left
+    out of ``gates`` and counted in ``unchanged``. ``drift`` compares the latest run with load figures
+    to the last earlier run whose ``gpu.slow-state`` was PASS (same kind of run, any command): per GPU,
+    ``{figure: {"now", "pass", "change_pct"}}``. ``gate`` filters gate ids (exact or a glob such as
+    ``fabric.*``). Raises FileNotFoundError when there is no store, sqlite3.Error when it cannot be read."""
     con = connect(path, create=False)
     try:
-        q = "SELECT id, generated_at, host, command, source, exit_code FROM runs"
+        q = "SELECT id, generated_at, host, command, role, source FROM runs WHERE " + (
+            "source IS NOT 'live'" if replays else "source = 'live'")
         args: tuple = ()
         if host:
-            q += " WHERE host = ?"
+            q += " AND host = ?"
             args = (host,)
         runs = con.execute(q + " ORDER BY id", args).fetchall()
         verdicts: dict[int, dict[str, str]] = {}
         for rid, g, v in con.execute("SELECT run_id, gate, verdict FROM verdicts ORDER BY run_id"):
             verdicts.setdefault(rid, {})[g] = v
+        by_host: dict[str, list[tuple]] = {}
+        for r in runs:
+            by_host.setdefault(r[2], []).append(r)
         hosts: dict[str, Any] = {}
-        for rid, gen, h, cmd, src, code in runs:
-            hs = hosts.setdefault(h, {"runs": 0, "first": gen, "last": gen, "gates": {}, "drift": None})
-            hs["runs"] += 1
-            hs["last"] = gen
-            for g, v in sorted(verdicts.get(rid, {}).items()):
-                if gate and not (g == gate or fnmatch.fnmatchcase(g, gate)):
-                    continue
-                segs = hs["gates"].setdefault(g, [])
-                if segs and segs[-1]["verdict"] == v:
-                    segs[-1]["last_run"] = rid
-                    segs[-1]["runs"] += 1
-                else:
-                    segs.append({"verdict": v, "since": gen, "first_run": rid, "last_run": rid, "runs": 1})
-        for h, hs in hosts.items():
-            hs["drift"] = _drift(con, h)
-        return {"path": str(Path(path) if path else default_path()), "hosts": hosts}
+        for h, rows in by_host.items():
+            pick = [r for r in rows if (command is None or r[3] == command) and (role is None or r[4] == role)]
+            if not pick:
+                continue
+            want_cmd, want_role = pick[-1][3], pick[-1][4]
+            mine = [r for r in rows if r[3] == want_cmd and r[4] == want_role]
+            others: dict[tuple, dict[str, Any]] = {}
+            for r in rows:
+                if (r[3], r[4]) != (want_cmd, want_role):
+                    o = others.setdefault((r[3], r[4]), {"command": r[3], "role": r[4], "runs": 0, "last": r[1]})
+                    o["runs"] += 1
+                    o["last"] = r[1]
+            hs = hosts[h] = {"runs": len(mine), "first": mine[0][1], "last": mine[-1][1], "command": want_cmd,
+                             "role": want_role, "gates": {}, "unchanged": 0, "other": list(others.values()),
+                             "drift": None}
+            for rid, gen, *_ in mine:
+                for g, v in sorted(verdicts.get(rid, {}).items()):
+                    if gate and not (g == gate or fnmatch.fnmatchcase(g, gate)):
+                        continue
+                    segs = hs["gates"].setdefault(g, [])
+                    if segs and segs[-1]["verdict"] == v:
+                        segs[-1]["last_run"] = rid
+                        segs[-1]["runs"] += 1
+                    else:
+                        segs.append({"verdict": v, "since": gen, "first_run": rid, "last_run": rid, "runs": 1})
+            if changed_only:
+                kept = {g: s for g, s in hs["gates"].items() if len(s) > 1}
+                hs["unchanged"] = len(hs["gates"]) - len(kept)
+                hs["gates"] = kept
+            hs["drift"] = _drift(con, h, replays)
+        return {"path": str(Path(path) if path else default_path()), "replays": replays,
+                "changed_only": changed_only, "hosts": hosts}
     finally:
         con.close()
 
 
-def _drift(con: sqlite3.Connection, host: str) -> dict[str, Any] | None:
+def _drift(con: sqlite3.Connection, host: str, replays: bool = False) -> dict[str, Any] | None:
+    kind = "r.source IS NOT 'live'" if replays else "r.source = 'live'"
     latest = None
     for rid, gen, rep in con.execute(
             "SELECT r.id, r.generated_at, r.report FROM runs r JOIN verdicts v ON v.run_id = r.id "
-            "WHERE r.host = ? AND v.gate = 'gpu.slow-state' ORDER BY r.id DESC", (host,)):
+            f"WHERE r.host = ? AND {kind} AND v.gate = 'gpu.slow-state' ORDER BY r.id DESC", (host,)):
         figs = _figures(json.loads(rep))
         if figs:
             latest = (rid, gen, figs)
@@ -259,7 +296,8 @@ def _drift(con: sqlite3.Connection, host: str) -> dict[str, Any] | None:
     ref = None
     for rid, gen, rep in con.execute(
             "SELECT r.id, r.generated_at, r.report FROM runs r JOIN verdicts v ON v.run_id = r.id "
-            "WHERE r.host = ? AND v.gate = 'gpu.slow-state' AND v.verdict = 'PASS' AND r.id < ? ORDER BY r.id DESC",
+            f"WHERE r.host = ? AND {kind} AND v.gate = 'gpu.slow-state' AND v.verdict = 'PASS' AND r.id < ? "
+            "ORDER BY r.id DESC",
             (host, latest[0])):
         figs = _figures(json.loads(rep))
         if figs:
@@ -282,11 +320,36 @@ def _drift(con: sqlite3.Connection, host: str) -> dict[str, Any] | None:
     return out
 
 
+def _head(summary: dict[str, Any]) -> str:
+    kind = ("snapshot replays (other hosts' data judged here, kept apart from live runs)" if summary.get("replays")
+            else "live runs")
+    what = "gates whose verdict changed" if summary.get("changed_only") else "every gate"
+    return f"history {summary['path']}: {kind}, {what}"
+
+
+def _host_line(h: str, hs: dict[str, Any]) -> str:
+    return (f"host {h}: {hs['runs']} run(s) of `{_context(hs.get('command'), hs.get('role'))}`, "
+            f"{hs['first']} .. {hs['last']}")
+
+
+def _notes(hs: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """The lines under a host's gates: unchanged gates, the other command/role pairs not compared."""
+    out = []
+    if summary.get("changed_only"):
+        n = hs.get("unchanged", 0)
+        out.append(("  no gate changed its verdict" if not hs["gates"] else f"  {n} other gate(s) kept their verdict")
+                   + " (--all-gates lists every gate)")
+    for o in hs.get("other") or []:
+        out.append(f"  not compared: {o['runs']} run(s) of `{_context(o['command'], o['role'])}`, last {o['last']} "
+                   f"(--command {o['command']}" + (f" --role {o['role']}" if o["role"] else "") + ")")
+    return out
+
+
 def format_text(summary: dict[str, Any]) -> str:
     """:func:`summarize`'s result as lines for people."""
-    lines = [f"history {summary['path']}"]
+    lines = [_head(summary)]
     for h, hs in summary["hosts"].items():
-        lines.append(f"host {h}: {hs['runs']} run(s), {hs['first']} .. {hs['last']}")
+        lines.append(_host_line(h, hs))
         width = max((len(g) for g in hs["gates"]), default=10)
         for g, segs in hs["gates"].items():
             first = segs[0]
@@ -295,6 +358,7 @@ def format_text(summary: dict[str, Any]) -> str:
             for s in segs[1:]:
                 lines.append(f"  {'':<{width}}  {s['verdict']:<5} since {s['since']} "
                              f"(run {s['first_run']}, {s['runs']} run(s))")
+        lines.extend(_notes(hs, summary))
         d = hs.get("drift")
         if d:
             if d["pass_run"] is None:
@@ -309,7 +373,8 @@ def format_text(summary: dict[str, Any]) -> str:
                                      for f, r in gd["figures"].items())
                     lines.append(f"    {gd.get('name') or 'GPU'} {key}: {figs}")
     if not summary["hosts"]:
-        lines.append("no runs recorded")
+        lines.append("no snapshot replays recorded" if summary.get("replays") else
+                     "no live runs recorded (--replays shows snapshot replays)")
     return "\n".join(lines)
 
 
@@ -330,12 +395,11 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
     from rich.table import Table
     from rich.text import Text
 
-    con.print(f"history {summary['path']}", highlight=False, overflow="fold")
+    con.print(Text(_head(summary), overflow="fold"))
     if not summary["hosts"]:
-        con.print("no runs recorded")
+        con.print(format_text(summary).splitlines()[-1])
     for h, hs in summary["hosts"].items():
-        t = Table(title=f"host {h}: {hs['runs']} run(s), {hs['first']} .. {hs['last']}", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+        t = Table(title=_host_line(h, hs), box=box.SIMPLE_HEAD, pad_edge=False)
         t.add_column("gate", overflow="fold")
         t.add_column("verdict", no_wrap=True)
         t.add_column("since", overflow="fold")
@@ -345,7 +409,11 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
             for i, seg in enumerate(segs):
                 t.add_row(g if i == 0 else "", Text(seg["verdict"], style=COLORS.get(seg["verdict"], "")),
                           str(seg["since"]), str(seg["first_run"]), str(seg["runs"]))
-        con.print(t)
-        text = format_text({"path": "", "hosts": {h: {**hs, "gates": {}}}}).splitlines()[2:]  # the drift lines
-        for line in text:
+        if hs["gates"]:
+            con.print(t)
+        else:
+            con.print(Text(t.title, overflow="fold"))
+        text = format_text({**summary, "path": "", "hosts": {h: {**hs, "gates": {}, "unchanged": 0, "other": []}},
+                            "changed_only": False}).splitlines()[2:]  # the drift lines
+        for line in _notes(hs, summary) + text:
             con.print(Text(line, overflow="fold"))

@@ -126,7 +126,8 @@ def test_drift_from_real_gpu_case_readings(tmp_path):
         snaps.append(d)
     assert invoke(["gpu", "--json", "--snapshot", str(snaps[0])])[1] in (0, 1)
     assert invoke(["gpu", "--json", "--snapshot", str(snaps[1])])[1] == 2
-    s = history.summarize()
+    assert "spark-x" not in history.summarize()["hosts"]  # replays are not this node's live history
+    s = history.summarize(replays=True)
     h = s["hosts"]["spark-x"]
     assert [x["verdict"] for x in h["gates"]["gpu.slow-state"]] == ["PASS", "FAIL"]
     f = h["drift"]["gpus"][uuid]["figures"]
@@ -253,3 +254,42 @@ def test_concurrent_runs_all_land(tmp_path):
     rows = check_intact(tmp_path / "state" / "history.sqlite3")
     assert len(rows) == n * each
     assert sorted(rows) == sorted(str(i) for i in range(each) for _ in range(n))
+
+
+def _rep(verdicts, role, t, host="spark-a", source="live"):
+    r = report(host=host, verdicts=verdicts, t=t)
+    r["inputs"] = {"role": role}
+    r["source"] = source
+    return r
+
+
+def test_a_role_change_is_no_repair_replays_stay_apart_and_only_changes_show():
+    """The trial: `preflight --role expert` FAILs a gate the generic role skips; a later generic `all`
+    is not a FAIL→SKIP repair. A replay of another host's bundle is not this node's history."""
+    history.append(_rep({"gpu.slow-state": "FAIL", "fabric.link": "PASS"}, "expert", "2026-12-02T10:00:00+00:00"),
+                   "preflight")
+    history.append(_rep({"gpu.slow-state": "SKIP", "fabric.link": "PASS"}, "generic", "2026-12-02T10:01:00+00:00"),
+                   "all")
+    history.append(_rep({"gpu.slow-state": "SKIP", "fabric.link": "FAIL"}, "generic", "2026-12-02T10:02:00+00:00"),
+                   "all")
+    history.append(_rep({"fabric.link": "FAIL"}, "generic", "2026-12-02T10:03:00+00:00", host="spark-b",
+                        source="snapshot /tmp/b.tar.gz"), "all")
+    s = history.summarize(changed_only=True)
+    assert list(s["hosts"]) == ["spark-a"]  # spark-b's bundle was replayed here: not in the live view
+    h = s["hosts"]["spark-a"]
+    assert (h["command"], h["role"], h["runs"]) == ("all", "generic", 2)  # the latest run's command and role
+    assert list(h["gates"]) == ["fabric.link"] and h["unchanged"] == 1  # gpu.slow-state: SKIP both times
+    assert h["other"] == [{"command": "preflight", "role": "expert", "runs": 1, "last": "2026-12-02T10:00:00+00:00"}]
+    e = history.summarize(role="expert")["hosts"]["spark-a"]
+    assert (e["command"], e["runs"]) == ("preflight", 1)
+    assert [x["verdict"] for x in e["gates"]["gpu.slow-state"]] == ["FAIL"]
+    r = history.summarize(replays=True)
+    assert list(r["hosts"]) == ["spark-b"] and r["replays"]
+    out, code = invoke(["history"])  # the CLI: changes by default, the other runs named
+    assert code == 0 and "fabric.link" in out and "gpu.slow-state" not in out
+    assert "live runs" in out and "not compared: 1 run(s) of `preflight --role expert`" in out
+    assert "spark-b" not in out
+    out, _ = invoke(["history", "--all-gates"])
+    assert "gpu.slow-state" in out
+    out, _ = invoke(["history", "--replays"])
+    assert "spark-b" in out and "snapshot replays" in out and "spark-a" not in out
