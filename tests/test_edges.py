@@ -89,7 +89,7 @@ def test_unimportable_lazy_command_says_why(monkeypatch, capsys):
 def test_history_gate_filter_that_matches_nothing_exits_1(capsys):
     assert run(["fabric", "--json", "--snapshot", str(C01)]) in (0, 1, 2)  # one recorded run
     capsys.readouterr()
-    assert run(["history", "--gate", "fabric.link"]) == 0
+    assert run(["history", "--replays", "--gate", "fabric.link"]) == 0  # a snapshot run: a replay
     capsys.readouterr()
-    assert run(["history", "--gate", "no.such-gate"]) == 1
+    assert run(["history", "--replays", "--gate", "no.such-gate"]) == 1
     assert "no recorded gate matches 'no.such-gate'" in capsys.readouterr().err
