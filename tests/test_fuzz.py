@@ -169,7 +169,11 @@ def test_thousands_of_devices_and_gids(tmp_path) -> None:
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
     from afddiag.probes.sysfs import probe_fabric
 
-    root = Path(fuzzlib.FAST_TMP or tmp_path) / f"afddiag-scale-{tmp_path.name}"
+    import tempfile
+
+    # a folder of its own in tmpfs (tmp_path's name repeats across concurrent runs: two checkouts
+    # running the suite at once collided on it)
+    root = Path(tempfile.mkdtemp(prefix="afddiag-scale-", dir=fuzzlib.FAST_TMP or tmp_path))
     ib = root / "sys/class/infiniband"
     try:
         for i in range(1000):
