@@ -490,8 +490,9 @@ def all_(**kw) -> int:
                    "AC_POWER_CYCLE, HW_INSPECTION, FIX_LINK, ...), for a Slurm Prolog, whose failure drains the node.")
 @click.option("--export", "export", is_flag=True,
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
-                   "UCX_NET_DEVICES, MC_GID_INDEX) on stdout; one the launch env already sets (and fabric.devicemap-env "
-                   "did not FAIL) is kept, not printed (named on stderr). NCCL_IB_GID_INDEX printed is always the index "
+                   "UCX_NET_DEVICES, MC_GID_INDEX) on stdout, and judge the launch as it will be with them (a fault "
+                   "they fix, such as no device map, no longer stops the launch; any other still does); one the "
+                   "launch env already sets (and fabric.devicemap-env did not FAIL) is kept, not printed (named on stderr). NCCL_IB_GID_INDEX printed is always the index "
                    "of the NCCL_IB_HCA in effect (kept or printed); when none suits it, it is left out and stderr says why.")
 def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
@@ -513,8 +514,20 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
     from afddiag.render import action_tag
     from afddiag.termsafe import cleaned
 
-    rep, obs = _diagnose("preflight", make_inputs(**kw))
+    inputs = make_inputs(**kw)
+    rep, obs = _diagnose("preflight", inputs)
     record_run(rep, "preflight", enabled=not no_history, busy_s=kw.get("timeout_s"))
+    ex = None
+    if export:  # judge the launch as it will be: the launch env with the lines printed below laid over it
+        import dataclasses
+
+        from afddiag import runner
+
+        rep, obs, ex = runner.judge_with_exports(
+            dataclasses.replace(inputs, families=frozenset(FAMILIES["preflight"])), obs, rep)
+        if ex["fixed"]:
+            click.echo(f"afddiag preflight --export: judged with the lines it prints, which fix {', '.join(ex['fixed'])}",
+                       err=True)
     shown = cleaned({"diagnosis": rep.get("diagnosis", []), "host": rep["host"], "gates": rep["gates"]})
     code = rep["exit_code"]
     if code == 1 and not strict:
@@ -554,16 +567,11 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
             resume_node(timeout_s=kw.get("timeout_s") or 30.0)
         if exit_for == "drain" and not needs:
             code = 0
-    if export and code == 0:
-        from afddiag import endpoint
-
-        pairs = endpoint.launch_exports(obs.fabric, rep["inputs"]["fabric_ip"])
-        env_failed = any(g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL" for g in rep["gates"])
-        pairs, kept = endpoint.exports_to_print(pairs, obs.env, env_failed)
-        pairs, notes = endpoint.pair_gid_with_hca(obs.fabric, rep["inputs"]["fabric_ip"], obs.env, pairs, kept)
+    if ex is not None and code == 0:
+        pairs, kept, notes = ex["pairs"], ex["kept"], ex["notes"]
         if kept:
             click.echo(f"afddiag preflight --export: kept the launch env's {', '.join(kept)} "
-                       f"({obs.env_source}); printing only what it does not set", err=True)
+                       f"({ex['env_source']}); printing only what it does not set", err=True)
         for note in notes:
             click.echo(f"afddiag preflight --export: {note}", err=True)
         if pairs:

@@ -169,6 +169,36 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
     return rep
 
 
+def judge_with_exports(inputs: Inputs, obs: Observation, rep: dict) -> tuple[dict, Observation, dict]:
+    """The launch as it will be after the launcher evaluates ``afddiag preflight --export``'s lines:
+    the exports :mod:`afddiag.endpoint` derives from ``obs`` and ``rep`` (a variable the launch env
+    already sets is kept unless ``fabric.devicemap-env`` FAILed on it; ``NCCL_IB_GID_INDEX`` paired
+    with the ``NCCL_IB_HCA`` in effect) are laid over the judged env and the gates judge again (pure:
+    nothing is read twice). Returns ``(report, observation, export)`` where ``export`` is
+    ``{"pairs": [(name, value)] to print, "kept": [names], "notes": [lines], "fixed": [gate ids that
+    FAILed or ERRORed before and do not after]}``; with nothing to print, ``rep`` and ``obs`` as given.
+    A fault the exports do not fix still fails the second report."""
+    from afddiag import endpoint
+
+    fip = rep["inputs"]["fabric_ip"]
+    pairs = endpoint.launch_exports(obs.fabric, fip)
+    env_failed = any(g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL" for g in rep["gates"])
+    pairs, kept = endpoint.exports_to_print(pairs, obs.env, env_failed)
+    pairs, notes = endpoint.pair_gid_with_hca(obs.fabric, fip, obs.env, pairs, kept)
+    export = {"pairs": pairs, "kept": kept, "notes": notes, "fixed": [], "env_source": obs.env_source}
+    if not pairs:
+        return rep, obs, export
+    env = {**(obs.env or {}), **dict(pairs)}
+    sources = {**(obs.env_sources or {}), **{k: "preflight --export" for k, _ in pairs}}
+    after = dataclasses.replace(obs, env=env, env_source=f"{obs.env_source} with preflight --export's lines",
+                                env_sources=sources, notes=list(obs.notes))
+    rep2 = judge(inputs, after)
+    before = {g["id"]: g["verdict"] for g in rep["gates"]}
+    export["fixed"] = [g["id"] for g in rep2["gates"] if before.get(g["id"]) in ("FAIL", "ERROR")
+                       and g["verdict"] not in ("FAIL", "ERROR")]
+    return rep2, after, export
+
+
 def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[dict[str, bytes], str, list[str]]:
     """Read everything the probes read (every probe a capture can hold: the QP walk aside) from
     ``host`` (default this machine) → (``{relative path: bytes}``, host name, notes).

@@ -115,10 +115,32 @@ def test_expert_launcher_healthy_and_wrong_first_device(tmp_path):
     # the incident: the same rank on a host where the map was never exported and the first device has no IPv4
     bad = snapshot(tmp_path, "01-spark-fabric-ip-on-nonfirst-device", "01-gb10-healthy-unified-memory", name="bad")
     env = envfile(tmp_path, "AFD_ROLE=expert\nAFD_FABRIC_IP=192.168.100.10\nAFD_EXPERT_CAPACITY=256\n", "bad.env")
+    # preflight alone (no --export: nothing hands the launcher a map) still refuses, naming the export
+    res = CliRunner().invoke(cli, ["preflight", "--snapshot", str(bad), "--launch-env", str(env), "--role", "expert",
+                                   "--expect-capacity", "256", "--no-history"], standalone_mode=False)
+    assert res.return_value == 2 and "FAIL fabric.first-device: rocep1s0f0" in res.stderr
+    assert "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in res.stderr
+    # the launcher runs preflight --export, which judges the launch with the map it prints: the fault it
+    # fixes no longer stops the launch, and the engine gets the map (this test asserted the refusal before:
+    # the launcher refused exactly when the exports it would have evaluated were the fix)
     p = launcher("launch-expert.sh", env, "0", afddiag_args=f"--snapshot {bad} --expect-capacity 256")
-    assert p.returncode == 2 and p.stdout == ""
-    assert "FAIL fabric.first-device: rocep1s0f0" in p.stderr
-    assert "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in p.stderr
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "would start: expert --rank 0 --capacity 256 --fabric-ip 192.168.100.10"
+    assert "judged with the lines it prints, which fix fabric.first-device" in p.stderr
+    assert "launch-expert: rank 0: 192.168.100.10=rocep1s0f1" in p.stderr  # the map reached the engine's env
+
+
+def test_expert_launcher_export_fixes_only_what_it_prints(tmp_path):
+    """A fault the exports do not fix still stops the launch, with the map missing or not."""
+    bad = snapshot(tmp_path, "01-spark-fabric-ip-on-nonfirst-device", "01-gb10-healthy-unified-memory", name="bad")
+    env = envfile(tmp_path, "AFD_ROLE=expert\nAFD_FABRIC_IP=192.168.100.10\nAFD_EXPERT_CAPACITY=1024\n", "cap.env")
+    p = launcher("launch-expert.sh", env, "0", afddiag_args=f"--snapshot {bad} --expect-capacity 256")
+    assert p.returncode == 2 and p.stdout == "" and "refusing to start" in p.stderr
+    assert "FAIL launch.capacity" in p.stderr and "FAIL fabric.first-device" not in p.stderr
+    # an address no device here carries: no export can fix it
+    env = envfile(tmp_path, "AFD_ROLE=expert\nAFD_FABRIC_IP=192.168.100.99\nAFD_EXPERT_CAPACITY=256\n", "ip.env")
+    p = launcher("launch-expert.sh", env, "0", afddiag_args=f"--snapshot {bad} --expect-capacity 256")
+    assert p.returncode == 2 and p.stdout == "" and "refusing to start" in p.stderr
 
 
 def test_expert_launcher_refuses_sm120_image_on_gb10(tmp_path):
@@ -361,3 +383,26 @@ def test_exported_gid_index_belongs_to_the_hca_in_effect(tmp_path):
     assert "NCCL_IB_HCA not printed: the kept NCCL_IB_GID_INDEX=5" in notes[0] and "index 3" in notes[0]
     out, notes = export({"NCCL_IB_GID_INDEX": "3"})
     assert dict(out)["NCCL_IB_HCA"] == "=rocep1s0f1:1" and notes == []
+
+
+def test_devicemap_env_names_each_variables_source(tmp_path):
+    """Case 12: the launch env sets only the map; NCCL_IB_HCA and NCCL_IB_GID_INDEX are the snapshot's
+    (what the captured process had, inherited where the file does not set them): each source is named."""
+    c12 = CASES / "fabric" / "12-cx7-single-port-healthy"
+    env = envfile(tmp_path, "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=198.51.100.72=mlx5_0\n", "coord.env")
+    res = CliRunner().invoke(cli, ["all", "--json", "--no-history", "--snapshot", str(c12), "--launch-env", str(env)],
+                             standalone_mode=False, catch_exceptions=False)
+    rep = json.loads(res.stdout)
+    g = next(g for g in rep["gates"] if g["id"] == "fabric.devicemap-env")
+    assert g["facts"]["sources"] == {"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": f"launch env {env}",
+                                     "NCCL_IB_HCA": "snapshot env", "NCCL_IB_GID_INDEX": "snapshot env"}
+    assert (f"(DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP from the launch env {env}; NCCL_IB_HCA, NCCL_IB_GID_INDEX "
+            "from the snapshot env)") in g["summary"]
+    assert rep["inputs"]["env_source"] == f"launch env {env} (+ NCCL_IB_GID_INDEX, NCCL_IB_HCA from the snapshot env)"
+    # the file's own value wins over the snapshot's
+    env2 = envfile(tmp_path, "NCCL_IB_GID_INDEX=1\n", "gid.env")
+    res = CliRunner().invoke(cli, ["all", "--json", "--no-history", "--snapshot", str(c12), "--launch-env", str(env2)],
+                             standalone_mode=False, catch_exceptions=False)
+    g = next(g for g in json.loads(res.stdout)["gates"] if g["id"] == "fabric.devicemap-env")
+    assert g["verdict"] == "FAIL" and "NCCL_IB_GID_INDEX=1" in g["summary"]
+    assert f"NCCL_IB_GID_INDEX from the launch env {env2}" in g["summary"]

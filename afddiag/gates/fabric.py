@@ -532,11 +532,19 @@ def devicemap_env(ctx: Context) -> Verdict:
     rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(selectors)})" if selectors else "")) if fix \
         else remedy(gid)
     facts["problems"] = fails + warns
+    srcs = {k: (ctx.obs.env_sources or {}).get(k) or ctx.obs.env_source for k in set_vars}
+    facts["sources"] = srcs
     names = ", ".join(set_vars)
+    by_src: dict[str, list[str]] = {}
+    for k, src in srcs.items():
+        by_src.setdefault(src, []).append(k)
+    # the launch env and the inherited environment both set variables: say which came from where
+    from_txt = (" (" + "; ".join(f"{', '.join(ks)} from the {src}" for src, ks in by_src.items()) + ")"
+                if len(by_src) > 1 else "")
     if fails:
-        return Verdict(gid, FAIL, "; ".join(fails), rem, facts)
+        return Verdict(gid, FAIL, "; ".join(fails) + from_txt, rem, facts)
     if warns:
-        return Verdict(gid, WARN, "; ".join(warns), rem, facts)
+        return Verdict(gid, WARN, "; ".join(warns) + from_txt, rem, facts)
     if facts.get("not_judged"):
         what = facts.get("not_judged_var") or "/".join(selectors)
         return Verdict(gid, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
@@ -546,7 +554,7 @@ def devicemap_env(ctx: Context) -> Verdict:
     rail_txt = ("; rails: " + ", ".join(f"{r['port']} {r['ip']} on {r['subnet']}" for r in facts["rails"])
                 if facts.get("rails") else "")
     return Verdict(gid, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
-                   + (f" ({target[0].device} GID {target[0].gid_index})" if target else "") + rail_txt,
+                   + (f" ({target[0].device} GID {target[0].gid_index})" if target else "") + rail_txt + from_txt,
                    "nothing to do", facts)
 
 

@@ -65,6 +65,7 @@ class Observation:
     gpu: GpuFacts | None = None
     env: dict[str, str] | None = None  # None: not captured
     env_source: str = "process environment"
+    env_sources: dict[str, str] = field(default_factory=dict)  # variable → where it came from (launch env FILE, snapshot env, process environment)
     image: ImageFacts | None = None
     limits: HostLimits | None = None
     cpu: dict[str, Any] | None = None  # host CPU facts (probes/cpu.py); None: not probed

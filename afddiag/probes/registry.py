@@ -313,7 +313,7 @@ def _env_read(run: Run, progress: Any) -> dict[str, Any]:
 
 
 def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
-    from afddiag.envvars import MAP_VAR, WATCHED, parse_env_file, redact_env
+    from afddiag.envvars import WATCHED, parse_env_file, redact_env
 
     if run.live:
         env, source = {k: v for k, v in parse_env_file(r.get("env") or "").items() if k in WATCHED}, \
@@ -323,13 +323,21 @@ def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     else:
         env, source = {}, "snapshot without an env file: nothing set"
     env, redacted = redact_env(env)  # a snapshot written before redaction, or by hand
+    sources = {k: source for k in env}
     le = run.inputs.launch_env
-    if le is not None:  # the launch env file's device selection is what the launcher exports
-        env.pop(MAP_VAR, None)
-        env.update({k: v for k, v in le.items() if k in WATCHED})
-        source = f"launch env {run.inputs.launch_env_path}"
+    if le is not None:
+        # Precedence: the launcher sources its env file over the environment it runs in, so each variable
+        # the file sets is what the engine gets; one the file does not set is inherited from that
+        # environment: live, this process's; replayed, the captured process's (snapshot env). Each
+        # variable's source is kept (env_sources) and the gates name it.
+        file_source = f"launch env {run.inputs.launch_env_path}"
+        for k, v in le.items():
+            if k in WATCHED:
+                env[k], sources[k] = v, file_source
+        inherited = sorted(k for k in env if sources[k] != file_source and k in WATCHED)
+        source = file_source + (f" (+ {', '.join(inherited)} from the {sources[inherited[0]]})" if inherited else "")
     run.obs.notes.extend(f"env {k}: value redacted (the name looks like a credential)" for k in redacted)
-    return {"env": env, "env_source": source}
+    return {"env": env, "env_source": source, "env_sources": sources}
 
 
 # ---------------------------------------------------------------------------------------------
