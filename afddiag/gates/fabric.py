@@ -907,13 +907,33 @@ def _bandwidth_run(ctx: Context, gid: str):
         where = ("the snapshot holds no pair-test result" if ctx.obs.source.startswith("snapshot")
                  else "no bandwidth run in this command")
         return Verdict(gid, SKIP, f"{where}: the pair test's bandwidth mode measures a rail", f"run {how}")
+    if (v := _local_stop(gid, p)) is not None:
+        return v
     if p.bandwidth is None:
         return Verdict(gid, SKIP, "the pair test ran its short SEND/WRITE phases only (no --bandwidth)", f"run {how}")
     return p, p.bandwidth
 
 
 def _rail(p) -> str:
-    return f"rail {p.device} port {p.port} ({p.fabric_ip} <-> {(p.peer or '?').rsplit(':', 1)[0]})"
+    """The rail a pair test ran on, unknowns in words: "rail mlx5_0 port 1 (10.0.0.1 <-> 10.0.0.2)";
+    "rail of 10.0.0.1 (no device carries it here) <-> 10.0.0.2" when the endpoint was never found."""
+    peer = (p.peer or "no peer").rsplit(":", 1)[0]
+    if p.device is None:
+        return f"rail of {p.fabric_ip or 'no fabric IP'} (no RDMA device chosen here) <-> {peer}"
+    return f"rail {p.device} port {p.port if p.port is not None else 'not read'} ({p.fabric_ip or 'no fabric IP'} <-> {peer})"
+
+
+def _local_stop(gid: str, p) -> Verdict | None:
+    """ERROR naming this host's cause when the pair test stopped here before contacting the peer
+    (``local_error``): the remedy is this host's, never the peer's."""
+    if not getattr(p, "local_error", None):
+        return None
+    if gid != "fabric.rail-bandwidth":  # one fault, named once: by the rail's bandwidth gate
+        return Verdict(gid, SKIP, f"{_rail(p)}: not read: the pair test stopped on this host (fabric.rail-bandwidth "
+                       "names why)", "see fabric.rail-bandwidth", {"local_error": p.local_error})
+    return Verdict(gid, ERROR, f"{_rail(p)}: not measured: stopped on this host before contacting the peer: "
+                   f"{p.local_error}", remedy("fabric.rail-bandwidth.local"),
+                   {"local_error": p.local_error, "fabric_ip": p.fabric_ip, "peer": p.peer}, action="RERUN")
 
 
 def grown(pc, kind: str) -> dict[str, int]:

@@ -176,6 +176,8 @@ class PairFacts:
     link_speed_mbps: int | None = None  # /sys/class/net/<netdev>/speed at the start, Mb/s (-1 unknown)
     bandwidth: BandwidthRun | None = None
     failed: str | None = None  # a saved result that could not be read (its gates say ERROR)
+    local_error: str | None = None  # the test stopped on this host before contacting the peer (no RDMA
+    # device/GID carries the fabric IP here, pyverbs missing, the device would not open): the peer is not at fault
 
 
 # --- JSON (a saved `afddiag fabric --pair ... --json`) → facts; never raises --------------------------
@@ -304,7 +306,8 @@ def pair_facts(r: Any) -> PairFacts | None:
                   peer_gid=_s(r.get("peer_gid")), path_mtu=_i(r.get("path_mtu")), error=_s(r.get("error")),
                   elapsed_s=_f(r.get("elapsed_s")) or 0.0, destroyed=r.get("destroyed") is not False,
                   notes=_strs(r.get("notes")), mode=_s(r.get("mode")) or "phases", netdev=_s(r.get("netdev")),
-                  link_speed_mbps=_i(r.get("link_speed_mbps")), bandwidth=bandwidth_run(r.get("bandwidth")))
+                  link_speed_mbps=_i(r.get("link_speed_mbps")), bandwidth=bandwidth_run(r.get("bandwidth")),
+                  local_error=_s(r.get("local_error")))
     raw_bw = r.get("bandwidth")
     if raw_bw is not None and not isinstance(raw_bw, dict):
         f.failed = (f"the saved pair-test result's bandwidth is a JSON {_json_kind(raw_bw)}, not the bandwidth run's object: save the "

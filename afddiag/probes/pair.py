@@ -337,18 +337,26 @@ def _pattern(size: int, seed: int) -> bytes:
 
 
 def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: PairFacts) -> _Rdma:
-    pv = _import_pyverbs()
-    if pv is None:
-        raise PairError("pyverbs is not installed: apt install python3-pyverbs")
-    dev, port, gidx, gid, ip = pick_endpoint(fabric if fabric is not None else FabricFacts(), fabric_ip)
-    facts.device, facts.port, facts.gid_index, facts.gid, facts.fabric_ip = dev, port, gidx, gid, ip
-    facts.netdev, facts.link_speed_mbps = _rail_netdev(fabric, dev, port, gidx)
+    """This side's RDMA resources on the fabric IP's endpoint. Any failure here is this host's
+    (``facts.local_error`` is set: no device/GID carries the fabric IP, pyverbs missing, the device
+    would not open) and is raised as :class:`PairError` before the peer is contacted."""
+    facts.fabric_ip = fabric_ip
     try:
-        r = _Rdma(pv, dev, port, gidx, buf)
-    except PairError:
+        pv = _import_pyverbs()
+        if pv is None:
+            raise PairError("pyverbs is not installed: apt install python3-pyverbs")
+        dev, port, gidx, gid, ip = pick_endpoint(fabric if fabric is not None else FabricFacts(), fabric_ip)
+        facts.device, facts.port, facts.gid_index, facts.gid, facts.fabric_ip = dev, port, gidx, gid, ip
+        facts.netdev, facts.link_speed_mbps = _rail_netdev(fabric, dev, port, gidx)
+        try:
+            r = _Rdma(pv, dev, port, gidx, buf)
+        except PairError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise PairError(f"open {dev} / create PD, CQ, MR, QP failed: {exc}")
+    except PairError as e:
+        facts.local_error = str(e)
         raise
-    except Exception as exc:  # noqa: BLE001
-        raise PairError(f"open {dev} / create PD, CQ, MR, QP failed: {exc}")
     facts.qp_num = r.qp.qp_num
     return r
 
@@ -828,8 +836,14 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
 def format_pair(f: PairFacts) -> str:
     """Plain text: one line per phase (size, latency µs, bandwidth GB/s, verified); for a bandwidth
     run its Gb/s, per QP, and the counters that changed on each side."""
-    head = (f"afddiag pair ({f.role}): {f.device} port {f.port} GID {f.gid_index} ({f.fabric_ip}) ↔ {f.peer}, "
-            f"QP {f.qp_num} ↔ {f.peer_qp_num}, path MTU {f.path_mtu}")
+    def w(v: Any, unknown: str = "not read") -> str:
+        return unknown if v is None else str(v)
+
+    head = (f"afddiag pair ({f.role}): {w(f.device, 'no device')} port {w(f.port)} GID {w(f.gid_index)} "
+            f"({w(f.fabric_ip, 'no fabric IP')}) ↔ {w(f.peer, 'no peer')}, "
+            f"QP {w(f.qp_num, 'none')} ↔ {w(f.peer_qp_num, 'none')}, path MTU {w(f.path_mtu)}")
+    if f.local_error:
+        head += f": stopped on this host before contacting the peer: {f.local_error}"
     lines = [head]
     for p in f.phases:
         lines.append(f"  {p.op:<5} {p.size:>6} B  rtt median {p.rtt_us_median} µs (min {p.rtt_us_min})  "
