@@ -14,7 +14,9 @@ Fields (None where the host did not say):
 - ``engine_device`` (the device the engine opens), ``rdma_device``/``port``/``gid_index`` (the
   fabric IP's IPv4 RoCE v2 GID), ``netdev``, ``netdev_mtu_bytes``, ``roce_mtu_bytes``;
 - ``device_map`` (this host's own map), ``device_map_env`` (the map the launcher exports),
-  ``gid_index_env`` (``NCCL_IB_GID_INDEX``), ``devicemap_env`` (``{verdict, summary}`` of
+  ``gid_index_env`` (``NCCL_IB_GID_INDEX``), ``gid_index_envs`` (``{variable: value}`` of every
+  engine's forced GID index that is set: ``NCCL_IB_GID_INDEX``, ``MC_GID_INDEX``,
+  ``UCX_IB_GID_INDEX``), ``devicemap_env`` (``{verdict, summary}`` of
   ``fabric.devicemap-env``), ``fabric_link`` (``{verdict, summary}`` of ``fabric.link``: a host whose
   link is down explains the connections to and from it), ``first_device`` (``{verdict, summary}`` of
   ``fabric.first-device``: whether the device the engine opens, map or no map, carries the fabric IP);
@@ -164,7 +166,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         ul = _d(d.get("under_load"))
         gpus.append({"name": d.get("name"), "uuid": d.get("uuid"), "sm_count": as_int(d.get("sm_count")),
                      "under_load": {k: _num(ul.get(k)) for k in LOAD_FIGURES if _num(ul.get(k)) is not None}})
-    from afddiag.envvars import MAP_VAR, NCCL_GID_VAR
+    from afddiag.envvars import GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR
 
     return {
         "summary_version": SUMMARY_VERSION,
@@ -183,6 +185,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
         "device_map": _d(rep.get("device_map")),
         "device_map_env": env.get(MAP_VAR),
         "gid_index_env": env.get(NCCL_GID_VAR),
+        "gid_index_envs": {v: env[v] for v in GID_INDEX_VARS if isinstance(env.get(v), str)},
         "devicemap_env": _verdict(_d(gates.get("fabric.devicemap-env"))),
         "fabric_link": _verdict(_d(gates.get("fabric.link"))),
         "first_device": _verdict(_d(gates.get("fabric.first-device"))),

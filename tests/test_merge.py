@@ -220,3 +220,28 @@ def test_fabric_ip_not_given_on_an_ambiguous_host_is_a_missing_input_not_a_host_
     # a real address fault alongside keeps the host remedy
     v = fg.fabric_ip([_host("spark-a", ip="10.0.0.1"), _host("spark-c", ip="10.0.0.1"), amb], {})
     assert v.action != "SET_ENV" and "share fabric IP" in v.summary
+
+
+def test_gid_index_counts_every_engines_forced_index():
+    """Mooncake's MC_GID_INDEX and UCX_IB_GID_INDEX force one index as NCCL_IB_GID_INDEX does: a host
+    whose fabric GID sits elsewhere is named, with the variable and host that force it."""
+    def forced(name, gid_index, env):
+        return _host(name, gid_index=gid_index, env=env)
+
+    for var in ("MC_GID_INDEX", "UCX_IB_GID_INDEX"):
+        hosts = [forced("a", 3, {var: "3"}), _host("b", gid_index=3), _host("c", gid_index=1)]
+        assert hosts[0].summary["gid_index_envs"] == {var: "3"}
+        v = fg.gid_index(hosts, {})
+        assert v.verdict == "WARN" and v.summary.startswith("c GID index 1: the fabric GID index differs from 3"), v.summary
+        assert f"{var} is set on a=3" in v.summary and v.facts["forced_by_env"] == {"a": {var: "3"}}
+    # two engines forcing on two hosts: both named, grouped by variable
+    hosts = [forced("a", 3, {"MC_GID_INDEX": "3"}), forced("b", 3, {"NCCL_IB_GID_INDEX": "3"}), _host("c", gid_index=1)]
+    v = fg.gid_index(hosts, {})
+    assert "MC_GID_INDEX is set on a=3; NCCL_IB_GID_INDEX is set on b=3" in v.summary
+    # a summary written before gid_index_envs joined it: its NCCL gid_index_env still counts
+    old = _host("a", gid_index=3)
+    old.report["summary"] = {**old.summary, "gid_index_env": "3"}
+    old.report["summary"].pop("gid_index_envs")
+    old._summary = None
+    v = fg.gid_index([old, _host("c", gid_index=1)], {})
+    assert v.verdict == "WARN" and "NCCL_IB_GID_INDEX is set on a=3" in v.summary

@@ -310,7 +310,9 @@ def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """The fabric IP's RoCE v2 GID index per host (``fabric.rocev2-ipv4`` facts ``entry.gid_index``).
     Different indexes are fine for stacks that pick the GID per host; WARN when a stack forces one
-    index: ``NCCL_IB_GID_INDEX`` in any host's env, or the inventory's ``gid_index``."""
+    index: an engine's forced GID index in any host's env (summary ``gid_index_envs``:
+    ``NCCL_IB_GID_INDEX``, Mooncake's ``MC_GID_INDEX``, ``UCX_IB_GID_INDEX``; older summaries'
+    ``gid_index_env``, NCCL's), or the inventory's ``gid_index``."""
     gid = "fleet.gid-index"
     idx: dict[str, int] = {}
     unknown: list[str] = []
@@ -318,8 +320,12 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        if h.summary.get("gid_index_env") is not None:
-            forced[h.name] = h.summary["gid_index_env"]
+        envs = h.summary.get("gid_index_envs")
+        if not isinstance(envs, dict):
+            envs = {NCCL_GID_VAR: h.summary["gid_index_env"]} if isinstance(h.summary.get("gid_index_env"), str) else {}
+        envs = {k: v for k, v in envs.items() if isinstance(k, str) and isinstance(v, str)}
+        if envs:
+            forced[h.name] = envs
         i = _int(h.summary.get("gid_index"))
         if i is None:
             unknown.append(h.name)
@@ -332,11 +338,12 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         return Verdict(gid, SKIP, "no host reported its fabric GID index (fabric.rocev2-ipv4 found no entry)"
                        + _tail(fleet), remedy("fleet.unreachable"), facts)
     force_txt = (f"the inventory forces gid_index {want}" if want is not None else
-                 f"{NCCL_GID_VAR} is set on {_names([f'{n}={v}' for n, v in forced.items()])}" if forced else "")
+                 "; ".join(f"{var} is set on " + _names([f"{n}={e[var]}" for n, e in forced.items() if var in e])
+                           for var in sorted({k for e in forced.values() for k in e})) if forced else "")
     if want is not None:
         ref = want
     elif forced:
-        vals = [_int(v) for v in forced.values() if _int(v) is not None]
+        vals = [_int(v) for e in forced.values() for v in e.values() if _int(v) is not None]
         ref = Counter(vals).most_common(1)[0][0] if vals else _minority(idx)[0]
     else:
         ref = _minority(idx)[0]
