@@ -90,6 +90,51 @@ def test_powersave_under_intel_pstate_explains_nothing():
     assert judge(cpu).verdict == "FAIL"
 
 
+@pytest.mark.parametrize("gov,drv,held", [
+    ("powersave", "amd-pstate", True),      # passive/guided amd-pstate: the ordinary governors, minimum pinned
+    ("powersave", "intel_cpufreq", True),   # intel_pstate in passive mode
+    ("powersave", "acpi-cpufreq", True),
+    ("powersave", None, True),
+    ("powersave", "intel_pstate", False),   # active mode: powersave is the driver's dynamic policy
+    ("powersave", "amd-pstate-epp", False),
+    ("userspace", "amd-pstate", True),      # a fixed speed under any driver
+    ("schedutil", "amd-pstate", False),
+])
+def test_which_governor_holds_the_clock_low(gov, drv, held):
+    """Reviewer's input: powersave under amd-pstate, 1500 of 3800 MHz, steady loop, said FAIL AC_POWER_CYCLE."""
+    cpu = {**IDLE, "model": "AMD EPYC 9354", "max_mhz": 3800, "scaling_max_mhz": 3800, "under_load_mhz": 1500,
+           "loop_mops": 4.0, "loop_mops_on_cpu": 4.0, "loop_samples_mops": [4.0] * 5,
+           "governor": gov, "scaling_driver": drv}
+    assert host.governor_holds_low(gov, drv) is held
+    v = judge(cpu)
+    if held:
+        assert v.verdict == "WARN" and v.action == "SET_GOVERNOR", v.summary
+        assert f"governor '{gov}' ({drv or 'driver unknown'}) holds the clock low" in v.summary, v.summary
+        assert "AC removal" not in v.remedy and not needs_drain(v.action)
+    else:
+        assert v.verdict == "FAIL" and v.action == "AC_POWER_CYCLE", v.summary
+
+
+@pytest.mark.parametrize("role,smax,clk,explained", [
+    ("expert", 1800, 1800, True),    # reviewer's input: below the role's 2000 MHz, capped at 1800 (max 3000)
+    ("expert", 2000, 1800, True),    # a cap at the threshold itself: the clock cannot exceed it
+    ("expert", 2400, 1800, False),   # a cap above the role's minimum explains nothing
+    (None, 1500, 1400, True),        # no role: the threshold is half of max (1500)
+    (None, 1600, 1400, False),
+    ("expert", 1600, 1400, True),    # below both the role minimum and half of max: the higher counts
+])
+def test_a_frequency_cap_explains_a_clock_below_the_threshold_it_cannot_reach(role, smax, clk, explained):
+    cpu = {**IDLE, "model": "Intel Xeon", "max_mhz": 3000, "idle_mhz": 800, "under_load_mhz": clk,
+           "scaling_max_mhz": smax, "governor": "performance", "scaling_driver": "intel_pstate",
+           "loop_mops": 4.0, "loop_mops_on_cpu": 4.0, "loop_samples_mops": [4.0] * 5}
+    v = judge(cpu, role=role)
+    if explained:
+        assert v.verdict == "WARN" and v.action == "SET_GOVERNOR", v.summary
+        assert f"caps the clock at {smax} MHz" in v.summary and "AC removal" not in v.remedy, v.summary
+    else:
+        assert v.verdict == "FAIL" and v.action == "AC_POWER_CYCLE", v.summary
+
+
 def test_a_baseline_far_below_this_run_is_named():
     v = judge(IDLE, base={"loop_mops": 0.99, "loop_mops_on_cpu": 0.99})
     assert v.verdict == "PASS" and "looks low" in v.summary

@@ -11,8 +11,11 @@ SLOW_CLOCK_FRACTION = 0.5
 SLOW_LOOP_FRACTION = 0.8
 ON_CPU_MIN = 0.9  # a loop sample on its core less than this share of its wall time lost the core to others
 NOISY_SPREAD = 0.25  # samples whose best and worst differ by more than this share of the best disagree
-LOW_GOVERNORS = ("powersave", "userspace")  # pin the clock low, except under the p-state drivers
-PSTATE_DRIVERS = ("intel_pstate", "amd-pstate", "amd-pstate-epp", "intel_cpufreq")
+LOW_GOVERNORS = ("powersave", "userspace")  # powersave pins the clock at its minimum, userspace at a fixed speed
+# The ACTIVE-mode p-state drivers implement 'powersave' themselves as a dynamic policy (the hardware picks the
+# speed), so there it holds nothing low. Their passive modes (intel_cpufreq, amd-pstate in passive/guided mode)
+# run the ordinary cpufreq governors: 'powersave' there pins the minimum like under acpi-cpufreq.
+ACTIVE_PSTATE_DRIVERS = ("intel_pstate", "amd-pstate-epp")
 
 TIMING_REMEDY = ("re-run `afddiag all` on an idle host; a loop timing alone is no evidence for a power cycle "
                  "(the clock under load, throttle counters and governor are what would show a stuck CPU)")
@@ -40,24 +43,41 @@ def cpu_contention(cpu: dict) -> list[str]:
     return found
 
 
-def clock_explained(cpu: dict) -> tuple[str, str] | None:
+def governor_holds_low(governor, driver) -> bool:
+    """True when the cpufreq governor (``scaling_governor``) under the driver (``scaling_driver``) holds
+    the clock low: ``userspace`` (a fixed speed) under any driver; ``powersave`` except under the
+    active-mode p-state drivers (:data:`ACTIVE_PSTATE_DRIVERS`), where it is their dynamic policy.
+    An unknown driver (None) counts as a cpufreq driver. Pure."""
+    if governor == "userspace":
+        return True
+    return governor == "powersave" and driver not in ACTIVE_PSTATE_DRIVERS
+
+
+def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str] | None:
     """``(cause, remedy)`` when the CPU probe's facts explain a low clock by something other than a
     stuck power state: thermal throttle events during the loop (``throttle_events``), a governor that
-    pins the clock low (``powersave``/``userspace`` outside the p-state drivers), or a scaling_max_freq
-    cap below half of max. None when nothing does. Pure."""
+    holds the clock low (:func:`governor_holds_low`), or a ``scaling_max_freq`` cap (``scaling_max_mhz``,
+    MHz) at or below ``limit_mhz``, the threshold the clock fell below (the role's minimum or half of
+    max; half of ``max_mhz`` when None): a clock capped there cannot reach it. None when nothing does. Pure."""
     thr = cpu.get("throttle_events")
     if isinstance(thr, int) and thr > 0:
         return (f"{thr} thermal throttle event(s) on the loop's core during the loop",
                 "check the CPU's cooling (fans, heatsink, airflow, ambient) and the BMC's thermal log; "
                 "no power cycle: the CPU slows itself to protect itself")
     gov, drv = cpu.get("governor"), cpu.get("scaling_driver")
-    if gov in LOW_GOVERNORS and drv not in PSTATE_DRIVERS:
+    if governor_holds_low(gov, drv):
         return (f"cpufreq governor '{gov}' ({drv or 'driver unknown'}) holds the clock low",
                 "set the governor to performance or schedutil (`cpupower frequency-set -g performance`) and "
                 "persist it in the host's tuned/power profile")
     smax, mx = cpu.get("scaling_max_mhz"), cpu.get("max_mhz")
-    if isinstance(smax, (int, float)) and isinstance(mx, (int, float)) and mx and smax < SLOW_CLOCK_FRACTION * mx:
-        return (f"scaling_max_freq caps the clock at {smax:.0f} MHz of {mx:.0f}",
+    num = (int, float)
+    if limit_mhz is None and isinstance(mx, num) and not isinstance(mx, bool) and mx:
+        limit_mhz = SLOW_CLOCK_FRACTION * mx
+    if (isinstance(smax, num) and not isinstance(smax, bool) and isinstance(limit_mhz, num) and smax > 0
+            and smax <= limit_mhz):
+        of = f" of {mx:.0f}" if isinstance(mx, num) and mx else ""
+        return (f"scaling_max_freq caps the clock at {smax:.0f} MHz{of}, at or below the {limit_mhz:.0f} MHz "
+                "it had to reach",
                 "raise scaling_max_freq to cpuinfo_max_freq (`cpupower frequency-set -u <max>`) and find the "
                 "power profile or tool that capped it")
     return None
@@ -93,17 +113,20 @@ def cpu_clock(ctx: Context) -> Verdict:
     busy = cpu_contention(cpu)
     facts = {"cpu": cpu, "baseline": base or None, "min_mhz": min_mhz or None, "contention": busy or None}
     model = cpu.get("model") or "CPU"
-    low_clock = None
+    low_clock, limit = None, None  # limit: the highest threshold the clock fell below, MHz
     if isinstance(clk, (int, float)):
+        half = SLOW_CLOCK_FRACTION * mx if isinstance(mx, (int, float)) and mx else None
         if min_mhz and clk < min_mhz:
             low_clock = f"clock under load {clk:.0f} MHz, below the role's {min_mhz} MHz"
-        elif isinstance(mx, (int, float)) and mx and clk < SLOW_CLOCK_FRACTION * mx:
+            limit = max(min_mhz, half) if half is not None and clk < half else min_mhz
+        elif half is not None and clk < half:
             low_clock = f"clock under load {clk:.0f} MHz is {clk / mx:.0%} of max {mx:.0f} MHz"
+            limit = half
     slow = ref is not None and rate is not None and rate < SLOW_LOOP_FRACTION * ref
     loop = (f"fixed-work loop {rate:g} Mop/s{per} is {rate / ref:.0%} of the baseline {ref:g}"
             + (" (a baseline recorded FORCED)" if base.get("forced_over") else "")) if ref and rate is not None else ""
     if low_clock:
-        why = clock_explained(cpu)
+        why = clock_explained(cpu, limit)
         if why:
             cause, rem = why
             return Verdict(gid, WARN, f"{model}: {low_clock}, explained by {cause}: not the stuck state", rem,
