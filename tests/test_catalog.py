@@ -130,14 +130,17 @@ def test_a_broken_catalog_is_one_line_naming_the_file_and_the_fix(monkeypatch, c
 
 
 def test_remedies_that_take_the_node_out_of_service_drain():
-    """A firmware/driver/kernel/BIOS update takes a reboot or a driver reload, and changing a live RoCE
-    netdev's MTU drops its traffic and the peers' QPs: both are done on a drained node, and their
-    gates' remedies say so (the action's drain flag and the remedy agree)."""
+    """Changing a live RoCE netdev's MTU drops its traffic and the peers' QPs: done on a drained node, and
+    its gates' remedies say so. A version drift leaves the node in service (fleet.versions only WARNs):
+    its actions do not drain, and its remedy says to drain before a firmware/driver/kernel/BIOS update,
+    not for a package (the shown drain flag, the catalog and the remedy agree)."""
     from afddiag.catalog import load
     from afddiag.diagnosis import needs_drain
 
     cat = load()
-    assert needs_drain("UPDATE_VERSIONS") and needs_drain("SET_MTU")
+    assert needs_drain("SET_MTU") and not needs_drain("UPDATE_VERSIONS") and not needs_drain("UPDATE_PACKAGE")
     for gid, g in cat["gates"].items():
-        if g.get("action") in ("UPDATE_VERSIONS", "SET_MTU"):
+        if g.get("action") == "SET_MTU":
             assert "drain" in g["remedy"], (gid, g["remedy"])
+    assert "drain it before the update" in cat["gates"]["fleet.versions"]["remedy"]
+    assert "drain" not in cat["remedies"]["fleet.versions.package"].replace("no drain", "")

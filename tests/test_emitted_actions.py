@@ -418,7 +418,8 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     from afddiag.gates import fleet as fg
 
     units = [_host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"}), _host("c", gid_index=1)]
-    seen.add_verdicts([fg.gid_index(units, {}), fg.versions([_host("a"), _host("b", driver="575.9")], {})], "units")
+    seen.add_verdicts([fg.gid_index(units, {}), fg.versions([_host("a"), _host("b", driver="575.9")], {}),
+                       fg.versions([_host("a"), _host("b", afddiag="0.0.1")], {})], "units")
     from test_fleet_like_with_like import _rep
 
     seen.add_verdicts([fg.devicemap([_rep("order-unknown", first="WARN")], {})], "map unset, device order unknown")
@@ -445,7 +446,7 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     seen.add(_merge(tmp_path, reps)["gates"], "control plane advertised wildcard")
     want = {("fleet.fabric-ip", "SET_ENV"), ("fleet.fabric-ip", "FIX_ADDRESS"), ("fleet.capacity", "SET_ENV"),
             ("fleet.mtu", "SET_MTU"), ("fleet.devicemap", "SET_ENV"), ("fleet.gid-index", "SET_ENV"),
-            ("fleet.gpu", "AC_POWER_CYCLE"), ("fleet.gpu", "RERUN"), ("fleet.versions", "UPDATE_VERSIONS"),
+            ("fleet.gpu", "AC_POWER_CYCLE"), ("fleet.gpu", "RERUN"), ("fleet.versions", "UPDATE_VERSIONS"), ("fleet.versions", "UPDATE_PACKAGE"),
             ("fleet.rails", "SET_ENV"), ("fleet.control-plane", "OPEN_PORTS"), ("fleet.control-plane", "SET_ENV"),
             ("fleet.control-plane", "RERUN")}
     seen.check("fleet", want)

@@ -151,6 +151,39 @@ def test_versions_drift_within_role_only():
     assert "coord" not in v.summary
 
 
+@pytest.mark.parametrize("kw,action,names,absent", [
+    ({"afddiag": "0.0.1"}, "UPDATE_PACKAGE", ["afddiag"], ["drain"]),           # the reviewer's fleet: no drain
+    ({"driver": "575.9"}, "UPDATE_VERSIONS", ["NVIDIA driver", "drain the host before the update"], ["afddiag"]),
+    ({"kernel": "6.8"}, "UPDATE_VERSIONS", ["kernel package", "drain the host before the update"],
+     ["NVIDIA driver", "afddiag"]),
+    ({"kernel": "6.8", "afddiag": "0.0.1"}, "UPDATE_VERSIONS",
+     ["kernel package", "drain the host before the update", "also update afddiag", "no drain"], ["NVIDIA driver"]),
+])
+def test_versions_drain_only_for_what_takes_a_reboot(kw, action, names, absent):
+    """Firmware/driver/kernel/BIOS drift: drain before that update; afddiag or rdma-core drift: update the
+    package, no drain. A WARN never shows [drain], and the action's catalog drain flag says the same."""
+    from afddiag.diagnosis import drains, fill_actions, needs_drain
+
+    v = fg.versions([_host("a"), _host("b"), _host("c", **kw)], {})
+    fill_actions([v])
+    assert v.verdict == "WARN" and v.action == action, (v.summary, v.action)
+    for w in names:
+        assert w in v.remedy, (w, v.remedy)
+    for w in absent:
+        assert w not in v.remedy.replace("no drain", ""), (w, v.remedy)
+    assert not drains(v.verdict, v.action) and not needs_drain(v.action)
+
+
+def test_rdma_core_drift_is_a_package_update():
+    from afddiag.gates.fleet import versions_remedy
+
+    rem, action = versions_remedy({"rdma_core"})
+    assert action == "UPDATE_PACKAGE" and "rdma-core" in rem and "drain the host" not in rem
+    rem, action = versions_remedy({"firmware MT_0000000970", "rdma_core"})
+    assert action == "UPDATE_VERSIONS" and rem.index("firmware") < rem.index("rdma-core"), rem
+    assert "BIOS" in versions_remedy({"bios"})[0]
+
+
 def test_error_rows_are_named_in_every_gate_and_exit_3():
     hosts = [_host("a", ip="10.0.0.1", env={"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP": "10.0.0.1=mlx5_0"}),
              fg.HostResult(name="b", error="unreachable: connection refused")]

@@ -536,6 +536,27 @@ def host_firmware(h: HostResult) -> list[dict[str, str]]:
             if isinstance(r, dict) and r.get("fw_ver")] if isinstance(rows, list) else []
 
 
+NODE_VERSION_KINDS = ("firmware", "driver", "kernel", "bios")  # updating these takes a reboot or a driver reload
+NODE_UPDATES = {"firmware": "the NIC firmware with mlxfwmanager", "driver": "the NVIDIA driver package",
+                "kernel": "the kernel package", "bios": "the BIOS update"}
+PACKAGE_VERSION_KINDS = {"rdma_core": "rdma-core", "afddiag": "afddiag"}  # userspace: a package update, no drain
+
+
+def versions_remedy(kinds: set[str]) -> tuple[str, str]:
+    """``(remedy, action)`` for the drifted version ``kinds`` (``fleet.versions`` drift keys: ``driver``,
+    ``kernel``, ``bios``, ``rdma_core``, ``afddiag``, ``firmware <hca>``). Firmware, driver, kernel or
+    BIOS drift: UPDATE_VERSIONS, the remedy says to drain before that update (it takes a reboot or a
+    driver reload), naming only those kinds; a userspace-only drift (afddiag, rdma-core):
+    UPDATE_PACKAGE, no drain. Both: the node kinds' remedy, then the packages' without a drain. Pure."""
+    node = [k for k in NODE_VERSION_KINDS if any(x == k or x.startswith(k + " ") for x in kinds)]
+    pkgs = [v for k, v in PACKAGE_VERSION_KINDS.items() if k in kinds]
+    pkg_text = remedy("fleet.versions.package").format(what=" and ".join(pkgs)) if pkgs else ""
+    if not node:
+        return pkg_text, "UPDATE_PACKAGE"
+    text = remedy("fleet.versions.node").format(what=", ".join(NODE_UPDATES[k] for k in node))
+    return text + (f"; also {pkg_text}" if pkg_text else ""), "UPDATE_VERSIONS"
+
+
 def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """Firmware, NVIDIA driver, kernel, BIOS, rdma-core and afddiag versions that differ between hosts
     of one role (:func:`host_versions`); the odd host(s) are named against the role's most common value.
@@ -569,7 +590,8 @@ def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     if not per:
         return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
     if drift:
-        return Verdict(gid, WARN, "; ".join(drift) + _tail(fleet), remedy(gid), facts)
+        rem, action = versions_remedy({k for d in detail.values() for k in d})
+        return Verdict(gid, WARN, "; ".join(drift) + _tail(fleet), rem, facts, action=action)
     keys = [k if k != "firmware" else "firmware per HCA model" for k in sorted({k for v in per.values() for k in v})]
     return Verdict(gid, PASS, f"{len(per)} host(s): same {', '.join(keys) or 'versions'} within each role"
                    + _tail(fleet), "nothing to do", facts)
