@@ -492,7 +492,7 @@ def all_(**kw) -> int:
               help="Print the lines the launcher evaluates (device map, NCCL_IB_HCA, NCCL_IB_GID_INDEX, "
                    "UCX_NET_DEVICES, MC_GID_INDEX) on stdout, and judge the launch as it will be with them (a fault "
                    "they fix, such as no device map, no longer stops the launch; any other still does); one the "
-                   "launch env already sets (and fabric.devicemap-env did not FAIL) is kept, not printed (named on stderr). NCCL_IB_GID_INDEX printed is always the index "
+                   "launch env already sets is kept, not printed, unless fabric.devicemap-env FAILed on that variable (named on stderr). NCCL_IB_GID_INDEX printed is always the index "
                    "of the NCCL_IB_HCA in effect (kept or printed); when none suits it, it is left out and stderr says why.")
 def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
@@ -571,7 +571,9 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         pairs, kept, notes = ex["pairs"], ex["kept"], ex["notes"]
         if kept:
             click.echo(f"afddiag preflight --export: kept the launch env's {', '.join(kept)} "
-                       f"({ex['env_source']}); printing only what it does not set", err=True)
+                       f"({ex['env_source']}); printing only what it does not set"
+                       + (f" or fabric.devicemap-env FAILed on ({', '.join(ex['replaced'])})" if ex.get("replaced")
+                          else ""), err=True)
         for note in notes:
             click.echo(f"afddiag preflight --export: {note}", err=True)
         if pairs:

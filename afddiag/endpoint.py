@@ -19,6 +19,7 @@ One module decides, for every caller (the gates, the QP walk, the pair test, the
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, RdmaDevice, carriers, is_empty_gid, rocev2_carriers,
@@ -178,15 +179,17 @@ def launch_exports(fabric: FabricFacts | None, fabric_ip: str | None) -> list[tu
 
 
 def exports_to_print(pairs: list[tuple[str, str]], env: dict[str, str] | None,
-                     env_failed: bool) -> tuple[list[tuple[str, str]], list[str]]:
+                     failed: Collection[str] = ()) -> tuple[list[tuple[str, str]], list[str]]:
     """Split :func:`launch_exports`' ``pairs`` into ``(to print, names kept)``: a variable the judged
     launch environment ``env`` (the --launch-env file, else the process env) already sets is kept as
     the launcher has it, never overridden (it may name more rails than the one the fabric IP's GID
-    gives), unless ``fabric.devicemap-env`` FAILed on it (``env_failed``: then afddiag's value
-    corrects it). Only what is missing is printed."""
-    if env_failed or not env:
+    gives), unless ``fabric.devicemap-env`` FAILed on that variable: ``failed`` holds those names
+    (the gate's ``facts["failed_vars"]``); afddiag's value corrects each of them, and only them (a
+    wrong ``MC_GID_INDEX`` never replaces a correct multi-rail ``NCCL_IB_HCA``). What the env lacks is
+    printed. Pure."""
+    if not env:
         return list(pairs), []
-    kept = [k for k, _ in pairs if env.get(k, "").strip()]
+    kept = [k for k, _ in pairs if env.get(k, "").strip() and k not in failed]
     return [(k, v) for k, v in pairs if k not in kept], kept
 
 

@@ -172,20 +172,27 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
 def judge_with_exports(inputs: Inputs, obs: Observation, rep: dict) -> tuple[dict, Observation, dict]:
     """The launch as it will be after the launcher evaluates ``afddiag preflight --export``'s lines:
     the exports :mod:`afddiag.endpoint` derives from ``obs`` and ``rep`` (a variable the launch env
-    already sets is kept unless ``fabric.devicemap-env`` FAILed on it; ``NCCL_IB_GID_INDEX`` paired
+    already sets is kept unless ``fabric.devicemap-env`` FAILed on that variable, its facts'
+    ``failed_vars``; ``NCCL_IB_GID_INDEX`` paired
     with the ``NCCL_IB_HCA`` in effect) are laid over the judged env and the gates judge again (pure:
     nothing is read twice). Returns ``(report, observation, export)`` where ``export`` is
-    ``{"pairs": [(name, value)] to print, "kept": [names], "notes": [lines], "fixed": [gate ids that
+    ``{"pairs": [(name, value)] to print, "kept": [names], "replaced": [names the env sets that
+    fabric.devicemap-env FAILed on, printed corrected], "notes": [lines], "fixed": [gate ids that
     FAILed or ERRORed before and do not after]}``; with nothing to print, ``rep`` and ``obs`` as given.
     A fault the exports do not fix still fails the second report."""
     from afddiag import endpoint
 
     fip = rep["inputs"]["fabric_ip"]
     pairs = endpoint.launch_exports(obs.fabric, fip)
-    env_failed = any(g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL" for g in rep["gates"])
-    pairs, kept = endpoint.exports_to_print(pairs, obs.env, env_failed)
+    failed: list[str] = []  # the variables fabric.devicemap-env FAILed on: afddiag's value replaces those only
+    for g in rep["gates"]:
+        if g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL":
+            failed = list((g.get("facts") or {}).get("failed_vars", [k for k, _ in pairs]))
+    pairs, kept = endpoint.exports_to_print(pairs, obs.env, failed)
     pairs, notes = endpoint.pair_gid_with_hca(obs.fabric, fip, obs.env, pairs, kept)
-    export = {"pairs": pairs, "kept": kept, "notes": notes, "fixed": [], "env_source": obs.env_source}
+    replaced = [k for k, _ in pairs if (obs.env or {}).get(k, "").strip()]  # set, FAILed on: corrected
+    export = {"pairs": pairs, "kept": kept, "replaced": replaced, "notes": notes, "fixed": [],
+              "env_source": obs.env_source}
     if not pairs:
         return rep, obs, export
     env = {**(obs.env or {}), **dict(pairs)}

@@ -316,10 +316,41 @@ def test_exports_to_print_overrides_only_a_failed_env():
     from afddiag.endpoint import exports_to_print
 
     pairs = [("NCCL_IB_HCA", "=mlx5_1:1"), ("NCCL_IB_GID_INDEX", "3")]
-    assert exports_to_print(pairs, {"NCCL_IB_HCA": "=mlx5_0:1"}, False) == ([("NCCL_IB_GID_INDEX", "3")],
-                                                                           ["NCCL_IB_HCA"])
-    assert exports_to_print(pairs, {"NCCL_IB_HCA": "=mlx5_0:1"}, True) == (pairs, [])
-    assert exports_to_print(pairs, None, False) == (pairs, [])
+    env = {"NCCL_IB_HCA": "=mlx5_0:1"}
+    assert exports_to_print(pairs, env, []) == ([("NCCL_IB_GID_INDEX", "3")], ["NCCL_IB_HCA"])
+    assert exports_to_print(pairs, env, ["NCCL_IB_HCA"]) == (pairs, [])
+    assert exports_to_print(pairs, None, []) == (pairs, [])
+    # the gate FAILed on another variable only: the set NCCL_IB_HCA is still kept, the failed one corrected
+    env = {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_IB_GID_INDEX": "1"}
+    assert exports_to_print(pairs, env, ["NCCL_IB_GID_INDEX"]) == ([("NCCL_IB_GID_INDEX", "3")], ["NCCL_IB_HCA"])
+
+
+def test_export_overrides_only_the_variable_devicemap_env_failed_on(tmp_path):
+    """A correct dual-rail NCCL_IB_HCA stays as the launcher has it when fabric.devicemap-env FAILs on
+    another variable (a wrong MC_GID_INDEX): only that one is printed corrected, and the gate's facts
+    name it. Before: any FAIL replaced every set variable, cutting NCCL to one rail."""
+    env = envfile(tmp_path, "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1,"
+                  "192.168.101.11=roceP2p1s0f1\nNCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1\n"
+                  "NCCL_IB_GID_INDEX=3\nMC_GID_INDEX=1\nAFD_FABRIC_IP=192.168.100.11\n")
+    snap = str(CASES / "fabric" / "02-spark-map-set-healthy")
+    res = CliRunner().invoke(cli, ["all", "--json", "--no-history", "--snapshot", snap, "--launch-env", str(env)],
+                             standalone_mode=False, catch_exceptions=False)
+    g = next(g for g in json.loads(res.stdout)["gates"] if g["id"] == "fabric.devicemap-env")
+    assert g["verdict"] == "FAIL" and g["facts"]["failed_vars"] == ["MC_GID_INDEX"], g
+    res = CliRunner().invoke(cli, ["preflight", "--snapshot", snap, "--role", "generic", "--launch-env", str(env),
+                                   "--export"], standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0, res.stderr
+    assert "export MC_GID_INDEX=3" in res.stdout, res.stdout
+    assert "NCCL_IB_HCA" not in res.stdout and "NCCL_IB_GID_INDEX" not in res.stdout and "MAP" not in res.stdout
+    assert "fabric.devicemap-env FAILed on (MC_GID_INDEX)" in res.stderr
+    # the HCA itself wrong as well: both corrected, the right NCCL_IB_GID_INDEX still kept
+    env2 = envfile(tmp_path, "NCCL_IB_HCA==rocep1s0f0:1\nNCCL_IB_GID_INDEX=3\nMC_GID_INDEX=1\n"
+                   "AFD_FABRIC_IP=192.168.100.11\n", "both.env")
+    res = CliRunner().invoke(cli, ["preflight", "--snapshot", snap, "--role", "generic", "--launch-env", str(env2),
+                                   "--export"], standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0, res.stderr
+    assert "export NCCL_IB_HCA==rocep1s0f1:1" in res.stdout and "export MC_GID_INDEX=3" in res.stdout, res.stdout
+    assert "NCCL_IB_GID_INDEX" not in res.stdout
 
 
 def _rails_at_different_gid_indexes(tmp_path):
@@ -369,7 +400,7 @@ def test_exported_gid_index_belongs_to_the_hca_in_effect(tmp_path):
     assert ("NCCL_IB_HCA", "=rocep1s0f1:1") in pairs and ("NCCL_IB_GID_INDEX", "3") in pairs
 
     def export(env):
-        return pair_gid_with_hca(fab, ip, env, *exports_to_print(pairs, env, False))
+        return pair_gid_with_hca(fab, ip, env, *exports_to_print(pairs, env, []))
 
     out, notes = export({})  # nothing kept: afddiag's own pair
     assert dict(out)["NCCL_IB_HCA"] == "=rocep1s0f1:1" and dict(out)["NCCL_IB_GID_INDEX"] == "3" and notes == []

@@ -429,10 +429,17 @@ def devicemap_env(ctx: Context) -> Verdict:
     good = rocev2_carriers(fab)
     fails: list[str] = []
     warns: list[str] = []
-    facts: dict = {"set": set_vars}
+    # failed_vars: the variables a FAIL is about, in order (preflight --export overrides those only)
+    facts: dict = {"set": set_vars, "failed_vars": []}
+
+    def fail(var: str, why: str) -> None:
+        fails.append(why)
+        if var not in facts["failed_vars"]:
+            facts["failed_vars"].append(var)
     if MAP_VAR in set_vars:
         entries, problems = parse_device_map(set_vars[MAP_VAR])
-        fails += [f"{MAP_VAR}: {p}" for p in problems]
+        for p in problems:
+            fail(MAP_VAR, f"{MAP_VAR}: {p}")
         local = {e.ip for e in ipv4_entries(fab)} | {a.split("/")[0] for n in fab.netdevs.values() for a in n.ipv4}
         for eip, dev in entries.items():
             if eip not in local:
@@ -446,14 +453,14 @@ def devicemap_env(ctx: Context) -> Verdict:
                 continue
             if not any(e.device == dev for e in ok):
                 right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2)"
-                fails.append(f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
+                fail(MAP_VAR, f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
         if ip and ip not in entries:
             first = fab.devices[0].name if order_known(fab) else None
             gap = f"{MAP_VAR} has no entry for fabric IP {ip}: the engine falls back to the first enumerated device"
             if first and not any(e.device == first for e in carriers(fab, ip)):
                 # the missing entry is why the engine opens the wrong device: this gate's FAIL is the root
                 # fabric.first-device's FAIL follows from (one fault, one remedy: add the entry)
-                fails.append(f"{gap}, {first}, which does not carry it")
+                fail(MAP_VAR, f"{gap}, {first}, which does not carry it")
             else:
                 warns.append(gap + (f", {first}, which carries it" if first else " (device order unknown)"))
     target = [e for e in good if e.ip == ip] if ip else []
@@ -469,20 +476,20 @@ def devicemap_env(ctx: Context) -> Verdict:
                 v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and digits(raw)
                       and e.gid_index == int(raw)]
                 if v1:  # its own fault: the engine would send RoCE v1 frames, which a RoCE v2 peer drops
-                    fails.append(f"{var}={raw} selects {_where(v1[0])}: a RoCE v1 GID; the engine needs a RoCE v2 "
+                    fail(var, f"{var}={raw} selects {_where(v1[0])}: a RoCE v1 GID; the engine needs a RoCE v2 "
                                  "GID (the peers speak RoCE v2)")
     if NCCL_HCA_VAR in set_vars and target:
         try:
             spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
         except ValueError as e:
-            fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]!r}: {e}")
+            fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]!r}: {e}")
         else:
             t = target[0]
             picked = [(d, p) for d in fab.devices for p in d.ports if spec.selects(d.name, p.num)]
             chosen = [f"{d.name}:{p.num}" for d, p in picked]
             facts["nccl_selects"] = chosen
             if not spec.selects(t.device, t.port):
-                fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} selects {', '.join(chosen) or 'nothing'}, "
+                fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} selects {', '.join(chosen) or 'nothing'}, "
                              f"not {t.device}:{t.port} which carries {ip}")
             else:
                 # NCCL uses every ACTIVE port it selects (ncclIbInit skips ports that are not ACTIVE)
@@ -499,18 +506,18 @@ def devicemap_env(ctx: Context) -> Verdict:
                 facts["rails"] = rails
                 facts["ignored_not_active"] = idle
                 if bad:
-                    fails.append(f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} also selects ports NCCL cannot use to "
+                    fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} also selects ports NCCL cannot use to "
                                  "reach a peer: " + "; ".join(bad))
     for var in gid_vars if target else []:  # NCCL, Mooncake and UCX alike: the index of the fabric IP's RoCE v2 GID
         raw = set_vars[var].strip()
         t = target[0]
         if not digits(raw):
-            fails.append(f"{var}={raw!r} is not a GID index")
+            fail(var, f"{var}={raw!r} is not a GID index")
         elif int(raw) != t.gid_index:
             _, port = _port_of(ctx, t)
             g = next((g for g in port.gids if g.index == int(raw)), None)
             what = f"{g.gid} ({g.type})" if g else "an empty slot"
-            fails.append(f"{var}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
+            fail(var, f"{var}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
                          f"(that is GID index {t.gid_index})")
     fix = []
     if target:
