@@ -121,7 +121,7 @@ def parse_nccl_hca(value: str) -> HcaSpec:
             continue
         name, _, port = item.partition(":")
         if port and not digits(port):
-            raise ValueError(f"{item!r}: port {port!r} is not a number")
+            raise ValueError(f"{item[:40]!r}{'...' if len(item) > 40 else ''}: port is not a number")
         spec.items.append((name, int(port) if port else None))
     return spec
 
@@ -218,7 +218,8 @@ def _check_value(key: str, val: str, where: str) -> None:
         raise LaunchEnvError(f"{where}: AFD_DRAFTER={val!r} is not a flag (1/0, true/false, on/off, yes/no)")
     elif key == "AFD_ENGINE_PORTS" and val:
         if not all(digits(v) and 0 < int(v) < 65536 for v in re.split(r"[,\s]+", val.strip()) if v):
-            raise LaunchEnvError(f"{where}: AFD_ENGINE_PORTS={val!r} is not a list of TCP ports (e.g. 29500,29501)")
+            raise LaunchEnvError(f"{where}: AFD_ENGINE_PORTS={val[:40]!r}{'...' if len(val) > 40 else ''} is not a "
+                                 "list of TCP ports (e.g. 29500,29501)")
     elif key == "AFD_GPU_MEMORY_RESERVATION" and val:
         try:
             ok = 0.0 < float(val) <= 1.0

@@ -102,3 +102,46 @@ def test_pcie_figures_the_kernel_prints_still_parse():
         "max_link_speed": "32.0 GT/s PCIe", "max_link_width": "16"}}}).links[0]
     assert (link.current_speed_gts, link.current_width, link.max_speed_gts, link.max_width) == (2.5, 8, 32.0, 16)
     assert host.judge_pcie_link(link)[0] == "FAIL"
+
+
+@pytest.mark.parametrize("n", [1, 40, 41, 4300, 4301, 5000])
+def test_digits_and_kernel_int_never_hand_int_more_than_it_parses(n):
+    """int() refuses more than 4300 digits (ValueError): digits() is False past MAX_DIGITS, so a
+    caller's `digits(x) and int(x)` never raises; kernel_int is None there."""
+    text = "1" * n
+    assert digits(text) == (n <= 40)
+    if digits(text):
+        assert int(text) > 0
+    assert kernel_int(text, 0, 10 ** 50) == (int(text) if n <= 40 else None)
+    assert kernel_int("-" + text, -(10 ** 50), 0) == (-int(text) if n <= 40 else None)
+
+
+def test_huge_digit_strings_get_the_callers_one_line_treatment():
+    """Every kind of call site: a value of 5000 digits is 'not a number' where it is read, never a crash."""
+    from afddiag.envvars import LaunchEnvError, parse_launch_env, parse_nccl_hca
+    from afddiag.gates.gpu import xid_judgment
+    from afddiag.summary import as_int
+
+    big = "1" * 5000
+    assert as_int(big) is None
+    verdict, words, _ = xid_judgment({"xid": big, "text": "NVRM: Xid (PCI:0000:01:00): " + big})
+    assert verdict in ("WARN", "FAIL") and words
+    with pytest.raises(LaunchEnvError) as e:
+        parse_launch_env(f"AFD_ENGINE_PORTS={big}\n", "l.env")
+    assert "AFD_ENGINE_PORTS" in str(e.value) and len(str(e.value)) < 200
+    with pytest.raises(ValueError) as e:
+        parse_nccl_hca(f"mlx5_0:{big}")
+    assert "port is not a number" in str(e.value) and len(str(e.value)) < 200
+
+
+def test_a_5000_digit_gid_index_is_fail_not_a_gate_crash(tmp_path, capsys):
+    """NCCL_IB_GID_INDEX=111… (5000 digits) in the launch env: fabric.devicemap-env FAILs it as not a
+    GID index in one short line (before: ERROR 'gate failed ... Exceeds the limit (4300 digits)', exit 3)."""
+    env = tmp_path / "l.env"
+    env.write_text("NCCL_IB_GID_INDEX=" + "1" * 5000 + "\n")
+    code, got = _gates(capsys, HEALTHY, "--launch-env", str(env))
+    g = got["fabric.devicemap-env"]
+    assert g["verdict"] == "FAIL", g["summary"][:300]
+    assert g["summary"].startswith("NCCL_IB_GID_INDEX='11111111111111111111…' is not a GID index"), g["summary"][:300]
+    assert len(g["summary"]) < 300 and g["facts"]["failed_vars"] == ["NCCL_IB_GID_INDEX"]
+    assert code == 2

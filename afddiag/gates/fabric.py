@@ -410,6 +410,11 @@ def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, Any]:
                     "its QP times out at RTR (errno 110)")
 
 
+def _shown(raw: str, n: int = 20) -> str:
+    """``raw`` quoted for a one-line summary: its first ``n`` characters, '…' when cut."""
+    return repr(raw[:n] + ("…" if len(raw) > n else ""))
+
+
 def devicemap_env(ctx: Context) -> Verdict:
     gid = "fabric.devicemap-env"
     env = ctx.obs.env
@@ -482,7 +487,7 @@ def devicemap_env(ctx: Context) -> Verdict:
         try:
             spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
         except ValueError as e:
-            fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]!r}: {e}")
+            fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={_shown(set_vars[NCCL_HCA_VAR], 60)}: {e}")
         else:
             t = target[0]
             picked = [(d, p) for d in fab.devices for p in d.ports if spec.selects(d.name, p.num)]
@@ -512,7 +517,7 @@ def devicemap_env(ctx: Context) -> Verdict:
         raw = set_vars[var].strip()
         t = target[0]
         if not digits(raw):
-            fail(var, f"{var}={raw!r} is not a GID index")
+            fail(var, f"{var}={_shown(raw)} is not a GID index")
         elif int(raw) != t.gid_index:
             _, port = _port_of(ctx, t)
             g = next((g for g in port.gids if g.index == int(raw)), None)
