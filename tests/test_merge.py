@@ -124,10 +124,13 @@ def test_gid_index_warns_only_when_a_stack_forces_one():
     hosts = [_host("a", gid_index=3), _host("b", gid_index=3), _host("c", gid_index=1)]
     v = fg.gid_index(hosts, {})
     assert v.verdict == "PASS" and "nothing forces one index" in v.summary
-    hosts[0] = _host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"})  # a report that forces the index
+    hosts[0] = _host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"})  # a report that forces its own index
+    v = fg.gid_index(hosts, {})  # c forces nothing: its engine picks its own GID
+    assert v.verdict == "PASS" and "NCCL_IB_GID_INDEX is set on a=3" in v.summary, v.summary
+    hosts[2] = _host("c", gid_index=1, env={"NCCL_IB_GID_INDEX": "3"})  # c forces 3; its GID sits at 1
     v = fg.gid_index(hosts, {})
-    assert v.verdict == "WARN" and v.summary.startswith("c GID index 1: the fabric GID index differs from 3")
-    assert "NCCL_IB_GID_INDEX is set on a=3" in v.summary
+    assert v.verdict == "WARN" and v.summary.startswith("c GID index 1 while NCCL_IB_GID_INDEX=3 is forced there")
+    assert "NCCL_IB_GID_INDEX is set on a=3, c=3" in v.summary and "a GID index" not in v.summary
     v = fg.gid_index([_host("a", gid_index=3), _host("b", gid_index=3)], {"gid_index": 1})
     assert v.verdict == "WARN" and v.summary.startswith("a GID index 3, b GID index 3")
 
@@ -262,11 +265,12 @@ def test_gid_index_counts_every_engines_forced_index():
         return _host(name, gid_index=gid_index, env=env)
 
     for var in ("MC_GID_INDEX", "UCX_IB_GID_INDEX"):
-        hosts = [forced("a", 3, {var: "3"}), _host("b", gid_index=3), _host("c", gid_index=1)]
+        hosts = [forced("a", 3, {var: "3"}), _host("b", gid_index=3), forced("c", 1, {var: "3"})]
         assert hosts[0].summary["gid_index_envs"] == {var: "3"}
         v = fg.gid_index(hosts, {})
-        assert v.verdict == "WARN" and v.summary.startswith("c GID index 1: the fabric GID index differs from 3"), v.summary
-        assert f"{var} is set on a=3" in v.summary and v.facts["forced_by_env"] == {"a": {var: "3"}}
+        assert v.verdict == "WARN" and v.summary.startswith(f"c GID index 1 while {var}=3 is forced there"), v.summary
+        assert f"{var} is set on a=3, c=3" in v.summary
+        assert v.facts["forced_by_env"] == {"a": {var: "3"}, "c": {var: "3"}}
     # two engines forcing on two hosts: both named, grouped by variable
     hosts = [forced("a", 3, {"MC_GID_INDEX": "3"}), forced("b", 3, {"NCCL_IB_GID_INDEX": "3"}), _host("c", gid_index=1)]
     v = fg.gid_index(hosts, {})
@@ -277,4 +281,33 @@ def test_gid_index_counts_every_engines_forced_index():
     old.report["summary"].pop("gid_index_envs")
     old._summary = None
     v = fg.gid_index([old, _host("c", gid_index=1)], {})
-    assert v.verdict == "WARN" and "NCCL_IB_GID_INDEX is set on a=3" in v.summary
+    assert v.verdict == "PASS" and "NCCL_IB_GID_INDEX is set on a=3" in v.summary
+    old = _host("a", gid_index=1)
+    old.report["summary"] = {**old.summary, "gid_index_env": "3"}
+    old.report["summary"].pop("gid_index_envs")
+    old._summary = None
+    v = fg.gid_index([old, _host("c", gid_index=1)], {})
+    assert v.verdict == "WARN" and v.summary.startswith("a GID index 1 while NCCL_IB_GID_INDEX=3 is forced there")
+
+
+def test_gid_index_compares_each_host_with_its_own_forced_value():
+    """Each host's forced index is judged against its own GID table: hosts forcing different values that
+    are each right PASS (before: the fleet's most common forced value was the reference, so a host forcing
+    its own correct 5 was WARNed against 3, contradicting its devicemap-env PASS); engines are not pooled."""
+    def forced(name, gid_index, env):
+        return _host(name, gid_index=gid_index, env=env)
+
+    nccl = "NCCL_IB_GID_INDEX"
+    v = fg.gid_index([forced("a", 3, {nccl: "3"}), forced("b", 3, {nccl: "3"}), forced("c", 5, {nccl: "5"})], {})
+    assert v.verdict == "PASS" and "forces its own index" in v.summary, v.summary
+    # other engines' variables are no reference for NCCL's: MC=3 on a, UCX=3 on b, NCCL=5 on c, each right
+    v = fg.gid_index([forced("a", 3, {"MC_GID_INDEX": "3"}), forced("b", 3, {"UCX_IB_GID_INDEX": "3"}),
+                      forced("c", 5, {nccl: "5"})], {})
+    assert v.verdict == "PASS", v.summary
+    # one host, two engines: only the variable that misses its own index is named
+    v = fg.gid_index([forced("a", 3, {nccl: "3"}), forced("c", 5, {nccl: "5", "MC_GID_INDEX": "3"})], {})
+    assert v.verdict == "WARN" and v.summary.startswith("c GID index 5 while MC_GID_INDEX=3 is forced there:")
+    assert v.facts["forced_elsewhere"] == {"c": {"MC_GID_INDEX": "3"}}
+    # the inventory's gid_index: every host compared with it, forced or not
+    v = fg.gid_index([forced("a", 3, {nccl: "3"}), forced("c", 5, {nccl: "5"})], {"gid_index": 3})
+    assert v.verdict == "WARN" and v.summary.startswith("c GID index 5: ") and "inventory forces gid_index 3" in v.summary

@@ -309,14 +309,16 @@ def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
 
 def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     """The fabric IP's RoCE v2 GID index per host (``fabric.rocev2-ipv4`` facts ``entry.gid_index``).
-    Different indexes are fine for stacks that pick the GID per host; WARN when a stack forces one
-    index: an engine's forced GID index in any host's env (summary ``gid_index_envs``:
-    ``NCCL_IB_GID_INDEX``, Mooncake's ``MC_GID_INDEX``, ``UCX_IB_GID_INDEX``; older summaries'
-    ``gid_index_env``, NCCL's), or the inventory's ``gid_index``."""
+    Different indexes are fine for stacks that pick the GID per host. WARN names a host where a forced
+    index reaches another GID: an engine's forced GID index in that host's own env (summary
+    ``gid_index_envs``: ``NCCL_IB_GID_INDEX``, Mooncake's ``MC_GID_INDEX``, ``UCX_IB_GID_INDEX``, each
+    compared with the host's own index, never pooled across hosts or engines; older summaries'
+    ``gid_index_env``, NCCL's) that differs from its own index, or, when the inventory forces
+    ``gid_index``, a host whose index differs from it. A host that forces nothing picks its own GID."""
     gid = "fleet.gid-index"
     idx: dict[str, int] = {}
     unknown: list[str] = []
-    forced: dict[str, str] = {}
+    forced: dict[str, dict[str, str]] = {}
     for h in fleet:
         if not h.ok:
             continue
@@ -332,29 +334,29 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         else:
             idx[h.name] = i
     want = _int(expect.get("gid_index"))
-    facts = {"gid_index": idx, "unknown": unknown, "forced_by_env": forced, "expected": want,
-             "not_judged": _not_judged(fleet)}
+    # per host, the forced values that are not its own index (a value that is no number counts: it is wrong too)
+    wrong = {n: {k: v for k, v in forced.get(n, {}).items() if _int(v.strip()) != i} for n, i in idx.items()}
+    wrong = {n: w for n, w in wrong.items() if w}
+    facts = {"gid_index": idx, "unknown": unknown, "forced_by_env": forced, "forced_elsewhere": wrong,
+             "expected": want, "not_judged": _not_judged(fleet)}
     if not idx:
         return Verdict(gid, SKIP, "no host reported its fabric GID index (fabric.rocev2-ipv4 found no entry)"
                        + _tail(fleet), remedy("fleet.unreachable"), facts)
-    force_txt = (f"the inventory forces gid_index {want}" if want is not None else
-                 "; ".join(f"{var} is set on " + _names([f"{n}={e[var]}" for n, e in forced.items() if var in e])
-                           for var in sorted({k for e in forced.values() for k in e})) if forced else "")
-    if want is not None:
-        ref = want
-    elif forced:
-        vals = [_int(v) for e in forced.values() for v in e.values() if _int(v) is not None]
-        ref = Counter(vals).most_common(1)[0][0] if vals else _minority(idx)[0]
-    else:
-        ref = _minority(idx)[0]
-    off = [n for n, i in idx.items() if i != ref]
-    if off and force_txt:
-        parts = [f"{n} GID index {idx[n]}" for n in off]
-        return Verdict(gid, WARN, f"{_names(parts)}: the fabric GID index differs from {ref} while {force_txt}: one "
-                       "forced index reaches the wrong GID there" + _tail(fleet), remedy(gid), facts)
+    force_txt = "; ".join(f"{var} is set on " + _names([f"{n}={e[var][:20]}" for n, e in forced.items() if var in e])
+                          for var in sorted({k for e in forced.values() for k in e}))
+    off = [n for n, i in idx.items() if want is not None and i != want or n in wrong]
     if off:
-        return Verdict(gid, PASS, f"GID indexes differ ({_names([f'{n}={i}' for n, i in idx.items()])}) but nothing "
-                       "forces one index (each host picks its own)" + _tail(fleet), "nothing to do", facts)
+        parts = [f"{n} GID index {idx[n]}" + (" while " + ", ".join(f"{k}={v[:20]}" for k, v in wrong[n].items())
+                                              + " is forced there" if n in wrong else "") for n in off]
+        return Verdict(gid, WARN, f"{_names(parts)}: a forced index reaches another GID there"
+                       + (f"; the inventory forces gid_index {want}" if want is not None else "")
+                       + (f"; {force_txt}" if force_txt else "") + _tail(fleet), remedy(gid), facts)
+    if len(set(idx.values())) > 1:
+        how = ("each host that forces one forces its own index: " + force_txt if force_txt else
+               "nothing forces one index (each host picks its own)")
+        return Verdict(gid, PASS, f"GID indexes differ ({_names([f'{n}={i}' for n, i in idx.items()])}) but {how}"
+                       + _tail(fleet), "nothing to do", facts)
+    ref = next(iter(idx.values()))
     return Verdict(gid, PASS, f"{len(idx)} host(s) at GID index {ref}" + (f"; {force_txt}" if force_txt else "")
                    + _tail(fleet), "nothing to do", facts)
 
