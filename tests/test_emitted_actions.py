@@ -417,7 +417,8 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     from test_merge import _host
     from afddiag.gates import fleet as fg
 
-    units = [_host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"}), _host("c", gid_index=1)]
+    units = [_host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"}),
+             _host("c", gid_index=1, env={"NCCL_IB_GID_INDEX": "3"})]  # c forces 3 at its GID 1
     seen.add_verdicts([fg.gid_index(units, {}), fg.versions([_host("a"), _host("b", driver="575.9")], {}),
                        fg.versions([_host("a"), _host("b", afddiag="0.0.1")], {})], "units")
     from test_fleet_like_with_like import _rep
