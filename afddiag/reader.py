@@ -160,12 +160,18 @@ def load_json(path: str | os.PathLike, root: str | os.PathLike | None = None, ma
     return parse_json(read_bytes(path, root, max_bytes, timeout_s), os.fspath(path), max_depth)
 
 
+ERRNO_SUFFIX = ".errno"  # <attr>.errno in a capture: the attribute was there but its read failed with this errno
+
+
 def confined_reader(root: str | os.PathLike, read=None, max_bytes: int = 65536):
     """A sysfs-style reader ``(path) -> stripped text`` for a snapshot folder. A path that resolves
     out of ``root`` or is not a regular file (a link to /dev/zero, a FIFO, a socket) raises
     :class:`RefusedRead`: the fabric probe does not take it for an absent attribute, it stops, and
     its gates say ERROR naming the file. ``read`` (default: a
-    ``max_bytes`` read) reads what passes the check."""
+    ``max_bytes`` read) reads what passes the check. An absent attribute beside an
+    ``<attr>.errno`` file (a capture's record that the live read failed: ``22`` for a netdev's
+    ``speed`` while its link was down) raises OSError with that errno, as the kernel answered the
+    capture; without one, FileNotFoundError."""
     base = os.path.realpath(root)
     prefix = base.rstrip(os.sep) + os.sep
 
@@ -177,10 +183,28 @@ def confined_reader(root: str | os.PathLike, read=None, max_bytes: int = 65536):
             os.close(fd)
 
     inner = read or small
+
+    def _recorded_errno(marker: str) -> int | None:
+        """The errno a capture recorded for an unreadable attribute (a small regular file inside the
+        snapshot holding 1-3 digits, 1..4095), or None."""
+        try:
+            st = os.lstat(marker)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 8 or not os.path.realpath(marker).startswith(prefix):
+                return None
+            text = small(marker)
+        except (OSError, ValueError):
+            return None
+        return int(text) if text.isascii() and text.isdigit() and 0 < int(text) < 4096 else None
     real_dirs: dict[str, str] = {}  # folder -> its real path (a GID table is 1,000 files in one folder)
 
     def confined(path: str) -> str:
-        st = os.lstat(path)  # FileNotFoundError etc. reach the caller as the kernel's answer would
+        try:
+            st = os.lstat(path)  # FileNotFoundError etc. reach the caller as the kernel's answer would
+        except FileNotFoundError:
+            code = _recorded_errno(path + ERRNO_SUFFIX)
+            if code:
+                raise OSError(code, os.strerror(code), path) from None
+            raise
         head, tail = os.path.split(path)
         real_dir = real_dirs.get(head)
         if real_dir is None:

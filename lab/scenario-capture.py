@@ -10,7 +10,7 @@ Builds the incident host of lab/run-scenario.py (rxe ``zrxe0`` on va without IPv
 2. ``afddiag capture -o OUTDIR/capture.tar.gz --fabric-ip 10.9.0.2 --peer 10.9.0.1`` (the bundle the
    host side replays: every registered probe's readings, the route to the peer included);
 3. ``afddiag fabric --no-qp --format prometheus --output OUTDIR/afddiag.prom``;
-4. ``afddiag history --json``.
+4. ``afddiag history --json --all-gates``.
 
 ``SECRET_TOKEN`` is set in the environment to check that it does not leave the host;
 ``NCCL_SOCKET_IFNAME`` (allow-listed) to check that it does. Writes OUTDIR/results.json and run.log.
@@ -48,7 +48,7 @@ def main() -> int:
         results["runs"]["prometheus"] = run_cli("prometheus", ["fabric", "--no-qp", "--fabric-ip", FABRIC_IP,
                                                                "--format", "prometheus", "--output",
                                                                os.path.join(outdir, "afddiag.prom")])
-        results["runs"]["history"] = run_cli("history", ["history", "--json"])
+        results["runs"]["history"] = run_cli("history", ["history", "--json", "--all-gates"])
     except Exception:
         results["errors"].append(traceback.format_exc())
         log(traceback.format_exc())

@@ -408,7 +408,10 @@ def test_lab_prometheus_and_history_in_the_guest(capture_lab):
     hist = capture_lab["runs"]["history"]["json"]
     assert hist and len(hist["hosts"]) == 1
     (h,) = hist["hosts"].values()
-    assert h["runs"] == 2 and h["gates"]["fabric.first-device"][0]["verdict"] == "FAIL"
+    # both live runs are recorded: history compares runs of the latest run's command (fabric) and names
+    # the other command's (all) apart
+    assert h["command"] == "fabric" and h["runs"] == 1 and h["gates"]["fabric.first-device"][0]["verdict"] == "FAIL"
+    assert [(o["command"], o["runs"]) for o in h["other"]] == [("all", 1)]
 
 
 def test_devicemap_reads_a_bundle_like_a_folder(tmp_path, monkeypatch):

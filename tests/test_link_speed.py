@@ -76,3 +76,32 @@ def test_capture_replay_link_speed(tmp_path, speed, verdict):
 def test_case_without_speed_file_skips():
     v = _gate(["fabric", "--json", "--no-qp", "--snapshot", str(CX7), "--fabric-ip", "198.51.100.72"])
     assert v["verdict"] == "SKIP" and "not read" in v["summary"]
+
+
+def test_a_speed_refused_live_replays_with_the_same_errno(tmp_path):
+    """A netdev whose speed read fails with EINVAL (the link down, as rxe's veths answer in the lab)
+    is captured as that refusal (speed.errno), and the replay says what the live run said, not 'not
+    captured'; the same bundle without the marker still says not captured."""
+    import errno as _errno
+
+    from afddiag.probes.sysfs import read_text
+    from test_capture import case_sources
+
+    snap = _with_speed(tmp_path, 200000)
+
+    def reader(path):
+        if path.endswith("/ens3np0/speed"):
+            raise OSError(_errno.EINVAL, "Invalid argument", path)
+        return read_text(path)
+
+    files, _, _ = collect_bundle(case_sources(snap, reader=reader))
+    assert "sys/class/net/ens3np0/speed" not in files
+    assert files["sys/class/net/ens3np0/speed.errno"].decode().strip() == "22"
+    bundle = tmp_path / "b.tar.gz"
+    write_bundle(bundle, case_sources(snap, reader=reader))
+    args = ["fabric", "--json", "--no-qp", "--role", "expert", "--fabric-ip", "198.51.100.72", "--snapshot"]
+    v = _gate(args + [str(bundle)])
+    assert v["verdict"] == "SKIP" and "not captured" not in v["summary"] and "EINVAL" in v["summary"], v
+    (snap / "sys/class/net/ens3np0/speed").unlink()
+    v = _gate(args + [str(snap)])
+    assert v["verdict"] == "SKIP" and "not captured" in v["summary"], v

@@ -146,8 +146,9 @@ def test_probe_reads_the_upstream_ports_maximum(tmp_path):
 
 
 @pytest.mark.parametrize("port_max,nic,verdict,words", [
-    # a slot wired x2 Gen4 under a Gen5 x4 card: trained x2 Gen4 is all the board allows: nothing to reseat
-    (("16.0 GT/s PCIe", "2"), ("16.0 GT/s PCIe", "2"), "PASS", "the slot's design, not a fault"),
+    # a port giving the Gen5 x4 card two lanes: trained x2 is all the slot allows: nothing to reseat, but
+    # the slot's width may be the BIOS's (bifurcation, lane sharing): WARN CHECK_BIOS, no drain
+    (("16.0 GT/s PCIe", "2"), ("16.0 GT/s PCIe", "2"), "WARN", "the most its upstream port 0000:00:01.0 x2 at 16 GT/s allows"),
     # the port allows x4: trained x2 is a fault of this link
     (("32.0 GT/s PCIe", "4"), ("32.0 GT/s PCIe", "2"), "FAIL", "upstream port 0000:00:01.0 x4 at 32 GT/s"),
     # the port allows Gen5: a NIC at Gen4 trained a generation below what both ends support
@@ -165,8 +166,13 @@ def test_the_link_is_judged_against_both_ends(tmp_path, port_max, nic, verdict, 
     assert v["verdict"] == verdict and words in v["summary"], v
     if verdict == "PASS":
         assert v["action"] == "NONE" and "reseat" not in v["remedy"]
+    elif "x2 at 16" in words:  # the slot, not the card
+        assert v["action"] == "CHECK_BIOS" and "nothing to reseat" in v["remedy"] and "bifurcation" in v["remedy"]
+        from afddiag import catalog
+
+        assert catalog.load()["actions"]["CHECK_BIOS"]["drain"] is False
     else:
-        assert "reseat" in v["remedy"] and "not read" not in v["summary"]
+        assert "reseat" in v["remedy"] and "not read" not in v["summary"] and v["action"] == "HW_INSPECTION"
 
 
 def test_without_the_ports_reading_a_narrow_link_fails_and_says_read_the_port_first(tmp_path):
@@ -180,3 +186,17 @@ def test_without_the_ports_reading_a_narrow_link_fails_and_says_read_the_port_fi
     v = _gate(["all", "--json", "--snapshot", str(snap)])
     assert v["verdict"] == "FAIL" and "upstream port's maximum not read" in v["summary"]
     assert v["remedy"].index(NIC) < v["remedy"].index("reseat")
+
+
+def test_a_x16_gpu_behind_a_x8_port_is_a_warning_to_check_the_bios_not_a_pass():
+    """A root port's width follows the BIOS's bifurcation and lane sharing: a coordinator GPU at half its
+    lanes because its port is x8 is not the card's fault (no reseat) but not a pass either."""
+    link = PcieLink(GPU, "gpu", ["nvidia"], 32.0, 8, 32.0, 16, upstream_bdf="0000:00:01.1",
+                    upstream_max_speed_gts=32.0, upstream_max_width=8)
+    verdict, finding = host.judge_pcie_link(link)
+    assert verdict == "WARN" and "capable of x16" in finding and "upstream port 0000:00:01.1 x8" in finding
+    assert host._port_narrow(link)
+    # the same GPU trained x4 behind the x8 port: the link itself fell short of both ends
+    short = PcieLink(GPU, "gpu", ["nvidia"], 32.0, 4, 32.0, 16, upstream_bdf="0000:00:01.1",
+                     upstream_max_speed_gts=32.0, upstream_max_width=8)
+    assert host.judge_pcie_link(short)[0] == "FAIL" and not host._port_narrow(short)

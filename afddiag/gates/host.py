@@ -172,8 +172,10 @@ def judge_pcie_link(link) -> tuple[str, str | None]:
     train to (:func:`_link_cap`: the lower of the function's and its upstream port's maximum):
     FAIL when it trained fewer lanes than that (a NIC or GPU capped at a fraction of its bandwidth);
     WARN when a NIC trained below that speed (GPUs lower the link speed at idle by design: not
-    judged); SKIP when a figure is unreadable; else PASS, with a finding when the port, not the card,
-    is the limit (a Gen4 slot, a slot wired x2: the board's design, nothing to reseat). Without the
+    judged); WARN too when the port's width, narrower than the card's, is the limit (the slot's wiring
+    or the BIOS's bifurcation / lane sharing: nothing to reseat, something to check); SKIP when a
+    figure is unreadable; else PASS, with a finding when the port's generation, not the card, is the
+    limit (a Gen5 NIC in a Gen4 slot). Without the
     port's reading a narrower link still FAILs, and the finding says the port's maximum was not read.
     ``finding`` names the device. Pure."""
     who = f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf}" + (f" ({', '.join(link.names)})" if link.kind == "nic" and link.names else "")
@@ -190,11 +192,26 @@ def judge_pcie_link(link) -> tuple[str, str | None]:
     speed_low = link.current_speed_gts < cap_speed
     if link.kind == "nic" and speed_low:
         return WARN, f"{who}: PCIe link trained {now}, {cap}"
-    if port_known and (link.current_width < link.max_width
-                       or (link.kind == "nic" and link.current_speed_gts < link.max_speed_gts)):
+    if port_known and link.current_width < link.max_width:
+        # The port's LnkCap is narrower than the card: a board wired so (a GX10's CX-7 functions), or
+        # the BIOS's bifurcation / lane sharing (an M.2 drive taking half of an x16 slot), which the
+        # operator can change. Not a fault of the card (no reseat), but half the bandwidth is a claim
+        # worth a look: WARN, CHECK_BIOS (no drain).
+        return WARN, (f"{who}: PCIe link {now}, the most its {port} allows; the card is capable of {own} "
+                      "(the slot's lane count: its wiring, or the BIOS's bifurcation or lane sharing)")
+    if port_known and link.kind == "nic" and link.current_speed_gts < link.max_speed_gts:
         return PASS, (f"{who}: {now}, the most its {port} allows (the card is capable of {own}: "
-                      "the slot's design, not a fault)")
+                      "the slot's generation, not a fault)")
     return PASS, None
+
+
+def _port_narrow(link) -> bool:
+    """The link is at its port's width, which is narrower than the card's (:func:`judge_pcie_link`'s
+    port WARN): the slot, not the card. Pure."""
+    cap_speed, cap_width, known = _link_cap(link)
+    return (known and None not in (link.current_width, link.max_width, link.current_speed_gts)
+            and link.current_width == cap_width < link.max_width
+            and not (link.kind == "nic" and link.current_speed_gts < (cap_speed or 0)))
 
 
 def pcie(ctx: Context) -> Verdict:
@@ -213,6 +230,9 @@ def pcie(ctx: Context) -> Verdict:
             unknown = [link for link, _ in found if not _link_cap(link)[2]]
             rem = (remedy("host.pcie.port-unknown").format(bdfs=", ".join(link.bdf for link in unknown)) + " "
                    + remedy(gid)) if unknown else remedy(gid)
+            if worst == WARN and all(_port_narrow(link) for link, _ in found):
+                return Verdict(gid, WARN, "; ".join(f for _, f in found), remedy("host.pcie.port-narrow"), facts,
+                               action="CHECK_BIOS")
             return Verdict(gid, worst, "; ".join(f for _, f in found), rem, facts)
     ok = [link for link, v, _ in judged if v == PASS]
     if not ok:

@@ -38,6 +38,7 @@ How to add a probe
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -527,7 +528,9 @@ def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
 def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: list[str]) -> None:
     """The sysfs files the fabric probe reads → ``files`` (``sys/...``, each the stripped text and a
     newline): attributes of empty GID slots are not copied, ``gid_attrs/EINVAL-SLOTS`` lists the
-    slots whose attributes are absent or failed to read (as in the shared cases)."""
+    slots whose attributes are absent or failed to read (as in the shared cases); a netdev attribute
+    that is there but refused its read (``speed``: EINVAL while the link is down) leaves
+    ``<attr>.errno`` with the errno, which a replay raises again (:func:`afddiag.reader.confined_reader`)."""
     root = _root(run)
     ib = os.path.join(root, "sys", "class", "infiniband")
     net = os.path.join(root, "sys", "class", "net")
@@ -566,11 +569,17 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
                     einval.append(int(slot))
             if einval:
                 put(f"{prel}/gid_attrs/EINVAL-SLOTS", "\n".join(str(i) for i in einval))
+    from afddiag.reader import ERRNO_SUFFIX
+
     for nd in _names(net):
         for a in NET_ATTRS:
-            v = _try(run, f"{net}/{nd}/{a}")
-            if v is not None:
-                put(f"sys/class/net/{nd}/{a}", v)
+            try:
+                put(f"sys/class/net/{nd}/{a}", _sysread(run, f"{net}/{nd}/{a}"))
+            except OSError as e:  # there but refused (speed: EINVAL while the link is down): the replay
+                if e.errno and e.errno != errno.ENOENT:  # raises the same errno (afddiag.reader)
+                    put(f"sys/class/net/{nd}/{a}{ERRNO_SUFFIX}", str(e.errno))
+            except (UnicodeError, ValueError):
+                pass
 
 
 def _fabric_failed(why: str) -> dict[str, Any]:
