@@ -22,8 +22,40 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, RdmaDevice, carriers, is_empty_gid, rocev2_carriers,
-                                  usable_rocev2)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from afddiag.model.fabric import Entry, FabricFacts, RdmaDevice
+
+ROCE_V2 = "RoCE v2"  # afddiag.model.fabric.ROCE_V2 (a test keeps them equal)
+
+
+def _fabric(name: str) -> Any:
+    """``afddiag.model.fabric.<name>``, imported on first use: resolving the fabric IP of a run
+    without fabric facts (`afddiag gpu`) never loads the fabric models."""
+    import afddiag.model.fabric as fabric
+
+    return getattr(fabric, name)
+
+
+def carriers(*a: Any, **k: Any) -> list:
+    """:func:`afddiag.model.fabric.carriers`."""
+    return _fabric("carriers")(*a, **k)
+
+
+def rocev2_carriers(*a: Any, **k: Any) -> list:
+    """:func:`afddiag.model.fabric.rocev2_carriers`."""
+    return _fabric("rocev2_carriers")(*a, **k)
+
+
+def usable_rocev2(*a: Any, **k: Any) -> list:
+    """:func:`afddiag.model.fabric.usable_rocev2`."""
+    return _fabric("usable_rocev2")(*a, **k)
+
+
+def is_empty_gid(gid: str) -> bool:
+    """:func:`afddiag.model.fabric.is_empty_gid`."""
+    return _fabric("is_empty_gid")(gid)
 
 SGID_FABRIC_IP = "fabric IP"
 SGID_FALLBACK = "first RoCE v2 GID (fallback)"

@@ -109,3 +109,27 @@ def test_readme_fresh_machine_commands_work_as_root_without_sudo_and_ci_runs_the
     for script in ("scripts/setup.sh", "scripts/test.sh"):
         text = (root / script).read_text()
         assert 'SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"' in text, script
+
+
+def test_a_gpu_run_never_loads_the_fabric_models():
+    """`afddiag gpu` (issue 16's start-up budget): the fabric models (a dozen dataclasses, a measurable
+    part of a cold run) and the fabric gates stay unloaded when no fabric facts are gathered."""
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, io, contextlib\n"
+            "from afddiag import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    cli.run(['gpu', '--json', '--no-history', '--snapshot', sys.argv[1]])\n"
+            "print(sorted(m for m in sys.modules if m in ('afddiag.model.fabric', 'afddiag.gates.fabric', "
+            "'afddiag.probes.qp')))\n")
+    for target in (str(root / "tests/fixtures/gpu/h200-live-idle"), ""):  # a replay, and this host live
+        run = code if target else code.replace("'--snapshot', sys.argv[1]", "")
+        out = subprocess.run([sys.executable, "-c", run, target], capture_output=True, text=True, cwd=root,
+                             check=True).stdout
+        assert out.strip() == "[]", (target or "live", out)
+
+
+def test_endpoint_roce_v2_is_the_models():
+    from afddiag import endpoint
+    from afddiag.model import fabric
+
+    assert endpoint.ROCE_V2 == fabric.ROCE_V2

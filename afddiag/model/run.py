@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from afddiag.model.fabric import FabricFacts, MemRegFacts, QpFacts, RouteFacts
 from afddiag.model.gpu import GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts, PcieFacts, ReachFacts
+
+if TYPE_CHECKING:  # field types only: a gpu run never loads the fabric models
+    from afddiag.model.fabric import FabricFacts, MemRegFacts, QpFacts, RouteFacts
 
 ALL_FAMILIES = frozenset({"fabric", "gpu", "host", "launch"})
 

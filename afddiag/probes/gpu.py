@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from afddiag.facts import NOT_SUPPORTED, clocks_event_reason_names
+from afddiag.model.gpu import NOT_SUPPORTED, clocks_event_reason_names
 from afddiag.probes import cudadrv, nvml
 from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA
 from afddiag.textnum import digits

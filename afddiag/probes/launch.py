@@ -14,7 +14,7 @@ import subprocess
 
 from afddiag import proc
 
-from afddiag.facts import DeviceNode, HostLimits, ImageFacts
+from afddiag.model.host import DeviceNode, HostLimits, ImageFacts
 
 
 def _env_list(items: object) -> dict[str, str]:

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from afddiag.model import to_jsonable
-from afddiag.model.fabric import FabricFacts, QpFacts, RouteFacts, is_empty_gid
 from afddiag.model.gpu import GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts
 from afddiag.model.run import wants_load
@@ -224,6 +223,14 @@ def _from(src: Any, live: Callable[[], Any]) -> Any:
     if src is None:
         return None
     return live() if src is LIVE else src()
+
+
+def _fab():
+    """:mod:`afddiag.model.fabric`, imported when a fabric probe first needs it (a `gpu` run never
+    loads the fabric models: creating their dataclasses is a measurable part of its start-up)."""
+    import afddiag.model.fabric as fabric
+
+    return fabric
 
 
 def _sysread(run: Run, path: str) -> str:
@@ -508,7 +515,7 @@ def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     from afddiag.probes.sysfs import probe_fabric
 
     if r.get("sys") is None:
-        return {"fabric": FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])}
+        return {"fabric": _fab().FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])}
     notes: list[str] = list(r.get("notes") or []) if not run.live else []
     order, order_source = _parsed(r, "rdma-dev.json", parse_rdma_dev_json, "order_source", notes)
     addrs, addr_source = _parsed(r, "ip-addr.json", parse_ip_addr_json, "addr_source", notes)
@@ -557,7 +564,7 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
                     notes.append(f"{prel}/gids/{slot}: unreadable")
                     continue
                 put(f"{prel}/gids/{slot}", gid)
-                missing = is_empty_gid(gid)  # empty slots: the kernel answers EINVAL, never read
+                missing = _fab().is_empty_gid(gid)  # empty slots: the kernel answers EINVAL, never read
                 if not missing:
                     for kind in ("types", "ndevs"):
                         v = _try(run, f"{pdir}/gid_attrs/{kind}/{slot}")
@@ -583,7 +590,7 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
 
 
 def _fabric_failed(why: str) -> dict[str, Any]:
-    return {"fabric": FabricFacts(captured=False, failed=why, notes=[why])}
+    return {"fabric": _fab().FabricFacts(captured=False, failed=why, notes=[why])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,16 +606,16 @@ def _qp_bound(run: Run) -> float:
 def _qp_read(run: Run, progress: Any) -> dict[str, Any]:
     fab = run.obs.fabric
     if not run.inputs.run_qp:
-        return {"qp": QpFacts(ran=False, why="QP test not requested (--no-qp)")}
+        return {"qp": _fab().QpFacts(ran=False, why="QP test not requested (--no-qp)")}
     if fab is None or fab.failed:
-        return {"qp": QpFacts(ran=False, why="fabric probe failed: no devices to walk",
+        return {"qp": _fab().QpFacts(ran=False, why="fabric probe failed: no devices to walk",
                               failed=f"not run: {fab.failed}" if fab else "not run")}
     if not fab.devices:
-        return {"qp": QpFacts(ran=False, why="no RDMA device to open")}
+        return {"qp": _fab().QpFacts(ran=False, why="no RDMA device to open")}
     try:
         from afddiag.probes.qp import probe_qp
     except ImportError as e:
-        return {"qp": QpFacts(ran=False, why=f"QP probe unavailable: {e}")}
+        return {"qp": _fab().QpFacts(ran=False, why=f"QP probe unavailable: {e}")}
     progress.doing = "walking QPs RESET→INIT→RTR→RTS"
     return {"qp": probe_qp(fab, run.fabric_ip(), list(run.inputs.peers), run.inputs.timeout("qp_s"))}
 
@@ -650,7 +657,7 @@ def _route_read(run: Run, progress: Any) -> dict[str, Any]:
 def _route_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     from afddiag.probes.route import lookup_policy, read_sysctls, route_from_get_json, routes_from_table
 
-    facts = RouteFacts(fabric_ip=run.fabric_ip())
+    facts = _fab().RouteFacts(fabric_ip=run.fabric_ip())
     peers = list(run.inputs.peers)
     got, table = r.get("ip-route-get.json"), r.get("ip-route.json")
     rules = r.get("ip-rule.json") if isinstance(r.get("ip-rule.json"), list) else None
@@ -710,7 +717,7 @@ def _route_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: lis
 
 
 def _route_failed(why: str) -> dict[str, Any]:
-    return {"route": RouteFacts(captured=False, notes=[why], failed=why)}
+    return {"route": _fab().RouteFacts(captured=False, notes=[why], failed=why)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1064,8 +1071,8 @@ PROBES: tuple[Probe, ...] = (
           (Artifact("sys", "tree"), Artifact("rdma-dev.json"), Artifact("ip-addr.json")),
           _fabric_read, _fabric_facts, _fabric_failed, frozenset({"fabric"}), copy=_fabric_copy),
     Probe("qp", "QP probe", _qp_bound, (), _qp_read, lambda run, r, progress: {"qp": r["qp"]},
-          lambda why: {"qp": QpFacts(ran=False, why=why, failed=why)}, frozenset({"fabric"}), live_only=True,
-          replay=lambda run: {"qp": QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")}),
+          lambda why: {"qp": _fab().QpFacts(ran=False, why=why, failed=why)}, frozenset({"fabric"}), live_only=True,
+          replay=lambda run: {"qp": _fab().QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")}),
     Probe("route", "route probe (ip route get, ARP sysctls)", "fabric_s",
           (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("ip-rule.json"),
            Artifact("proc/sys/net/ipv4/conf", "tree")),

@@ -34,7 +34,18 @@ import subprocess
 from typing import Any
 
 from afddiag import proc
-from afddiag.model.fabric import RouteFacts, RouteResult
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from afddiag.model.fabric import RouteFacts, RouteResult
+
+
+def _result(*a: Any, **k: Any) -> RouteResult:
+    """:class:`afddiag.model.fabric.RouteResult`, imported on first use (the versions probe reads
+    rdma_core_version from this module in a `gpu` run, which never loads the fabric models)."""
+    from afddiag.model.fabric import RouteResult
+
+    return RouteResult(*a, **k)
 
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 
@@ -209,7 +220,7 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
     try:
         ipaddress.IPv4Address(peer)
     except ValueError:
-        return RouteResult(peer, error=f"{peer!r} is not IPv4", source=label)
+        return _result(peer, error=f"{peer!r} is not IPv4", source=label)
     ordered = sorted((r for r in rules if isinstance(r, dict)), key=lambda r: int(r.get("priority") or 0))
     for r in ordered:
         if not rule_matches(r, peer, src):
@@ -217,7 +228,7 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
         action = r.get("action") or "lookup"
         where = f"{label}: rule {r.get('priority', 0)}"
         if action in _REFUSE:
-            return RouteResult(peer, error=f"policy rule {r.get('priority', 0)} says {action}", source=where)
+            return _result(peer, error=f"policy rule {r.get('priority', 0)} says {action}", source=where)
         if action != "lookup":
             continue
         name = table_name(r.get("table"))
@@ -226,10 +237,10 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
         if hit is None:
             continue
         if hit.get("type", "unicast") in _REFUSE:
-            return RouteResult(peer, error=f"{hit['type']} route in table {name}", source=f"{where} → table {name}")
-        return RouteResult(peer, dev=hit.get("dev"), src=hit.get("prefsrc"), via=hit.get("gateway"),
+            return _result(peer, error=f"{hit['type']} route in table {name}", source=f"{where} → table {name}")
+        return _result(peer, dev=hit.get("dev"), src=hit.get("prefsrc"), via=hit.get("gateway"),
                            source=f"{where} → table {name}")
-    return RouteResult(peer, error="Network is unreachable (no policy rule's table has a route)", source=label)
+    return _result(peer, error="Network is unreachable (no policy rule's table has a route)", source=label)
 
 
 def _longest_prefix(peer: str, rows: list[dict[str, Any]], types: tuple[str, ...] = ("unicast",)) -> dict[str, Any] | None:
@@ -256,10 +267,10 @@ def route_from_get_json(peer: str, obj: Any, source: str) -> RouteResult:
     if isinstance(obj, list):
         obj = obj[0] if obj else None
     if not isinstance(obj, dict):
-        return RouteResult(peer, error=f"no route object for {peer}", source=source)
+        return _result(peer, error=f"no route object for {peer}", source=source)
     if obj.get("error"):
-        return RouteResult(peer, error=str(obj["error"])[:300], source=source, failed=obj.get("failed") is True)
-    return RouteResult(peer, dev=obj.get("dev"), src=obj.get("prefsrc") or obj.get("from"),
+        return _result(peer, error=str(obj["error"])[:300], source=source, failed=obj.get("failed") is True)
+    return _result(peer, dev=obj.get("dev"), src=obj.get("prefsrc") or obj.get("from"),
                        via=obj.get("gateway"), error=None if obj.get("dev") else "route has no device",
                        source=source)
 
@@ -271,12 +282,12 @@ def lookup_table(peer: str, table: list[dict[str, Any]], src: str = "route table
     try:
         ipaddress.IPv4Address(peer)
     except ValueError:
-        return RouteResult(peer, error=f"{peer!r} is not IPv4", source=src)
+        return _result(peer, error=f"{peer!r} is not IPv4", source=src)
     # `ip -j route show table all` also lists local, broadcast and policy tables: the main table only
     r = _longest_prefix(peer, [x for x in table if isinstance(x, dict) and table_name(x.get("table", "main")) == "main"])
     if r is None:
-        return RouteResult(peer, error="Network is unreachable (no matching route)", source=src)
-    return RouteResult(peer, dev=r.get("dev"), src=r.get("prefsrc"), via=r.get("gateway"), source=src)
+        return _result(peer, error="Network is unreachable (no matching route)", source=src)
+    return _result(peer, dev=r.get("dev"), src=r.get("prefsrc"), via=r.get("gateway"), source=src)
 
 
 def route_get(peer: str, fabric_ip: str | None, timeout_s: float) -> Any:
@@ -352,6 +363,8 @@ def probe_routes(root: str | None, fabric_ip: str | None, peers: list[str], netd
     """This host's route to every peer (``ip route get``) and the ARP sysctls of ``netdevs`` under
     ``root`` (None: ``/``). ``peers``: dotted IPv4 addresses. ``timeout_s`` bounds each ``ip`` call.
     Never raises. (A run reads routes through the registry's route probe, which also replays them.)"""
+    from afddiag.model.fabric import RouteFacts
+
     facts = RouteFacts(fabric_ip=fabric_ip)
     try:
         if root is None:

@@ -13,7 +13,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from afddiag.facts import FabricFacts, Gid, Netdev, Port, RdmaDevice, ipv4_from_gid, is_empty_gid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from afddiag.model.fabric import FabricFacts, Netdev, Port, RdmaDevice
 from afddiag.textnum import INT32_MAX, digits, kernel_int
 
 Reader = Callable[[str], str]
@@ -85,6 +88,8 @@ def read_port(port_dir: str, num: int, read: _Reader) -> Port:
     GIDs come from ``gids/<i>``; the type from ``gid_attrs/types/<i>`` ("RoCE v2" / "IB/RoCE v1")
     and the netdev from ``gid_attrs/ndevs/<i>``, read only for non-zero GIDs.
     """
+    from afddiag.model.fabric import Gid, Port, ipv4_from_gid, is_empty_gid
+
     port = Port(num=num)
     port.state = _after_colon(read(f"{port_dir}/state", port.notes))
     port.phys_state = _after_colon(read(f"{port_dir}/phys_state", port.notes))
@@ -111,6 +116,8 @@ def read_port(port_dir: str, num: int, read: _Reader) -> Port:
 def read_device(ib_dir: str, name: str, read: _Reader) -> RdmaDevice:
     """Read one HCA: ``node_guid``, ``node_type``, ``hca_type``, ``fw_ver``, ``board_id`` (the PSID on
     mlx5; quietly None where the driver has none) and every port."""
+    from afddiag.model.fabric import RdmaDevice
+
     base = f"{ib_dir}/{name}"
     dev = RdmaDevice(name=name)
     dev.node_guid = read(f"{base}/node_guid", dev.notes)
@@ -129,6 +136,8 @@ def read_netdev(net_dir: str, name: str, read: _Reader) -> Netdev:
     """Read one netdev's ``mtu`` (bytes), ``operstate`` and ``speed`` (Mb/s; the kernel refuses the
     read with EINVAL while the link is down and prints -1 for SPEED_UNKNOWN, as virtual NICs do;
     ``ethtool <if>`` "Speed:") from ``/sys/class/net/<name>/``."""
+    from afddiag.model.fabric import Netdev
+
     nd = Netdev(name=name)
     mtu = read(f"{net_dir}/{name}/mtu")
     nd.mtu = kernel_int(mtu, 0, INT32_MAX)
@@ -154,6 +163,8 @@ def probe_fabric(
     in what sysfs lacks). ``reader`` reads one
     file (injectable: tests emulate EINVAL with it). Returns :class:`FabricFacts`; never raises.
     """
+    from afddiag.model.fabric import FabricFacts, Netdev
+
     read = _Reader(reader)
     ib_dir = str(Path(root) / IB_CLASS)
     net_dir = str(Path(root) / NET_CLASS)
