@@ -29,3 +29,21 @@ def report_schema() -> dict:
 def _private_state_dir(tmp_path, monkeypatch):
     """Each test has its own state directory: a baseline recorded on this machine never leaks in."""
     monkeypatch.setenv("AFDDIAG_STATE_DIR", str(tmp_path / "state"))
+
+
+def fleet_table(reports: list[dict], folder: Path, hosts: list[str], width: int = 80):
+    """Write each report (its host renamed to the matching name in ``hosts``) under ``folder``, judge
+    them as a fleet and render the fleet table at ``width`` → ``(fleet result, table text)``."""
+    import io
+
+    from afddiag.fleet import judge, load_reports, write_fleet_table
+
+    files = []
+    for i, (rep, host) in enumerate(zip(reports, hosts)):
+        rep = {**rep, "host": host}
+        (folder / f"{i}.json").write_text(json.dumps(rep))
+        files.append(str(folder / f"{i}.json"))
+    fr = judge(load_reports(files))
+    buf = io.StringIO()
+    write_fleet_table(fr, buf, width=width)
+    return fr, buf.getvalue()

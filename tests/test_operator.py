@@ -104,8 +104,6 @@ def test_report_at_80_columns_cuts_nothing():
 
 
 def test_fleet_table_at_80_columns_cuts_nothing():
-    from afddiag.fleet import judge, load_reports, write_fleet_table
-
     paths = []
     for i, c in enumerate((C01, C02)):
         out = subprocess.run([sys.executable, "-m", "afddiag", "fabric", "--json", "--no-history", "--no-qp",
@@ -114,17 +112,9 @@ def test_fleet_table_at_80_columns_cuts_nothing():
     import tempfile
     from pathlib import Path
 
-    d = Path(tempfile.mkdtemp())
-    files = []
-    for i, text in enumerate(paths):
-        rep = json.loads(text)
-        rep["host"] = f"spark-{i}"
-        (d / f"{i}.json").write_text(json.dumps(rep))
-        files.append(str(d / f"{i}.json"))
-    fr = judge(load_reports(files))
-    buf = io.StringIO()
-    write_fleet_table(fr, buf, width=80)
-    text = buf.getvalue()
+    from conftest import fleet_table
+
+    fr, text = fleet_table([json.loads(t) for t in paths], Path(tempfile.mkdtemp()), [f"spark-{i}" for i in range(len(paths))])
     assert "…" not in text
     assert all(len(ln) <= 80 for ln in text.splitlines()[:-1])
     squashed = "".join(text.split())

@@ -225,7 +225,7 @@ def test_gid_table_catalog_and_merge_fit_80_columns(tmp_path):
     from afddiag.catalog import listing, load
     from afddiag.cli import _gather_fabric, make_inputs
     from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.fleet import judge, load_reports, write_fleet_table
+    from conftest import fleet_table
     from afddiag.gates.fabric import engine_device_for
     from afddiag.gidtable import gid_rows, legend, write_gid_table
 
@@ -249,16 +249,9 @@ def test_gid_table_catalog_and_merge_fit_80_columns(tmp_path):
     for gid, g in load()["gates"].items():  # every title starts in one column, whole
         first = next(ln for ln in cat if ln.startswith(gid + " "))
         assert first[col:].split()[0] == g["title"].split()[0] and first[:col].strip() == gid
-    reports = []
-    for i in range(3):
-        rep = json.loads(_cli("all", "--json", "--no-history", "--snapshot", C07).stdout)
-        rep["host"] = f"spark-with-a-long-name-{i}"
-        (tmp_path / f"{i}.json").write_text(json.dumps(rep))
-        reports.append(str(tmp_path / f"{i}.json"))
-    fr = judge(load_reports(reports))
-    buf = io.StringIO()
-    write_fleet_table(fr, buf, width=80)
-    _fits(buf.getvalue())
+    rep = json.loads(_cli("all", "--json", "--no-history", "--snapshot", C07).stdout)
+    fr, table = fleet_table([rep] * 3, tmp_path, [f"spark-with-a-long-name-{i}" for i in range(3)])
+    _fits(table)
     for g in fr["gates"]:
         if g["verdict"] in ("WARN", "FAIL", "ERROR"):
-            _whole(buf.getvalue(), g["remedy"])
+            _whole(table, g["remedy"])
