@@ -138,10 +138,14 @@ def cpu_refusals(cpu: dict[str, Any] | None) -> list[str]:
     - the loop ran on a busy host (:func:`afddiag.gates.host.cpu_contention`: samples that lost their
       core, samples that disagree, a load average at the CPU count): a noisy rate compared later
       makes every healthy run look fast or slow;
-    - host.cpu-clock FAILs on them (the clock under load stuck low).
+    - host.cpu-clock FAILs on them (the clock under load stuck low, nothing explaining it): judged
+      by the gate itself (generic playbook, no baseline), so the two never disagree.
 
-    Pure."""
-    from afddiag.gates import host as gates_host
+    Pure: judges the facts with the host gates, touches nothing."""
+    from afddiag.endpoint import resolve_fabric_ip
+    from afddiag.gates import Context, host as gates_host
+    from afddiag.model.run import Inputs, Observation
+    from afddiag.verdict import FAIL
 
     if not cpu or cpu.get("why") or cpu.get("failed") or not isinstance(cpu.get("loop_mops"), (int, float)):
         return []
@@ -150,18 +154,21 @@ def cpu_refusals(cpu: dict[str, Any] | None) -> list[str]:
     if busy:
         out.append(f"CPU loop {cpu['loop_mops']:g} Mop/s measured on a busy host ({'; '.join(busy)}): "
                    "record it when the host is idle")
-    clk, mx = cpu.get("under_load_mhz"), cpu.get("max_mhz")
-    if (isinstance(clk, (int, float)) and isinstance(mx, (int, float)) and mx
-            and clk < gates_host.SLOW_CLOCK_FRACTION * mx):
-        out.append(f"CPU clock under load {clk:.0f} MHz is {clk / mx:.0%} of max {mx:.0f} MHz: no healthy baseline")
+    ctx = Context(Observation("baseline", "baseline record", cpu=cpu), Inputs(), resolve_fabric_ip(None, None))
+    v = gates_host.cpu_clock(ctx)
+    if v.verdict == FAIL:
+        out.append(f"{v.id} FAILs: {v.summary}")
     return out
 
 
 def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
-           path: str | os.PathLike | None = None, forced: list[str] | None = None) -> Path:
+           path: str | os.PathLike | None = None, forced: list[str] | None = None,
+           cpu_forced: list[str] | None = None) -> Path:
     """Write the healthy figures of every GPU that has under-load readings (keyed by UUID) and the
-    CPU's, with kernel/driver/BIOS versions. ``forced``: the :func:`refusals` overridden by
-    ``--force`` (recorded as ``forced``/``forced_over``, and named wherever the baseline is used).
+    CPU's, with kernel/driver/BIOS versions. ``forced``: every refusal (:func:`refusals` and
+    :func:`cpu_refusals`) overridden by ``--force`` (recorded as ``forced``/``forced_over``, and named
+    wherever the baseline is used); ``cpu_forced``: those of them that are :func:`cpu_refusals`
+    (recorded on the CPU figures as ``forced_over``, which host.cpu-clock names).
     Returns the path. Raises OSError when it cannot write, ValueError when there is nothing to record."""
     gpus = {}
     for d in readings.get("devices") or []:
@@ -176,9 +183,8 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
             "gpus": gpus, "cpu": cpu or {}}
     if forced:
         data["forced"], data["forced_over"] = True, list(forced)
-        cpu_forced = [w for w in forced if w.startswith("CPU ")]
-        if cpu_forced and data["cpu"]:
-            data["cpu"] = {**data["cpu"], "forced_over": cpu_forced}
+    if cpu_forced and data["cpu"]:
+        data["cpu"] = {**data["cpu"], "forced_over": list(cpu_forced)}
     p = Path(path) if path else default_path()
     p.parent.mkdir(parents=True, exist_ok=True)
     from afddiag.atomic import atomic_write

@@ -694,7 +694,8 @@ def baseline_record(baseline_path, budget_s, force) -> int:
         return 3
     readings = (obs.gpu.readings if obs.gpu else None) or {}
     cpu_fig = {k: cpu[k] for k in bl.CPU_FIGURES if cpu.get(k) is not None}
-    refused = bl.refusals(readings) + bl.cpu_refusals(cpu)
+    cpu_refused = bl.cpu_refusals(cpu)
+    refused = bl.refusals(readings) + cpu_refused
     if refused and not force:
         click.echo("afddiag baseline record: not recorded: these figures are no healthy baseline:", err=True)
         for why in refused:
@@ -702,7 +703,8 @@ def baseline_record(baseline_path, budget_s, force) -> int:
         click.echo("  fix that and record again, or give --force to record them anyway (marked forced)", err=True)
         return 2
     try:
-        path = bl.record(readings, cpu_fig, obs.host, baseline_path, forced=refused if force else None)
+        path = bl.record(readings, cpu_fig, obs.host, baseline_path, forced=refused if force else None,
+                         cpu_forced=cpu_refused if force else None)
     except ValueError as e:
         click.echo(f"afddiag baseline record: {e}", err=True)
         return 2

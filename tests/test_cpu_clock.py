@@ -205,3 +205,23 @@ def test_baseline_record_refuses_a_cpu_loop_measured_on_a_busy_host(monkeypatch,
     assert v.verdict == "WARN" and "FORCED" in v.summary, v.summary
     code, _, _ = _record(monkeypatch, IDLE, "--path", str(tmp_path / "ok.json"))
     assert code == 0 and json.loads((tmp_path / "ok.json").read_text())["cpu"]["loop_on_cpu"] == IDLE["loop_on_cpu"]
+
+
+def test_baseline_record_refuses_on_host_cpu_clock_fail_and_follows_its_rule(monkeypatch, tmp_path):
+    """`baseline record` refuses exactly when host.cpu-clock FAILs: a clock stuck low with nothing to
+    explain it is refused (and --force marks the CPU figures forced); a low clock the governor explains
+    (the gate WARNs, no FAIL) is no reason to refuse."""
+    stuck = {**IDLE, "under_load_mhz": 1200}
+    assert judge(stuck, base=None).verdict == "FAIL"
+    path = tmp_path / "b.json"
+    code, err, _ = _record(monkeypatch, stuck, "--path", str(path))
+    assert code == 2 and "host.cpu-clock FAILs" in err and not path.exists(), err
+    code, _, out = _record(monkeypatch, stuck, "--path", str(path), "--force")
+    assert code == 0 and "FORCED over" in out
+    data = json.loads(path.read_text())
+    assert [w for w in data["cpu"]["forced_over"] if "host.cpu-clock" in w], data["cpu"]
+    assert all("host.cpu-clock" not in w for w in data["forced_over"] if w not in data["cpu"]["forced_over"])
+    governed = {**stuck, "governor": "powersave", "scaling_driver": "acpi-cpufreq"}
+    assert judge(governed, base=None).verdict == "WARN"
+    code, err, _ = _record(monkeypatch, governed, "--path", str(tmp_path / "g.json"))
+    assert "host.cpu-clock" not in err and "CPU clock" not in err, err
