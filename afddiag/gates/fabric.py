@@ -12,7 +12,7 @@ from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
                                   order_known, rocev2_carriers, usable_rocev2)
 from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
-from afddiag.model.pair import bandwidth_problem
+from afddiag.model.pair import BandwidthRun
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, not_probed, probe_failed
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
@@ -21,6 +21,39 @@ EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the devi
 ROCE_MTUS = (4096, 2048, 1024, 512, 256)
 ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
 
+#: A payload rate within this share of the one bytes and seconds give agrees with them (the client rounds
+#: seconds and Gb/s to 6 decimals); a rate above the link's speed by more than it is impossible.
+RATE_SLACK = 0.02
+
+
+def bandwidth_problem(bw: BandwidthRun, link_speed_mbps: int | None = None) -> str | None:
+    """None when a bandwidth run's figures can all be true; else one line naming the figure that
+    cannot (a saved result edited or corrupted, a peer that reported garbage): negative bytes or
+    Gb/s, bytes moved with no (or a non-positive) duration or no Gb/s figure, a Gb/s that does not follow
+    from bytes and seconds (``bytes * 8 / seconds / 1e9``, within :data:`RATE_SLACK`), negative per-QP
+    bytes, a payload rate above the link's negotiated speed
+    (``link_speed_mbps``, Mb/s; unknown or <= 0: not compared). Pure."""
+    if bw.bytes < 0:
+        return f"bytes {bw.bytes} is negative"
+    if bw.gbps is not None and bw.gbps < 0:
+        return f"gbps {bw.gbps:g} is negative"
+    if bw.seconds is not None and bw.seconds <= 0:
+        return f"seconds {bw.seconds:g} is not a duration"
+    if not bw.bytes:
+        return None if not bw.gbps else f"{bw.gbps:g} Gb/s with no byte moved"
+    if bw.seconds is None:
+        return f"{bw.bytes} bytes moved but no duration (seconds missing or not a number)"
+    if bw.gbps is None:
+        return f"{bw.bytes} bytes moved in {bw.seconds:g} s but no Gb/s figure (missing or not a number)"
+    rate = bw.bytes * 8 / bw.seconds / 1e9
+    if abs(bw.gbps - rate) > max(0.001, RATE_SLACK * rate):
+        return f"{bw.gbps:g} Gb/s does not follow from {bw.bytes} bytes in {bw.seconds:g} s ({rate:.6g} Gb/s)"
+    if any(q.bytes < 0 for q in bw.per_qp):
+        return f"a QP's bytes are negative ({', '.join(str(q.bytes) for q in bw.per_qp)})"
+    if link_speed_mbps and link_speed_mbps > 0 and bw.gbps * 1000 > link_speed_mbps * (1 + RATE_SLACK):
+        return (f"{bw.gbps:g} Gb/s of payload is faster than the link's negotiated {link_speed_mbps} Mb/s: "
+                "no port moves more than its line rate")
+    return None
 
 
 def roce_mtu(netdev_mtu: int) -> int:
