@@ -516,7 +516,6 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
 
     inputs = make_inputs(**kw)
     rep, obs = _diagnose("preflight", inputs)
-    record_run(rep, "preflight", enabled=not no_history, busy_s=kw.get("timeout_s"))
     ex = None
     if export:  # judge the launch as it will be: the launch env with the lines printed below laid over it
         import dataclasses
@@ -528,6 +527,8 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         if ex["fixed"]:
             click.echo(f"afddiag preflight --export: judged with the lines it prints, which fix {', '.join(ex['fixed'])}",
                        err=True)
+    # history keeps the report whose verdicts give the exit code (with --export: the launch as it will be)
+    record_run(rep, "preflight", enabled=not no_history, busy_s=kw.get("timeout_s"))
     shown = cleaned({"diagnosis": rep.get("diagnosis", []), "host": rep["host"], "gates": rep["gates"]})
     code = rep["exit_code"]
     if code == 1 and not strict:

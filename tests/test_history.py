@@ -293,3 +293,20 @@ def test_a_role_change_is_no_repair_replays_stay_apart_and_only_changes_show():
     assert "gpu.slow-state" in out
     out, _ = invoke(["history", "--replays"])
     assert "spark-b" in out and "snapshot replays" in out and "spark-a" not in out
+
+
+def test_preflight_export_records_the_report_that_gives_its_exit_code(tmp_path):
+    """preflight --export exits on the launch as it will be (its exports laid over the launch env):
+    history keeps that report, so its last run agrees with the exit code (no FAIL left when it exits 0)."""
+    case = next(c for c in FABRIC if c.name.startswith("01-spark-fabric-ip-on-nonfirst-device"))
+    fip = load_case(case)["fabric_ip"]
+    before = invoke(["preflight", "--snapshot", str(case), "--fabric-ip", fip, "--no-history"])[1]
+    assert before == 2  # without the exports the first device has no IPv4 GID
+    _, code = invoke(["preflight", "--export", "--snapshot", str(case), "--fabric-ip", fip])
+    assert code == 0
+    con = sqlite3.connect(tmp_path / "state" / "history.sqlite3")
+    rid, exit_code, rep = con.execute("SELECT id, exit_code, report FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+    verdicts = dict(con.execute("SELECT gate, verdict FROM verdicts WHERE run_id = ?", (rid,)).fetchall())
+    assert verdicts["fabric.first-device"] == "PASS", verdicts
+    assert exit_code in (0, 1) and not [g for g, v in verdicts.items() if v in ("FAIL", "ERROR")], verdicts
+    assert {g["id"]: g["verdict"] for g in json.loads(rep)["gates"]} == verdicts
