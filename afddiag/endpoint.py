@@ -22,40 +22,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from afddiag.model import ROCE_V2
 
 if TYPE_CHECKING:
     from afddiag.model.fabric import Entry, FabricFacts, RdmaDevice
-
-ROCE_V2 = "RoCE v2"  # afddiag.model.fabric.ROCE_V2 (a test keeps them equal)
-
-
-def _fabric(name: str) -> Any:
-    """``afddiag.model.fabric.<name>``, imported on first use: resolving the fabric IP of a run
-    without fabric facts (`afddiag gpu`) never loads the fabric models."""
-    import afddiag.model.fabric as fabric
-
-    return getattr(fabric, name)
-
-
-def carriers(*a: Any, **k: Any) -> list:
-    """:func:`afddiag.model.fabric.carriers`."""
-    return _fabric("carriers")(*a, **k)
-
-
-def rocev2_carriers(*a: Any, **k: Any) -> list:
-    """:func:`afddiag.model.fabric.rocev2_carriers`."""
-    return _fabric("rocev2_carriers")(*a, **k)
-
-
-def usable_rocev2(*a: Any, **k: Any) -> list:
-    """:func:`afddiag.model.fabric.usable_rocev2`."""
-    return _fabric("usable_rocev2")(*a, **k)
-
-
-def is_empty_gid(gid: str) -> bool:
-    """:func:`afddiag.model.fabric.is_empty_gid`."""
-    return _fabric("is_empty_gid")(gid)
 
 SGID_FABRIC_IP = "fabric IP"
 SGID_FALLBACK = "first RoCE v2 GID (fallback)"
@@ -84,7 +56,11 @@ def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp
     ambiguous when one rail's cable is pulled (it is not silently the other rail's address), and with
     one addressed rail it stays that rail's address (``fabric.link`` FAILs on its port). ``candidates``
     are the IPv4 RoCE v2 entries (:func:`afddiag.model.fabric.rocev2_carriers`, ACTIVE ports first)."""
-    cands = rocev2_carriers(fabric) if fabric else []
+    cands: list[Entry] = []
+    if fabric:  # a run without fabric facts (`afddiag gpu`) never loads the fabric models
+        from afddiag.model.fabric import rocev2_carriers
+
+        cands = rocev2_carriers(fabric)
     if given:
         return FabricIp(given, "--fabric-ip", cands)
     ips = sorted({e.ip for e in cands})
@@ -98,6 +74,8 @@ def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp
 def fabric_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
     """The entry carrying ``ip`` (its IPv4-mapped GID, on a netdev holding it): RoCE v2 on an
     ACTIVE port first, then any carrier, in enumeration order; None when nothing carries it."""
+    from afddiag.model.fabric import carriers
+
     if fabric is None or not ip:
         return None
     cs = carriers(fabric, ip)
@@ -107,6 +85,8 @@ def fabric_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
 
 def usable_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
     """The first IPv4 RoCE v2 GID on an ACTIVE port that carries ``ip`` (enumeration order), or None."""
+    from afddiag.model.fabric import usable_rocev2
+
     if fabric is None or not ip:
         return None
     return next((e for e in usable_rocev2(fabric) if e.ip == ip), None)
@@ -116,6 +96,8 @@ def device_map(fabric: FabricFacts | None) -> dict[str, str]:
     """Every IPv4 address with a RoCE v2 GID whose netdev holds it → its device (an ACTIVE port's
     first, then the first in enumeration order). A port whose link is down keeps its entry: the map
     is right whatever the cable does (fabric.link says the link is down)."""
+    from afddiag.model.fabric import rocev2_carriers
+
     chosen: dict[str, str] = {}
     for e in rocev2_carriers(fabric) if fabric else []:  # ACTIVE ports first
         chosen.setdefault(e.ip, e.device)
@@ -160,6 +142,8 @@ def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> s
 
 def devicemap_caveats(fabric: FabricFacts | None, dm: dict[str, str]) -> list[str]:
     """One line per map entry whose port is not ACTIVE: the entry is right, the link is not (fabric.link)."""
+    from afddiag.model.fabric import rocev2_carriers
+
     out = []
     for e in rocev2_carriers(fabric) if fabric else []:
         if dm.get(e.ip) == e.device and e.port_state != "ACTIVE":
@@ -234,7 +218,7 @@ def nccl_gid_index_for(fabric: FabricFacts, hca: str, fabric_ip: str | None) -> 
     at the same index, else ``(None, why)`` (no ACTIVE port selected, a port without an IPv4 RoCE v2
     GID, or different indexes). Raises nothing; a value NCCL cannot parse gives ``(None, why)``."""
     from afddiag.envvars import parse_nccl_hca
-    from afddiag.model.fabric import is_link_local_v4
+    from afddiag.model.fabric import is_link_local_v4, rocev2_carriers
 
     try:
         spec = parse_nccl_hca(hca)
@@ -332,6 +316,8 @@ def choose_sgid(dev: RdmaDevice, fabric_ip: str | None) -> SgidChoice:
        information falls back to (often an fe80 link-local GID) → ``"first RoCE v2 GID (fallback)"``.
     4. Else no source GID: ``sgid_index`` None, ``choice`` says why.
     """
+    from afddiag.model.fabric import is_empty_gid
+
     port_num = choose_port(dev, fabric_ip)
     port = next((p for p in dev.ports if p.num == port_num), None)
     if port is None:

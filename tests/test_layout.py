@@ -127,9 +127,3 @@ def test_a_gpu_run_never_loads_the_fabric_models():
                              check=True).stdout
         assert out.strip() == "[]", (target or "live", out)
 
-
-def test_endpoint_roce_v2_is_the_models():
-    from afddiag import endpoint
-    from afddiag.model import fabric
-
-    assert endpoint.ROCE_V2 == fabric.ROCE_V2

@@ -8,23 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
 from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import ERROR, SKIP, Verdict
 
-if TYPE_CHECKING:
-    from afddiag.endpoint import FabricIp
-
-
-def __getattr__(name: str) -> Any:
-    """``FabricIp`` and ``resolve_fabric_ip`` from :mod:`afddiag.endpoint` (the one place that decides
-    the fabric IP), imported on first use: a `gpu` run never loads the fabric models."""
-    if name in ("FabricIp", "resolve_fabric_ip"):
-        from afddiag import endpoint
-
-        return getattr(endpoint, name)
-    raise AttributeError(f"module 'afddiag.gates' has no attribute {name!r}")
 
 
 @dataclass

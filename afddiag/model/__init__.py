@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+ROCE_V2 = "RoCE v2"  # a GID's type as the kernel prints it (gid_attrs/types/<i>)
+ROCE_V1 = "IB/RoCE v1"
+
 
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, lists and dicts to plain JSON types."""

@@ -10,8 +10,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-ROCE_V2 = "RoCE v2"
-ROCE_V1 = "IB/RoCE v1"
+from afddiag.model import ROCE_V1, ROCE_V2  # noqa: F401 - re-exported: one definition, import-free
 
 
 # What a verbs errno from ibv_modify_qp means on RoCE (the QP probe records the errno, gates say it).

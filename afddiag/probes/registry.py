@@ -225,14 +225,6 @@ def _from(src: Any, live: Callable[[], Any]) -> Any:
     return live() if src is LIVE else src()
 
 
-def _fab():
-    """:mod:`afddiag.model.fabric`, imported when a fabric probe first needs it (a `gpu` run never
-    loads the fabric models: creating their dataclasses is a measurable part of its start-up)."""
-    import afddiag.model.fabric as fabric
-
-    return fabric
-
-
 def _sysread(run: Run, path: str) -> str:
     if run.host is not None and run.host.reader is not None:
         return run.host.reader(path)
@@ -511,11 +503,13 @@ def _parsed(r: dict, artifact: str, parse, source_key: str, notes: list[str]):
 
 
 def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.fabric import FabricFacts
+
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
     from afddiag.probes.sysfs import probe_fabric
 
     if r.get("sys") is None:
-        return {"fabric": _fab().FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])}
+        return {"fabric": FabricFacts(captured=False, notes=["fabric not captured (no sys/ in the snapshot)"])}
     notes: list[str] = list(r.get("notes") or []) if not run.live else []
     order, order_source = _parsed(r, "rdma-dev.json", parse_rdma_dev_json, "order_source", notes)
     addrs, addr_source = _parsed(r, "ip-addr.json", parse_ip_addr_json, "addr_source", notes)
@@ -538,6 +532,8 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
     slots whose attributes are absent or failed to read (as in the shared cases); a netdev attribute
     that is there but refused its read (``speed``: EINVAL while the link is down) leaves
     ``<attr>.errno`` with the errno, which a replay raises again (:func:`afddiag.reader.confined_reader`)."""
+    from afddiag.model.fabric import is_empty_gid
+
     root = _root(run)
     ib = os.path.join(root, "sys", "class", "infiniband")
     net = os.path.join(root, "sys", "class", "net")
@@ -564,7 +560,7 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
                     notes.append(f"{prel}/gids/{slot}: unreadable")
                     continue
                 put(f"{prel}/gids/{slot}", gid)
-                missing = _fab().is_empty_gid(gid)  # empty slots: the kernel answers EINVAL, never read
+                missing = is_empty_gid(gid)  # empty slots: the kernel answers EINVAL, never read
                 if not missing:
                     for kind in ("types", "ndevs"):
                         v = _try(run, f"{pdir}/gid_attrs/{kind}/{slot}")
@@ -590,7 +586,9 @@ def _fabric_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: li
 
 
 def _fabric_failed(why: str) -> dict[str, Any]:
-    return {"fabric": _fab().FabricFacts(captured=False, failed=why, notes=[why])}
+    from afddiag.model.fabric import FabricFacts
+
+    return {"fabric": FabricFacts(captured=False, failed=why, notes=[why])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -603,19 +601,28 @@ def _qp_bound(run: Run) -> float:
     return run.inputs.timeout("qp_s") * max(1, n) * max(1, len(run.inputs.peers)) + 2
 
 
+def _qp_not_run(why: str, failed: bool = False) -> dict[str, Any]:
+    """``{"qp": QpFacts}`` of a QP walk that did not run (``failed``: it timed out or crashed)."""
+    from afddiag.model.fabric import QpFacts
+
+    return {"qp": QpFacts(ran=False, why=why, failed=why if failed else None)}
+
+
 def _qp_read(run: Run, progress: Any) -> dict[str, Any]:
+    from afddiag.model.fabric import QpFacts
+
     fab = run.obs.fabric
     if not run.inputs.run_qp:
-        return {"qp": _fab().QpFacts(ran=False, why="QP test not requested (--no-qp)")}
+        return {"qp": QpFacts(ran=False, why="QP test not requested (--no-qp)")}
     if fab is None or fab.failed:
-        return {"qp": _fab().QpFacts(ran=False, why="fabric probe failed: no devices to walk",
+        return {"qp": QpFacts(ran=False, why="fabric probe failed: no devices to walk",
                               failed=f"not run: {fab.failed}" if fab else "not run")}
     if not fab.devices:
-        return {"qp": _fab().QpFacts(ran=False, why="no RDMA device to open")}
+        return {"qp": QpFacts(ran=False, why="no RDMA device to open")}
     try:
         from afddiag.probes.qp import probe_qp
     except ImportError as e:
-        return {"qp": _fab().QpFacts(ran=False, why=f"QP probe unavailable: {e}")}
+        return {"qp": QpFacts(ran=False, why=f"QP probe unavailable: {e}")}
     progress.doing = "walking QPs RESET→INIT→RTR→RTS"
     return {"qp": probe_qp(fab, run.fabric_ip(), list(run.inputs.peers), run.inputs.timeout("qp_s"))}
 
@@ -655,9 +662,11 @@ def _route_read(run: Run, progress: Any) -> dict[str, Any]:
 
 
 def _route_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    from afddiag.model.fabric import RouteFacts
+
     from afddiag.probes.route import lookup_policy, read_sysctls, route_from_get_json, routes_from_table
 
-    facts = _fab().RouteFacts(fabric_ip=run.fabric_ip())
+    facts = RouteFacts(fabric_ip=run.fabric_ip())
     peers = list(run.inputs.peers)
     got, table = r.get("ip-route-get.json"), r.get("ip-route.json")
     rules = r.get("ip-rule.json") if isinstance(r.get("ip-rule.json"), list) else None
@@ -717,7 +726,9 @@ def _route_copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: lis
 
 
 def _route_failed(why: str) -> dict[str, Any]:
-    return {"route": _fab().RouteFacts(captured=False, notes=[why], failed=why)}
+    from afddiag.model.fabric import RouteFacts
+
+    return {"route": RouteFacts(captured=False, notes=[why], failed=why)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -736,7 +747,7 @@ def _versions_read(run: Run, progress: Any) -> dict[str, Any]:
     src = run.host
     progress.doing = "reading the kernel, BIOS and rdma-core versions"
     if src.rdma_core is LIVE:
-        from afddiag.probes.route import rdma_core_version
+        from afddiag.probes.versions import rdma_core_version
 
         rdma = rdma_core_version()
     else:
@@ -1071,8 +1082,8 @@ PROBES: tuple[Probe, ...] = (
           (Artifact("sys", "tree"), Artifact("rdma-dev.json"), Artifact("ip-addr.json")),
           _fabric_read, _fabric_facts, _fabric_failed, frozenset({"fabric"}), copy=_fabric_copy),
     Probe("qp", "QP probe", _qp_bound, (), _qp_read, lambda run, r, progress: {"qp": r["qp"]},
-          lambda why: {"qp": _fab().QpFacts(ran=False, why=why, failed=why)}, frozenset({"fabric"}), live_only=True,
-          replay=lambda run: {"qp": _fab().QpFacts(ran=False, why="not captured: a snapshot holds no live QP test")}),
+          lambda why: _qp_not_run(why, failed=True), frozenset({"fabric"}), live_only=True,
+          replay=lambda run: _qp_not_run("not captured: a snapshot holds no live QP test")),
     Probe("route", "route probe (ip route get, ARP sysctls)", "fabric_s",
           (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("ip-rule.json"),
            Artifact("proc/sys/net/ipv4/conf", "tree")),

@@ -1,9 +1,9 @@
-"""Route, ARP-sysctl and version probe: how traffic to each peer leaves this host, and what the
+"""Route and ARP-sysctl probe: how traffic to each peer leaves this host, and what the
 kernel's ARP/reverse-path settings of the fabric netdevs are.
 
-Facts for ``fabric.route`` (the route to each peer leaves by the netdev of the selected GID),
-``fabric.arp`` (several rails on one subnet: replies must leave by the port the request came in on)
-and ``fleet.versions`` (kernel, BIOS, rdma-core).
+Facts for ``fabric.route`` (the route to each peer leaves by the netdev of the selected GID) and
+``fabric.arp`` (several rails on one subnet: replies must leave by the port the request came in on).
+The versions ``fleet.versions`` compares are read by :mod:`afddiag.probes.versions` and the registry.
 
 Sources, live (root ``/``):
 - the kernel's FIB lookup for ``<peer> from <fabric-ip>`` (policy rules included): over rtnetlink
@@ -11,9 +11,7 @@ Sources, live (root ``/``):
 - for a capture, the routing tables (``ip -j route show table all`` form) and the policy rules
   (``ip -j rule show`` form) through pyroute2, else iproute2;
 - ``/proc/sys/net/ipv4/conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` (the kernel uses
-  the larger of "all" and the interface's value for each: Documentation/networking/ip-sysctl.rst);
-- ``/proc/sys/kernel/osrelease``, ``/sys/class/dmi/id/bios_version``, the rdma-core version from the
-  ``libibverbs.so.1.<abi>.<rdma-core>.0`` file name.
+  the larger of "all" and the interface's value for each: Documentation/networking/ip-sysctl.rst).
 
 In a replay the same readings come from the snapshot (:mod:`afddiag.probes.registry` knows its
 layout); without a recorded ``ip route get`` the lookup is redone from the tables: the policy rules
@@ -24,28 +22,15 @@ what cannot be read is None with a note.
 
 from __future__ import annotations
 
-import glob
 import ipaddress
 import json
 import os
-import re
 import shutil
 import subprocess
 from typing import Any
 
 from afddiag import proc
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from afddiag.model.fabric import RouteFacts, RouteResult
-
-
-def _result(*a: Any, **k: Any) -> RouteResult:
-    """:class:`afddiag.model.fabric.RouteResult`, imported on first use (the versions probe reads
-    rdma_core_version from this module in a `gpu` run, which never loads the fabric models)."""
-    from afddiag.model.fabric import RouteResult
-
-    return RouteResult(*a, **k)
+from afddiag.model.fabric import RouteFacts, RouteResult
 
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 
@@ -220,7 +205,7 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
     try:
         ipaddress.IPv4Address(peer)
     except ValueError:
-        return _result(peer, error=f"{peer!r} is not IPv4", source=label)
+        return RouteResult(peer, error=f"{peer!r} is not IPv4", source=label)
     ordered = sorted((r for r in rules if isinstance(r, dict)), key=lambda r: int(r.get("priority") or 0))
     for r in ordered:
         if not rule_matches(r, peer, src):
@@ -228,7 +213,7 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
         action = r.get("action") or "lookup"
         where = f"{label}: rule {r.get('priority', 0)}"
         if action in _REFUSE:
-            return _result(peer, error=f"policy rule {r.get('priority', 0)} says {action}", source=where)
+            return RouteResult(peer, error=f"policy rule {r.get('priority', 0)} says {action}", source=where)
         if action != "lookup":
             continue
         name = table_name(r.get("table"))
@@ -237,10 +222,10 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
         if hit is None:
             continue
         if hit.get("type", "unicast") in _REFUSE:
-            return _result(peer, error=f"{hit['type']} route in table {name}", source=f"{where} → table {name}")
-        return _result(peer, dev=hit.get("dev"), src=hit.get("prefsrc"), via=hit.get("gateway"),
+            return RouteResult(peer, error=f"{hit['type']} route in table {name}", source=f"{where} → table {name}")
+        return RouteResult(peer, dev=hit.get("dev"), src=hit.get("prefsrc"), via=hit.get("gateway"),
                            source=f"{where} → table {name}")
-    return _result(peer, error="Network is unreachable (no policy rule's table has a route)", source=label)
+    return RouteResult(peer, error="Network is unreachable (no policy rule's table has a route)", source=label)
 
 
 def _longest_prefix(peer: str, rows: list[dict[str, Any]], types: tuple[str, ...] = ("unicast",)) -> dict[str, Any] | None:
@@ -267,10 +252,10 @@ def route_from_get_json(peer: str, obj: Any, source: str) -> RouteResult:
     if isinstance(obj, list):
         obj = obj[0] if obj else None
     if not isinstance(obj, dict):
-        return _result(peer, error=f"no route object for {peer}", source=source)
+        return RouteResult(peer, error=f"no route object for {peer}", source=source)
     if obj.get("error"):
-        return _result(peer, error=str(obj["error"])[:300], source=source, failed=obj.get("failed") is True)
-    return _result(peer, dev=obj.get("dev"), src=obj.get("prefsrc") or obj.get("from"),
+        return RouteResult(peer, error=str(obj["error"])[:300], source=source, failed=obj.get("failed") is True)
+    return RouteResult(peer, dev=obj.get("dev"), src=obj.get("prefsrc") or obj.get("from"),
                        via=obj.get("gateway"), error=None if obj.get("dev") else "route has no device",
                        source=source)
 
@@ -282,12 +267,12 @@ def lookup_table(peer: str, table: list[dict[str, Any]], src: str = "route table
     try:
         ipaddress.IPv4Address(peer)
     except ValueError:
-        return _result(peer, error=f"{peer!r} is not IPv4", source=src)
+        return RouteResult(peer, error=f"{peer!r} is not IPv4", source=src)
     # `ip -j route show table all` also lists local, broadcast and policy tables: the main table only
     r = _longest_prefix(peer, [x for x in table if isinstance(x, dict) and table_name(x.get("table", "main")) == "main"])
     if r is None:
-        return _result(peer, error="Network is unreachable (no matching route)", source=src)
-    return _result(peer, dev=r.get("dev"), src=r.get("prefsrc"), via=r.get("gateway"), source=src)
+        return RouteResult(peer, error="Network is unreachable (no matching route)", source=src)
+    return RouteResult(peer, dev=r.get("dev"), src=r.get("prefsrc"), via=r.get("gateway"), source=src)
 
 
 def route_get(peer: str, fabric_ip: str | None, timeout_s: float) -> Any:
@@ -363,8 +348,6 @@ def probe_routes(root: str | None, fabric_ip: str | None, peers: list[str], netd
     """This host's route to every peer (``ip route get``) and the ARP sysctls of ``netdevs`` under
     ``root`` (None: ``/``). ``peers``: dotted IPv4 addresses. ``timeout_s`` bounds each ``ip`` call.
     Never raises. (A run reads routes through the registry's route probe, which also replays them.)"""
-    from afddiag.model.fabric import RouteFacts
-
     facts = RouteFacts(fabric_ip=fabric_ip)
     try:
         if root is None:
@@ -379,33 +362,3 @@ def probe_routes(root: str | None, fabric_ip: str | None, peers: list[str], netd
     except Exception as e:  # noqa: BLE001 - a probe never raises
         facts.notes.append(f"route probe failed: {e!r}")
     return facts
-
-
-_IBV_RE = re.compile(r"libibverbs\.so\.1\.\d+\.(\d+(?:\.\d+)?)\.0$")
-
-
-def rdma_core_version(timeout_s: float = 5.0) -> dict[str, str | None]:
-    """rdma-core's version → ``{"version", "source"}``: the libibverbs file name
-    (``libibverbs.so.1.14.44.0`` → "44.0", as ``fleet.versions`` compares it), else ``dpkg-query``
-    (rdma-core, libibverbs1), else pyverbs' package metadata; ``{}`` when none answers. Never raises."""
-    # /usr/lib*/ and one level below (multiarch, lib64): a recursive glob of /usr/lib* takes minutes
-    found = glob.glob("/usr/lib*/libibverbs.so.1.*.*.0") + glob.glob("/usr/lib*/*/libibverbs.so.1.*.*.0")
-    for path in sorted(found):
-        m = _IBV_RE.search(os.path.basename(path))
-        if m:
-            return {"version": m.group(1), "source": "libibverbs file name"}
-    exe = shutil.which("dpkg-query")
-    if exe:
-        for pkg in ("rdma-core", "libibverbs1"):
-            try:
-                p = proc.run([exe, "-W", "-f=${Version}", pkg], timeout_s)
-            except (OSError, subprocess.SubprocessError):
-                break
-            if p.returncode == 0 and p.stdout.strip():
-                return {"version": p.stdout.strip(), "source": f"dpkg {pkg}"}
-    try:
-        from importlib.metadata import version
-
-        return {"version": version("pyverbs"), "source": "pyverbs"}
-    except Exception:  # noqa: BLE001 - absent is fine
-        return {}
