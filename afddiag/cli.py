@@ -194,12 +194,6 @@ def _gather_fabric(inputs: Inputs):
         raise click.UsageError(str(e))
 
 
-def _no_map_reason(obs, fabric_ip: str | None = None) -> str:
-    from afddiag.endpoint import no_map_reason
-
-    return no_map_reason(obs.fabric, fabric_ip)
-
-
 def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
     """The GID table (``table`` or ``csv``) of this host or the snapshot; exit 2 without devices."""
     from afddiag.endpoint import resolve_fabric_ip
@@ -211,7 +205,9 @@ def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
         click.echo(f"afddiag: {obs.fabric.failed}", err=True)
         return 3
     if not (obs.fabric and obs.fabric.devices):
-        click.echo(f"afddiag: {_no_map_reason(obs)}", err=True)
+        from afddiag.endpoint import no_map_reason
+
+        click.echo(f"afddiag: {no_map_reason(obs.fabric)}", err=True)
         return 2
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip).ip
     dev, how = engine_device_for(obs.fabric, obs.env, fip)
@@ -616,18 +612,11 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         return _gids(inputs, fmt, obs)
     dm = endpoint.device_map(obs.fabric)
     if not dm:
-        click.echo(f"afddiag devicemap: {_no_map_reason(obs)}", err=True)
+        click.echo(f"afddiag devicemap: {endpoint.no_map_reason(obs.fabric)}", err=True)
         return 2
     if fabric_ip and fabric_ip not in dm:
         # Every format: a map that lacks the launcher's own address is no answer for it.
-        from afddiag.model.fabric import ipv4_entries
-
-        if any(e.ip == fabric_ip for e in ipv4_entries(obs.fabric)):
-            why = _no_map_reason(obs, fabric_ip)  # the address is here, in a form the map cannot name
-        else:
-            why = (f"fabric IP {fabric_ip} has no IPv4 RoCE v2 GID on this host: give --fabric-ip with one of "
-                   f"{', '.join(sorted(dm))}")
-        click.echo(f"afddiag devicemap: {why}", err=True)
+        click.echo(f"afddiag devicemap: {endpoint.no_map_reason(obs.fabric, fabric_ip)}", err=True)
         return 2
     for line in endpoint.devicemap_caveats(obs.fabric, dm):
         click.echo(f"afddiag devicemap: {line}", err=True)

@@ -110,7 +110,7 @@ def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> s
     and its fix, one line: no RDMA device; the address carried only as RoCE v1 GIDs (the HCA's RoCE
     mode is the fault: the address is there); carried by GIDs whose type was not read; IPv4-mapped
     GIDs whose netdev does not hold the address (a stale GID); else no IPv4 GID at all (put the
-    address on the RoCE netdev). Facts: the GID tables (``gid_attrs/types``, ``ndevs``) and addresses."""
+    address on the RoCE netdev; with ``fabric_ip``, the addresses the map does name). Facts: the GID tables (``gid_attrs/types``, ``ndevs``) and addresses."""
     from afddiag.model.fabric import ROCE_V1, ipv4_entries
 
     if not (fabric and fabric.devices):
@@ -135,7 +135,9 @@ def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> s
         return (f"{subject}: {where(entries)} is an IPv4 GID whose netdev does not hold the address: "
                 "put the address back on that netdev or use the one it holds (afddiag fabric says more)")
     if fabric_ip:
-        return f"fabric IP {fabric_ip}: no GID on this host carries it: give --fabric-ip with this host's RoCE address"
+        here = ", ".join(device_map(fabric)) or "none"
+        return (f"fabric IP {fabric_ip}: no GID on this host carries it: give --fabric-ip with this host's "
+                f"RoCE address (the map names {here})")
     return ("no IPv4 RoCE v2 GID on any port: put the fabric address on the RoCE netdev first "
             "(afddiag fabric says more)")
 

@@ -139,3 +139,4 @@ def test_no_map_reason_names_each_cause():
     assert "GID type of 10.0.0.5 on mlx5_0 port 1 GID 1 was not read" in no_map_reason(fab(None))
     assert "netdev does not hold the address" in no_map_reason(fab("RoCE v2", holds=False))
     assert no_map_reason(fab(ROCE_V1), "10.9.9.9").startswith("fabric IP 10.9.9.9: no GID on this host carries it")
+    assert no_map_reason(fab("RoCE v2"), "10.9.9.9").endswith("(the map names 10.0.0.5)")
