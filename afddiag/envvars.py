@@ -50,6 +50,12 @@ def redact_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return {k: (REDACTED if k in names else v) for k, v in env.items()}, names
 
 
+def redacted_note(name: str) -> str:
+    """The run note for one variable whose value :func:`redact_env` replaced (capture manifest and
+    report notes say it in the same words)."""
+    return f"env {name}: value redacted (the name looks like a credential)"
+
+
 _DEV_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 

@@ -80,8 +80,12 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
 
 
 def _set(obs: Observation, fields: dict[str, Any]) -> None:
+    """Put a probe's facts on ``obs``: each field set, except ``notes``, appended to the run's notes."""
     for k, v in fields.items():
-        setattr(obs, k, v)
+        if k == "notes":
+            obs.notes.extend(v)
+        else:
+            setattr(obs, k, v)
 
 
 def _load_baseline(obs: Observation, inputs: Inputs) -> None:

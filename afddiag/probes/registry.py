@@ -30,7 +30,8 @@ How to add a probe
    :meth:`Inputs.timeout` key or a function of the run), ``artifacts`` (file names in a bundle),
    ``read(run, progress) -> readings`` (call the live source through ``run.host`` so tests can fake
    it; set ``progress.doing`` before a call that may block), ``facts(run, readings, progress) ->
-   {observation field: value}`` (readings of a replay may be None: say "not captured"), and
+   {observation field: value}`` (readings of a replay may be None: say "not captured"; a ``notes``
+   list is appended to the run's notes, not set), and
    ``failed(why) -> {field: facts with failed=why}``.
 4. Tests: readings → facts (table-driven), a snapshot folder holding the artifact, a capture round
    trip (``tests/test_capture.py``), and the gates the facts feed.
@@ -268,7 +269,7 @@ def _host_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     if r.get("host"):
         return {"host": r["host"].strip()[:253] or run.obs.host}
     if any(n.startswith("host refused") for n in r.get("notes") or []):
-        run.obs.notes.append("the snapshot folder's name is used as the host name")
+        return {"notes": ["the snapshot folder's name is used as the host name"]}
     return {}
 
 
@@ -289,16 +290,12 @@ def env_text(environ: Mapping[str, str], notes: list[str]) -> str:
     """The allow-listed variables as ``KEY='value'`` lines (``parse_env_file`` reads them back exactly);
     a value with a newline is left out with a note; a credential's value (the name says token, secret,
     password, key, auth: :func:`afddiag.envvars.is_secret_name`) is written as ``<redacted>``, noted."""
-    from afddiag.envvars import REDACTED, is_secret_name
+    from afddiag.envvars import redact_env, redacted_note
 
+    env, redacted = redact_env({k: environ[k] for k in sorted(environ) if env_allowed(k)})
+    notes.extend(redacted_note(k) for k in redacted)  # the name is kept, the credential never enters a bundle
     lines = []
-    for k in sorted(environ):
-        if not env_allowed(k):
-            continue
-        v = environ[k]
-        if is_secret_name(k):  # the name is kept, the credential never enters a bundle
-            notes.append(f"env {k}: value redacted (the name looks like a credential)")
-            v = REDACTED
+    for k, v in env.items():
         if "\n" in v or "\r" in v:
             notes.append(f"env {k}: value has a newline; not captured")
             continue
@@ -313,7 +310,7 @@ def _env_read(run: Run, progress: Any) -> dict[str, Any]:
 
 
 def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
-    from afddiag.envvars import WATCHED, parse_env_file, redact_env
+    from afddiag.envvars import WATCHED, parse_env_file, redact_env, redacted_note
 
     if run.live:
         env, source = {k: v for k, v in parse_env_file(r.get("env") or "").items() if k in WATCHED}, \
@@ -336,8 +333,7 @@ def _env_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
                 env[k], sources[k] = v, file_source
         inherited = sorted(k for k in env if sources[k] != file_source and k in WATCHED)
         source = file_source + (f" (+ {', '.join(inherited)} from the {sources[inherited[0]]})" if inherited else "")
-    run.obs.notes.extend(f"env {k}: value redacted (the name looks like a credential)" for k in redacted)
-    return {"env": env, "env_source": source, "env_sources": sources}
+    return {"env": env, "env_source": source, "env_sources": sources, "notes": [redacted_note(k) for k in redacted]}
 
 
 # ---------------------------------------------------------------------------------------------
