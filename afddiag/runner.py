@@ -191,7 +191,7 @@ def judge_with_exports(inputs: Inputs, obs: Observation, rep: dict) -> tuple[dic
     failed: list[str] = []  # the variables fabric.devicemap-env FAILed on: afddiag's value replaces those only
     for g in rep["gates"]:
         if g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL":
-            failed = list((g.get("facts") or {}).get("failed_vars", [k for k, _ in pairs]))
+            failed = list(g["facts"]["failed_vars"])  # the gate's only FAIL carries them (gates/fabric.py)
     pairs, kept = endpoint.exports_to_print(pairs, obs.env, failed)
     pairs, notes = endpoint.pair_gid_with_hca(obs.fabric, fip, obs.env, pairs, kept)
     replaced = [k for k, _ in pairs if (obs.env or {}).get(k, "").strip()]  # set, FAILed on: corrected
