@@ -17,15 +17,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from afddiag.exitcodes import CatalogError  # defined there so the CLI catches it without loading this module
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-
-
-class CatalogError(RuntimeError):
-    """The gate catalog (checks/gates.toml) is missing, unreadable or not valid TOML: a broken
-    install or a bad local edit. The message names the file and the fix in one line."""
 
 
 def listing(width: int | None = None) -> list[str]:

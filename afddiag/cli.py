@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from afddiag import __version__
-from afddiag.exitcodes import EXIT_ABORT, EXIT_SIGPIPE, EXIT_USAGE, help_text
+from afddiag.exitcodes import EXIT_ABORT, EXIT_ERROR, EXIT_SIGPIPE, EXIT_USAGE, CatalogError, help_text
 
 if TYPE_CHECKING:
     from afddiag.model.run import Inputs
@@ -777,13 +777,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return EXIT_USAGE
-    except RuntimeError as e:
-        from afddiag.catalog import CatalogError
-
-        if not isinstance(e, CatalogError):
-            raise
+    except CatalogError as e:
         click.echo(f"afddiag: {e}", err=True)
-        return 3  # ERROR: nothing could be judged
+        return EXIT_ERROR  # nothing could be judged
     return rv if isinstance(rv, int) else 0
 
 

@@ -1,12 +1,20 @@
 """Every exit code afddiag uses, with its meaning: the one list the top-level ``--help``, the CLI and
 README's "Exit code" sentence follow (``tests/test_operator_views.py`` keeps README in step).
 
-No imports: ``afddiag --help`` loads this and click alone."""
+No imports: ``afddiag --help`` loads this and click alone. :class:`CatalogError` lives here, not in
+:mod:`afddiag.catalog`, so the CLI can catch it without loading the catalog."""
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL, EXIT_ERROR = 0, 1, 2, 3
 EXIT_USAGE = 64  # BSD EX_USAGE: a missing file, a bad value, conflicting flags
 EXIT_ABORT = 130  # 128 + SIGINT: interrupted (Ctrl-C)
 EXIT_SIGPIPE = 141  # 128 + SIGPIPE: the reader closed the pipe (`afddiag all | head`), quietly
+
+
+class CatalogError(RuntimeError):
+    """The gate catalog (checks/gates.toml) is missing, unreadable or not valid TOML: a broken
+    install or a bad local edit. The message names the file and the fix in one line; the CLI prints
+    it and exits :data:`EXIT_ERROR` (nothing could be judged). Re-exported by :mod:`afddiag.catalog`."""
+
 
 #: (code, meaning), in order; a verdict's code is the worst verdict's: FAIL, then ERROR, then WARN.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
