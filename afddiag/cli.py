@@ -196,27 +196,22 @@ def _gather_fabric(inputs: Inputs):
 
 def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
     """The GID table (``table`` or ``csv``) of this host or the snapshot; exit 2 without devices."""
-    from afddiag.endpoint import resolve_fabric_ip
+    from afddiag.endpoint import no_map_reason, resolve_fabric_ip
     from afddiag.gates.fabric import engine_device_for
     from afddiag.gidtable import gid_rows, legend, write_gid_table
+    from afddiag.render import terminal_width
 
     obs = obs or _gather_fabric(inputs)
     if obs.fabric and obs.fabric.failed:
         click.echo(f"afddiag: {obs.fabric.failed}", err=True)
         return 3
     if not (obs.fabric and obs.fabric.devices):
-        from afddiag.endpoint import no_map_reason
-
         click.echo(f"afddiag: {no_map_reason(obs.fabric)}", err=True)
         return 2
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip).ip
     dev, how = engine_device_for(obs.fabric, obs.env, fip)
     rows = gid_rows(obs.fabric, dev, fip)
-    width = None
-    if fmt == "table" and sys.stdout.isatty():  # a terminal narrower than the table gets the narrow layout
-        import shutil
-
-        width = shutil.get_terminal_size().columns
+    width = terminal_width() if fmt == "table" else None  # a terminal narrower than the table: the narrow layout
     write_gid_table(rows, legend(rows, dev, how, fip) if fmt == "table" else [], fmt, width=width)
     return 0
 
@@ -746,16 +741,12 @@ def baseline_show(baseline_path, as_json) -> int:
 def catalog(markdown) -> int:
     """List the gates (or print docs/GATES.md with --markdown)."""
     from afddiag import catalog as cat
+    from afddiag.render import terminal_width
 
     if markdown:
         click.echo(cat.markdown(), nl=False)
     else:
-        width = None
-        if sys.stdout.isatty():
-            import shutil
-
-            width = shutil.get_terminal_size().columns
-        for line in cat.listing(width):
+        for line in cat.listing(terminal_width()):
             click.echo(line)
     return 0
 

@@ -89,6 +89,18 @@ def _continued(command: str, width: int) -> list[str]:
     return [ln + "\\" for ln in lines[:-1]] + lines[-1:]
 
 
+def terminal_width(out: TextIO | None = None) -> int | None:
+    """The terminal's width in columns when ``out`` (default: ``sys.stdout``) is a terminal, else None
+    (a pipe or file gets the full layout). Source: :func:`shutil.get_terminal_size` (``COLUMNS``, then the tty)."""
+    import shutil
+    import sys
+
+    out = sys.stdout if out is None else out
+    if not getattr(out, "isatty", lambda: False)():
+        return None
+    return shutil.get_terminal_size().columns
+
+
 def console_for(out: TextIO, width: int | None = None):
     """A rich Console writing to ``out`` when it is a terminal (or ``width`` is given: tests, fixed
     layouts); None when plain text is wanted (not a terminal, or ``NO_COLOR`` set without ``width``)."""
