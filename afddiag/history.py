@@ -345,6 +345,28 @@ def _notes(hs: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def _none_recorded(summary: dict[str, Any]) -> str:
+    """The line for a history with no runs of the kind asked."""
+    return ("no snapshot replays recorded" if summary.get("replays") else
+            "no live runs recorded (--replays shows snapshot replays)")
+
+
+def _drift_lines(d: dict[str, Any] | None) -> list[str]:
+    """The load-probe drift lines under a host's gates (:func:`_drift`'s result; none without it)."""
+    if not d:
+        return []
+    if d["pass_run"] is None:
+        return [f"  load figures of run {d['run']} ({d['at']}): no earlier gpu.slow-state PASS "
+                "with figures to compare with"]
+    lines = [f"  load-probe drift: run {d['run']} ({d['at']}) vs last PASS run {d['pass_run']} ({d['pass_at']})"]
+    for key, gd in d["gpus"].items():
+        figs = ", ".join(f"{f} {r['pass']:g} -> {r['now']:g}"
+                         + (f" ({r['change_pct']:+.1f} %)" if r["change_pct"] is not None else "")
+                         for f, r in gd["figures"].items())
+        lines.append(f"    {gd.get('name') or 'GPU'} {key}: {figs}")
+    return lines
+
+
 def format_text(summary: dict[str, Any]) -> str:
     """:func:`summarize`'s result as lines for people."""
     lines = [_head(summary)]
@@ -359,22 +381,9 @@ def format_text(summary: dict[str, Any]) -> str:
                 lines.append(f"  {'':<{width}}  {s['verdict']:<5} since {s['since']} "
                              f"(run {s['first_run']}, {s['runs']} run(s))")
         lines.extend(_notes(hs, summary))
-        d = hs.get("drift")
-        if d:
-            if d["pass_run"] is None:
-                lines.append(f"  load figures of run {d['run']} ({d['at']}): no earlier gpu.slow-state PASS "
-                             "with figures to compare with")
-            else:
-                lines.append(f"  load-probe drift: run {d['run']} ({d['at']}) vs last PASS run {d['pass_run']} "
-                             f"({d['pass_at']})")
-                for key, gd in d["gpus"].items():
-                    figs = ", ".join(f"{f} {r['pass']:g} -> {r['now']:g}"
-                                     + (f" ({r['change_pct']:+.1f} %)" if r["change_pct"] is not None else "")
-                                     for f, r in gd["figures"].items())
-                    lines.append(f"    {gd.get('name') or 'GPU'} {key}: {figs}")
+        lines.extend(_drift_lines(hs.get("drift")))
     if not summary["hosts"]:
-        lines.append("no snapshot replays recorded" if summary.get("replays") else
-                     "no live runs recorded (--replays shows snapshot replays)")
+        lines.append(_none_recorded(summary))
     return "\n".join(lines)
 
 
@@ -397,7 +406,7 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
 
     con.print(Text(_head(summary), overflow="fold"))
     if not summary["hosts"]:
-        con.print(format_text(summary).splitlines()[-1])
+        con.print(_none_recorded(summary))
     for h, hs in summary["hosts"].items():
         t = Table(title=_host_line(h, hs), box=box.SIMPLE_HEAD, pad_edge=False)
         t.add_column("gate", overflow="fold")
@@ -413,7 +422,5 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
             con.print(t)
         else:
             con.print(Text(t.title, overflow="fold"))
-        text = format_text({**summary, "path": "", "hosts": {h: {**hs, "gates": {}, "unchanged": 0, "other": []}},
-                            "changed_only": False}).splitlines()[2:]  # the drift lines
-        for line in _notes(hs, summary) + text:
+        for line in _notes(hs, summary) + _drift_lines(hs.get("drift")):
             con.print(Text(line, overflow="fold"))

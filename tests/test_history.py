@@ -310,3 +310,20 @@ def test_preflight_export_records_the_report_that_gives_its_exit_code(tmp_path):
     assert verdicts["fabric.first-device"] == "PASS", verdicts
     assert exit_code in (0, 1) and not [g for g, v in verdicts.items() if v in ("FAIL", "ERROR")], verdicts
     assert {g["id"]: g["verdict"] for g in json.loads(rep)["gates"]} == verdicts
+
+
+def test_the_table_carries_the_plain_texts_drift_and_empty_lines():
+    import io
+
+    from afddiag.history import format_text, write_history
+
+    drift = {"run": 4, "at": "t4", "pass_run": 2, "pass_at": "t2",
+             "gpus": {"0": {"name": "GB10", "figures": {"clock_sm_mhz": {"now": 850, "pass": 2400, "change_pct": -64.6}}}}}
+    hs = {"runs": 4, "command": "gpu", "role": None, "first": "t1", "last": "t4", "gates": {}, "unchanged": 0,
+          "other": [], "drift": drift}
+    for summary in ({"path": "h.db", "hosts": {"n1": hs}}, {"path": "h.db", "hosts": {}, "replays": True}):
+        buf = io.StringIO()
+        write_history(summary, buf, width=200)
+        table = buf.getvalue().splitlines()
+        for line in format_text(summary).splitlines()[1:]:  # under the head: the same words in both
+            assert line.rstrip() in [t.rstrip() for t in table], line
