@@ -23,7 +23,9 @@ from afddiag.probes import cpu as cpuprobe
 IDLE = {"model": "Cortex-X925", "logical_cpus": 20, "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 11.0,
         "loop_mops_on_cpu": 11.1, "loop_samples_mops": [10.9, 11.0, 10.8, 10.95, 10.7],
         "loop_on_cpu": [0.99, 0.99, 0.98, 0.99, 0.99], "load_avg_1m": 0.3, "governor": "schedutil",
-        "scaling_driver": "cppc_cpufreq", "scaling_max_mhz": 3900, "throttle_events": None}
+        "scaling_driver": "cppc_cpufreq", "scaling_max_mhz": 3900, "throttle_events": None,
+        # ARM has no throttle counters: a thermal zone read cool after the loop is what rules throttling out
+        "thermal_zones": [{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 54.0, "trip_c": 95.0}]}
 BASE = {"loop_mops": 11.02, "loop_mops_on_cpu": 11.1}
 
 
@@ -225,3 +227,35 @@ def test_baseline_record_refuses_on_host_cpu_clock_fail_and_follows_its_rule(mon
     assert judge(governed, base=None).verdict == "WARN"
     code, err, _ = _record(monkeypatch, governed, "--path", str(tmp_path / "g.json"))
     assert "host.cpu-clock" not in err and "CPU clock" not in err, err
+
+
+@pytest.mark.parametrize("zones,verdict,action,words", [
+    (None, "WARN", "RERUN", "thermal throttling not ruled out"),  # no counters, no zones: no power cycle
+    ([{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 96.5, "trip_c": 95.0}], "WARN", "HW_INSPECTION",
+     "cpu-thermal 96.5 °C >= 95.0 °C"),  # at its passive trip point: the kernel throttles
+    ([{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": None, "trip_c": 95.0}], "WARN", "RERUN",
+     "not ruled out"),  # a zone without a temperature rules nothing out
+    ([{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 54.0, "trip_c": 95.0}], "FAIL", "AC_POWER_CYCLE",
+     "1800 MHz"),  # cool: nothing explains the stuck clock
+])
+def test_a_stuck_clock_needs_thermal_throttling_ruled_out_before_a_power_cycle(zones, verdict, action, words):
+    """Review: on ARM (GB10) the CPU has no throttle counters, so a CPU slowed by heat read exactly like
+    the stuck state and got the AC power cycle. The thermal zones are the evidence either way."""
+    cpu = {**IDLE, "under_load_mhz": 1800, "loop_mops": 5.0, "loop_mops_on_cpu": 5.05,
+           "loop_samples_mops": [5.0, 4.9, 4.95, 5.0, 4.8], "thermal_zones": zones}
+    v = judge(cpu, role="expert")
+    assert (v.verdict, v.action) == (verdict, action) and words in v.summary, v.summary
+    assert (v.action == "AC_POWER_CYCLE") == (verdict == "FAIL")
+
+
+def test_thermal_zones_are_read_with_their_lowest_throttling_trip_point(tmp_path):
+    z = tmp_path / "class/thermal/thermal_zone0"
+    z.mkdir(parents=True)
+    for name, val in (("type", "cpu-thermal"), ("temp", "61250"), ("trip_point_0_type", "active"),
+                      ("trip_point_0_temp", "50000"), ("trip_point_1_type", "passive"), ("trip_point_1_temp", "95000"),
+                      ("trip_point_2_type", "critical"), ("trip_point_2_temp", "105000")):
+        (z / name).write_text(val + "\n")
+    (tmp_path / "class/thermal/cooling_device0").mkdir()
+    assert cpuprobe.thermal_zones(str(tmp_path)) == [
+        {"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 61.25, "trip_c": 95.0}]
+    assert cpuprobe.thermal_zones(str(tmp_path / "none")) is None

@@ -258,7 +258,8 @@ def _host_runs(tmp: Path, seen: Seen) -> None:
         (snap / "pcie.json").write_text(json.dumps(read_pcie(fake_host(tmp / f"pciehost{i}", nic=nic))))
         seen.add(report(["all", "--snapshot", str(snap)])["gates"], f"pcie {nic}")
     cpus = [{"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0},
-            {"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0},
+            {"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0,  # stuck, throttling
+             "thermal_zones": [{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 54.0, "trip_c": 95.0}]},  # ruled out
             {"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0, "failed": "timed out"},
             {"model": "vCPU", "under_load_mhz": None, "max_mhz": None, "loop_mops": 8.0}]
     for i, cpu in enumerate(cpus):

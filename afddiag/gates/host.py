@@ -11,7 +11,6 @@ SLOW_CLOCK_FRACTION = 0.5
 SLOW_LOOP_FRACTION = 0.8
 ON_CPU_MIN = 0.9  # a loop sample on its core less than this share of its wall time lost the core to others
 NOISY_SPREAD = 0.25  # samples whose best and worst differ by more than this share of the best disagree
-LOW_GOVERNORS = ("powersave", "userspace")  # powersave pins the clock at its minimum, userspace at a fixed speed
 # The ACTIVE-mode p-state drivers implement 'powersave' themselves as a dynamic policy (the hardware picks the
 # speed), so there it holds nothing low. Their passive modes (intel_cpufreq, amd-pstate in passive/guided mode)
 # run the ordinary cpufreq governors: 'powersave' there pins the minimum like under acpi-cpufreq.
@@ -53,22 +52,44 @@ def governor_holds_low(governor, driver) -> bool:
     return governor == "powersave" and driver not in ACTIVE_PSTATE_DRIVERS
 
 
-def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str] | None:
-    """``(cause, remedy)`` when the CPU probe's facts explain a low clock by something other than a
+COOLING_REMEDY = ("check the CPU's cooling (fans, heatsink, airflow, ambient) and the BMC's thermal log; "
+                  "no power cycle: the CPU slows itself to protect itself")
+
+
+def hot_zones(cpu: dict) -> list[str] | None:
+    """The thermal zones (``thermal_zones`` in the CPU probe's facts) at or above their throttling
+    trip point, as ``"<type or zone> 95.0 °C >= 95.0 °C"``; [] when zones were read and none is; None
+    when no zone with both a temperature and a trip point was read. Pure."""
+    zones = cpu.get("thermal_zones")
+    if not isinstance(zones, list):
+        return None
+    num = (int, float)
+    read = [z for z in zones if isinstance(z, dict) and isinstance(z.get("temp_c"), num)
+            and isinstance(z.get("trip_c"), num) and not isinstance(z.get("temp_c"), bool)]
+    if not read:
+        return None
+    return [f"{z.get('type') or z.get('zone')} {z['temp_c']:.1f} °C >= {z['trip_c']:.1f} °C"
+            for z in read if z["temp_c"] >= z["trip_c"]]
+
+
+def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str, str] | None:
+    """``(cause, remedy, action)`` when the CPU probe's facts explain a low clock by something other than a
     stuck power state: thermal throttle events during the loop (``throttle_events``), a governor that
     holds the clock low (:func:`governor_holds_low`), or a ``scaling_max_freq`` cap (``scaling_max_mhz``,
     MHz) at or below ``limit_mhz``, the threshold the clock fell below (the role's minimum or half of
     max; half of ``max_mhz`` when None): a clock capped there cannot reach it. None when nothing does. Pure."""
     thr = cpu.get("throttle_events")
     if isinstance(thr, int) and thr > 0:
-        return (f"{thr} thermal throttle event(s) on the loop's core during the loop",
-                "check the CPU's cooling (fans, heatsink, airflow, ambient) and the BMC's thermal log; "
-                "no power cycle: the CPU slows itself to protect itself")
+        return (f"{thr} thermal throttle event(s) on the loop's core during the loop", COOLING_REMEDY, "HW_INSPECTION")
+    hot = hot_zones(cpu)
+    if hot:
+        return (f"thermal zone(s) at their throttling trip point after the loop: {', '.join(hot)}", COOLING_REMEDY,
+                "HW_INSPECTION")
     gov, drv = cpu.get("governor"), cpu.get("scaling_driver")
     if governor_holds_low(gov, drv):
         return (f"cpufreq governor '{gov}' ({drv or 'driver unknown'}) holds the clock low",
                 "set the governor to performance or schedutil (`cpupower frequency-set -g performance`) and "
-                "persist it in the host's tuned/power profile")
+                "persist it in the host's tuned/power profile", "SET_GOVERNOR")
     smax, mx = cpu.get("scaling_max_mhz"), cpu.get("max_mhz")
     num = (int, float)
     if limit_mhz is None and isinstance(mx, num) and not isinstance(mx, bool) and mx:
@@ -79,7 +100,7 @@ def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str
         return (f"scaling_max_freq caps the clock at {smax:.0f} MHz{of}, at or below the {limit_mhz:.0f} MHz "
                 "it had to reach",
                 "raise scaling_max_freq to cpuinfo_max_freq (`cpupower frequency-set -u <max>`) and find the "
-                "power profile or tool that capped it")
+                "power profile or tool that capped it", "SET_GOVERNOR")
     return None
 
 
@@ -128,13 +149,21 @@ def cpu_clock(ctx: Context) -> Verdict:
     if low_clock:
         why = clock_explained(cpu, limit)
         if why:
-            cause, rem = why
+            cause, rem, action = why
             return Verdict(gid, WARN, f"{model}: {low_clock}, explained by {cause}: not the stuck state", rem,
-                           {**facts, "explained_by": cause}, action="HW_INSPECTION" if "thermal" in cause else "SET_GOVERNOR")
+                           {**facts, "explained_by": cause}, action=action)
         if ref is not None and rate is not None and not slow:
             return Verdict(gid, WARN, f"{model}: {low_clock}, but the loop runs at {rate / ref:.0%} of the baseline "
                            f"{ref:g} Mop/s: the cpufreq reading and the work disagree, inconclusive",
                            TIMING_REMEDY, facts, action="RERUN")
+        if not isinstance(cpu.get("throttle_events"), int) and hot_zones(cpu) is None:
+            # No throttle counters (ARM) and no thermal zone read: thermal throttling reads the same as the
+            # stuck state, so the power cycle has no evidence of its own cause here.
+            return Verdict(gid, WARN, f"{model}: {low_clock}" + (f"; {loop}" if slow else "")
+                           + ": thermal throttling not ruled out (no throttle counters, no thermal zone read)",
+                           "check the CPU's temperature and cooling (`sensors`, the BMC's thermal log, "
+                           "/sys/class/thermal/thermal_zone*/temp against trip_point_*_temp) and re-run on the host; "
+                           "a power cycle is advised only once throttling is ruled out", facts, action="RERUN")
         return Verdict(gid, FAIL, f"{model}: {low_clock}" + (f"; {loop}" if slow else ""), remedy(gid), facts)
     if slow:
         if busy:

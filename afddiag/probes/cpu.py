@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+from afddiag.textnum import kernel_int
+
 SAMPLES = 5  # short loop samples; the best is the rate
 
 
@@ -48,7 +50,7 @@ def cpufreq_policy(core: int | None, sys_root: str = "/sys") -> dict[str, Any]:
     base = f"{sys_root}/devices/system/cpu/cpu{core if core is not None else 0}/cpufreq"
     smax = _read(f"{base}/scaling_max_freq")
     return {"governor": _read(f"{base}/scaling_governor"), "scaling_driver": _read(f"{base}/scaling_driver"),
-            "scaling_max_mhz": int(smax) / 1000 if smax and smax.isdigit() else None}
+            "scaling_max_mhz": (lambda k: k / 1000 if k else None)(kernel_int(smax, 1, 2**31 - 1))}
 
 
 def throttle_count(core: int | None, sys_root: str = "/sys") -> int | None:
@@ -56,8 +58,40 @@ def throttle_count(core: int | None, sys_root: str = "/sys") -> int | None:
     ``package_throttle_count``), None when the kernel has no such counters (ARM, VMs). Never raises."""
     base = f"{sys_root}/devices/system/cpu/cpu{core if core is not None else 0}/thermal_throttle"
     vals = [_read(f"{base}/{n}_throttle_count") for n in ("core", "package")]
-    nums = [int(v) for v in vals if v and v.isdigit()]
+    nums = [n for n in (kernel_int(v, 0, 2**63 - 1) for v in vals) if n is not None]
     return sum(nums) if nums else None
+
+
+TRIP_TYPES = ("passive", "hot", "critical")  # trip points at which the kernel throttles or shuts down
+
+
+def thermal_zones(sys_root: str = "/sys") -> list[dict[str, Any]] | None:
+    """The thermal zones the kernel exposes (``/sys/class/thermal/thermal_zone<N>/``): per zone
+    ``{"zone", "type", "temp_c", "trip_c"}``, ``temp_c`` from ``temp`` (millidegrees Celsius) and
+    ``trip_c`` the lowest ``trip_point_<i>_temp`` whose ``trip_point_<i>_type`` is passive, hot or
+    critical (the temperature at which the kernel starts throttling), None when unread. The way to
+    see thermal throttling where the CPU has no throttle counters (ARM, e.g. GB10's Cortex cores).
+    None when there are no zones (VMs). Never raises."""
+    base = f"{sys_root}/class/thermal"
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith("thermal_zone"))
+    except OSError:
+        return None
+    zones = []
+    for n in names:
+        z = f"{base}/{n}"
+        temp = kernel_int(_read(f"{z}/temp"), -273_000, 1_000_000)
+        trips = []
+        for i in range(32):
+            kind = _read(f"{z}/trip_point_{i}_type")
+            if kind is None:
+                break
+            t = kernel_int(_read(f"{z}/trip_point_{i}_temp"), -273_000, 1_000_000)
+            if kind in TRIP_TYPES and t is not None and t > 0:
+                trips.append(t)
+        zones.append({"zone": n, "type": _read(f"{z}/type"), "temp_c": temp / 1000 if temp is not None else None,
+                      "trip_c": min(trips) / 1000 if trips else None})
+    return zones or None
 
 
 def _work(n: int) -> int:
@@ -95,7 +129,8 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     second the loop was on the CPU: what another process taking the core does not lower; None when no
     sample ran 5 % of its time), ``load_avg_1m`` (os.getloadavg), ``governor``,
     ``scaling_driver``, ``scaling_max_mhz`` (:func:`cpufreq_policy`), ``throttle_events`` (thermal
-    throttle events on the loop's core during the loop; None when not counted). Sources:
+    throttle events on the loop's core during the loop; None when not counted), ``thermal_zones``
+    (:func:`thermal_zones` right after the loop; None without zones). Sources:
     psutil.cpu_freq (cpufreq sysfs), /proc/cpuinfo, /sys/devices/system/cpu. Missing cpufreq (VMs)
     leaves the clocks None with a note. Never raises."""
     try:
@@ -164,6 +199,7 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     t.join(1.0)
     thr1 = throttle_count(core)
     out["throttle_events"] = thr1 - thr0 if thr0 is not None and thr1 is not None else None
+    out["thermal_zones"] = thermal_zones()  # read right after the load, when a throttling CPU is hottest
     out["loop_samples_mops"] = [s["mops"] for s in loop]
     out["loop_on_cpu"] = [s["on_cpu"] for s in loop]
     out["loop_mops"] = max(out["loop_samples_mops"])
