@@ -18,6 +18,8 @@ import stat
 import threading
 from typing import Any
 
+from afddiag.textnum import kernel_int
+
 MAX_JSON_BYTES = 64 << 20  # GPU readings with Xid events are ~100 KiB; 10k netdev addresses ~10 MiB
 MAX_TEXT_BYTES = 1 << 20  # env files, inventories, a host name, one sysctl
 MAX_DEPTH = 64  # the deepest JSON afddiag writes (a report's facts) nests ~10 levels
@@ -194,7 +196,7 @@ def confined_reader(root: str | os.PathLike, read=None, max_bytes: int = 65536):
             text = small(marker)
         except (OSError, ValueError):
             return None
-        return int(text) if text.isascii() and text.isdigit() and 0 < int(text) < 4096 else None
+        return kernel_int(text, 1, 4095)
     real_dirs: dict[str, str] = {}  # folder -> its real path (a GID table is 1,000 files in one folder)
 
     def confined(path: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.catalog import remedy
-from afddiag.envvars import (GID_INDEX_VARS, MAP_VAR, NCCL_HCA_VAR, format_device_map, parse_device_map,
+from afddiag.envvars import (GID_INDEX_VARS, MAP_VAR, NCCL_HCA_VAR, WATCHED, format_device_map, parse_device_map,
                               parse_nccl_hca)
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
@@ -453,7 +453,7 @@ def devicemap_env(ctx: Context) -> Verdict:
     env = ctx.obs.env
     if env is None:
         return Verdict(gid, SKIP, "launch environment not captured", remedy("snapshot.fabric"))
-    set_vars = {k: env[k] for k in (MAP_VAR, NCCL_HCA_VAR) + GID_INDEX_VARS if k in env}
+    set_vars = {k: env[k] for k in WATCHED if k in env}
     gid_vars = [k for k in GID_INDEX_VARS if k in set_vars]  # every engine's forced GID index: one rule
     if not set_vars:
         return Verdict(gid, SKIP, f"none of {MAP_VAR}, {NCCL_HCA_VAR}, {', '.join(GID_INDEX_VARS)} is set "

@@ -828,9 +828,12 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
     host, sep, p = text.rpartition(":")
     if not sep:
         return text, default_port
-    if not (p.isascii() and p.isdigit()) or not 0 < int(p) < 65536:
-        raise ValueError(f"{text!r}: port {p!r} is not 1..65535")
-    return host, int(p)
+    from afddiag.textnum import kernel_int
+
+    port = kernel_int(p, 1, 65535) if p.strip() == p and not p.startswith("-") else None
+    if port is None:
+        raise ValueError(f"{text!r}: port {p[:20]!r} is not 1..65535")
+    return host, port
 
 
 def format_pair(f: PairFacts) -> str:
