@@ -193,15 +193,20 @@ def _record(monkeypatch, cpu, *extra):
     return res.return_value, res.stderr, res.stdout
 
 
+def _refused_then_forced(monkeypatch, cpu, path, words):
+    """`baseline record` refuses ``cpu`` (exit 2, stderr naming ``words``, nothing written), then
+    records it with --force ("FORCED over"); returns the baseline written."""
+    code, err, _ = _record(monkeypatch, cpu, "--path", str(path))
+    assert code == 2 and words in err and not path.exists(), err
+    code, _, out = _record(monkeypatch, cpu, "--path", str(path), "--force")
+    assert code == 0 and "FORCED over" in out
+    return json.loads(path.read_text())
+
+
 def test_baseline_record_refuses_a_cpu_loop_measured_on_a_busy_host(monkeypatch, tmp_path):
     noisy = {**IDLE, "loop_mops": 0.99, "loop_mops_on_cpu": 5.0, "loop_samples_mops": [0.99, 0.5, 0.7, 0.4, 0.9],
              "loop_on_cpu": [0.2, 0.1, 0.14, 0.08, 0.18]}
-    path = tmp_path / "b.json"
-    code, err, _ = _record(monkeypatch, noisy, "--path", str(path))
-    assert code == 2 and "busy host" in err and not path.exists(), err
-    code, _, out = _record(monkeypatch, noisy, "--path", str(path), "--force")
-    assert code == 0 and "FORCED over" in out
-    data = json.loads(path.read_text())
+    data = _refused_then_forced(monkeypatch, noisy, tmp_path / "b.json", "busy host")
     assert any("busy host" in w for w in data["cpu"]["forced_over"])
     v = judge({**IDLE, "loop_mops": 2.0, "loop_mops_on_cpu": 2.0, "loop_samples_mops": [2.0] * 5}, base=data["cpu"])
     assert v.verdict == "WARN" and "FORCED" in v.summary, v.summary
@@ -215,12 +220,7 @@ def test_baseline_record_refuses_on_host_cpu_clock_fail_and_follows_its_rule(mon
     (the gate WARNs, no FAIL) is no reason to refuse."""
     stuck = {**IDLE, "under_load_mhz": 1200}
     assert judge(stuck, base=None).verdict == "FAIL"
-    path = tmp_path / "b.json"
-    code, err, _ = _record(monkeypatch, stuck, "--path", str(path))
-    assert code == 2 and "host.cpu-clock FAILs" in err and not path.exists(), err
-    code, _, out = _record(monkeypatch, stuck, "--path", str(path), "--force")
-    assert code == 0 and "FORCED over" in out
-    data = json.loads(path.read_text())
+    data = _refused_then_forced(monkeypatch, stuck, tmp_path / "b.json", "host.cpu-clock FAILs")
     assert [w for w in data["cpu"]["forced_over"] if "host.cpu-clock" in w], data["cpu"]
     assert all("host.cpu-clock" not in w for w in data["forced_over"] if w not in data["cpu"]["forced_over"])
     governed = {**stuck, "governor": "powersave", "scaling_driver": "acpi-cpufreq"}
