@@ -428,7 +428,7 @@ def test_negative_counter_deltas_in_a_replay_are_noted_not_judged():
 
 
 def test_the_lab_fixtures_are_consistent():
-    from afddiag.gates.fabric import bandwidth_problem
+    from afddiag.gates.rail import bandwidth_problem
     from afddiag.model.pair import pair_facts
 
     for p in sorted(FIX.glob("bw-*.json")):

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from afddiag.capture import collect_bundle, write_bundle
 from afddiag.cli import cli
-from afddiag.gates import fabric
+from afddiag.gates import rail
 from afddiag.playbook import load
 from conftest import CASES
 
@@ -28,7 +28,7 @@ CX7 = CASES / "fabric" / "12-cx7-single-port-healthy"
     (None, 200000, "SKIP", "not read"),
 ])
 def test_judge_link_speed(speed, expect, verdict, words):
-    got, summary = fabric.judge_link_speed("enp1s0f0np0 (rocep1s0f0 port 1)", speed, expect, "expert")
+    got, summary = rail.judge_link_speed("enp1s0f0np0 (rocep1s0f0 port 1)", speed, expect, "expert")
     assert got == verdict and words in summary, summary
     assert summary.startswith("enp1s0f0np0")
 

@@ -79,7 +79,7 @@ def test_no_summary_or_remedy_nests_parentheses_and_skips_say_one_reason():
 def test_link_speed_unread_live_names_the_errno():
     import errno
 
-    from afddiag.gates.fabric import judge_link_speed, speed_unread
+    from afddiag.gates.rail import judge_link_speed, speed_unread
     from afddiag.probes.sysfs import _Reader, read_netdev
 
     def reader(path):

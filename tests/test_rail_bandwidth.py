@@ -59,7 +59,7 @@ def _pair(gbps=95.0, speed=200_000, counters=None, error=None, verified=True, st
 
 def _judge(p, source="live", **pb):
     from afddiag.gates import Context
-    from afddiag.gates.fabric import port_counters, rail_bandwidth
+    from afddiag.gates.rail import port_counters, rail_bandwidth
     from afddiag.endpoint import FabricIp
 
     inputs = Inputs(playbook=Playbook(name="expert" if pb else "generic", **pb), families=frozenset({"fabric"}))
@@ -110,7 +110,7 @@ def test_no_band_names_the_figure_and_passes():
 
 
 def test_judge_rail_bandwidth_is_pure_and_covers_lab_bands():
-    from afddiag.gates.fabric import judge_rail_bandwidth as j
+    from afddiag.gates.rail import judge_rail_bandwidth as j
 
     assert j(0.4, 0.2, (), 0.02, None, False) == (PASS, "healthy")
     assert j(0.1, 0.2, (), 0.02, None, False) == (WARN, "below")

@@ -1,5 +1,6 @@
 """Fabric gates: RDMA presence, link, RoCE v2 IPv4 GID, path MTU, the device the engine opens,
-launch-environment device selection, and the QP walk to RTR."""
+launch-environment device selection, the QP walk to RTR, memory registration, route and ARP.
+The rail gates (link speed, a rail's bandwidth, its port counters) are in :mod:`afddiag.gates.rail`."""
 
 from __future__ import annotations
 
@@ -11,49 +12,13 @@ from afddiag.envvars import (GID_INDEX_VARS, MAP_VAR, NCCL_HCA_VAR, WATCHED, for
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
                                   order_known, rocev2_carriers, usable_rocev2)
-from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
-from afddiag.model.pair import BandwidthRun
-from afddiag.gates import PROBE_FAILED_REMEDY, Context, not_probed, probe_failed
+from afddiag.gates import Context, PROBE_FAILED_REMEDY, declared, gate, not_probed, probe_failed
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
 ROCE_MTUS = (4096, 2048, 1024, 512, 256)
 ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
-
-#: A payload rate within this share of the one bytes and seconds give agrees with them (the client rounds
-#: seconds and Gb/s to 6 decimals); a rate above the link's speed by more than it is impossible.
-RATE_SLACK = 0.02
-
-
-def bandwidth_problem(bw: BandwidthRun, link_speed_mbps: int | None = None) -> str | None:
-    """None when a bandwidth run's figures can all be true; else one line naming the figure that
-    cannot (a saved result edited or corrupted, a peer that reported garbage): negative bytes or
-    Gb/s, bytes moved with no (or a non-positive) duration or no Gb/s figure, a Gb/s that does not follow
-    from bytes and seconds (``bytes * 8 / seconds / 1e9``, within :data:`RATE_SLACK`), negative per-QP
-    bytes, a payload rate above the link's negotiated speed
-    (``link_speed_mbps``, Mb/s; unknown or <= 0: not compared). Pure."""
-    if bw.bytes < 0:
-        return f"bytes {bw.bytes} is negative"
-    if bw.gbps is not None and bw.gbps < 0:
-        return f"gbps {bw.gbps:g} is negative"
-    if bw.seconds is not None and bw.seconds <= 0:
-        return f"seconds {bw.seconds:g} is not a duration"
-    if not bw.bytes:
-        return None if not bw.gbps else f"{bw.gbps:g} Gb/s with no byte moved"
-    if bw.seconds is None:
-        return f"{bw.bytes} bytes moved but no duration (seconds missing or not a number)"
-    if bw.gbps is None:
-        return f"{bw.bytes} bytes moved in {bw.seconds:g} s but no Gb/s figure (missing or not a number)"
-    rate = bw.bytes * 8 / bw.seconds / 1e9
-    if abs(bw.gbps - rate) > max(0.001, RATE_SLACK * rate):
-        return f"{bw.gbps:g} Gb/s does not follow from {bw.bytes} bytes in {bw.seconds:g} s ({rate:.6g} Gb/s)"
-    if any(q.bytes < 0 for q in bw.per_qp):
-        return f"a QP's bytes are negative ({', '.join(str(q.bytes) for q in bw.per_qp)})"
-    if link_speed_mbps and link_speed_mbps > 0 and bw.gbps * 1000 > link_speed_mbps * (1 + RATE_SLACK):
-        return (f"{bw.gbps:g} Gb/s of payload is faster than the link's negotiated {link_speed_mbps} Mb/s: "
-                "no port moves more than its line rate")
-    return None
 
 
 def roce_mtu(netdev_mtu: int) -> int:
@@ -64,17 +29,17 @@ def roce_mtu(netdev_mtu: int) -> int:
     return next((m for m in ROCE_MTUS if room >= m), 0)
 
 
-def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
+def _need_fabric(ctx: Context, gate_id: str) -> Verdict | None:
     """SKIP/WARN when the fabric facts or the fabric IP are missing; None when the gate can judge."""
     fab = ctx.obs.fabric
-    if (v := probe_failed(gid, fab)) is not None:
+    if (v := probe_failed(gate_id, fab)) is not None:
         return v
     if fab is None or not fab.captured:
         why = "; ".join(fab.notes) if fab and fab.notes else "fabric not probed"
-        return Verdict(gid, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
+        return Verdict(gate_id, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
                        remedy("snapshot.fabric"))
     if not fab.devices:
-        return Verdict(gid, SKIP, "no RDMA device on this host", remedy("fabric.rdma-present"))
+        return Verdict(gate_id, SKIP, "no RDMA device on this host", remedy("fabric.rdma-present"))
     fip = ctx.fabric_ip
     if fip.ip is None:
         cands = sorted({f"{e.ip} ({e.device} GID {e.gid_index}"
@@ -82,14 +47,15 @@ def _need_fabric(ctx: Context, gid: str) -> Verdict | None:
                         for e in fip.candidates})
         if fip.ambiguous:
             n = len({e.ip for e in fip.candidates})
-            return Verdict(gid, WARN, f"fabric IP ambiguous: {n} IPv4 addresses have a RoCE v2 GID: "
+            return Verdict(gate_id, WARN, f"fabric IP ambiguous: {n} IPv4 addresses have a RoCE v2 GID: "
                            + ", ".join(cands), remedy("fabric.ambiguous"), {"candidates": cands}, action="RERUN")
-        return Verdict(gid, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on any port and no --fabric-ip",
+        return Verdict(gate_id, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on any port and no --fabric-ip",
                        remedy("fabric.rocev2-ipv4"))
     return None
 
 
-def _port_of(ctx: Context, e: Entry):
+def port_of(ctx: Context, e: Entry):
+    """``(device, port)`` of the fabric facts that ``e`` names; ``(None, None)`` when none does."""
     for d in ctx.obs.fabric.devices:
         if d.name == e.device:
             for p in d.ports:
@@ -105,13 +71,13 @@ def _best_carrier(ctx: Context) -> Entry | None:
     return fabric_entry(ctx.obs.fabric, ctx.fabric_ip.ip)
 
 
-def _fabric_entry(ctx: Context, gid: str) -> Entry | Verdict:
+def carrier_entry(ctx: Context, gate_id: str) -> Entry | Verdict:
     """The entry of the port carrying the fabric IP, or the SKIP/WARN verdict that stops the gate."""
-    if (v := _need_fabric(ctx, gid)) is not None:
+    if (v := _need_fabric(ctx, gate_id)) is not None:
         return v
     e = _best_carrier(ctx)
     if e is None:
-        return Verdict(gid, SKIP, f"fabric IP {ctx.fabric_ip.ip}: no port carries it, so nothing to judge "
+        return Verdict(gate_id, SKIP, f"fabric IP {ctx.fabric_ip.ip}: no port carries it, so nothing to judge "
                        "(see fabric.rocev2-ipv4)", remedy("fabric.rocev2-ipv4"))
     return e
 
@@ -120,23 +86,23 @@ def _where(e: Entry) -> str:
     return f"{e.device} port {e.port} GID {e.gid_index} ({e.gid_type or 'type unknown'}, {e.netdev})"
 
 
-def rdma_present(ctx: Context) -> Verdict:
-    gid = "fabric.rdma-present"
+@gate("fabric.rdma-present")
+def rdma_present(ctx: Context, gate_id: str) -> Verdict:
     fab = ctx.obs.fabric
-    if (v := probe_failed(gid, fab)) is not None:
+    if (v := probe_failed(gate_id, fab)) is not None:
         return v
     if fab is None or not fab.captured:
         why = "; ".join(fab.notes) if fab and fab.notes else "not probed"
         if ctx.requires("rdma"):  # a role that needs RDMA cannot be passed on evidence that is not there
-            return Verdict(gid, FAIL, f"role {ctx.playbook.name} requires RDMA, but the fabric was not looked at "
+            return Verdict(gate_id, FAIL, f"role {ctx.playbook.name} requires RDMA, but the fabric was not looked at "
                            f"({why})", remedy("snapshot.fabric"), action="RERUN")
-        return Verdict(gid, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
+        return Verdict(gate_id, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
                        remedy("snapshot.fabric"))
     if not fab.devices:
         why = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
         verdict = FAIL if ctx.requires("rdma") else SKIP
         role = f"; role {ctx.playbook.name} requires one" if verdict == FAIL else ""
-        return Verdict(gid, verdict, f"no RDMA device on this host ({why[-1]}){role}", remedy(gid),
+        return Verdict(gate_id, verdict, f"no RDMA device on this host ({why[-1]}){role}", remedy(gate_id),
                        {"notes": fab.notes})
     devs = [
         {"name": d.name, "index": d.index, "hca_type": d.hca_type, "fw_ver": d.fw_ver, "board_id": d.board_id,
@@ -146,11 +112,11 @@ def rdma_present(ctx: Context) -> Verdict:
         for d in fab.devices
     ]
     names = ", ".join(d.name for d in fab.devices)
-    return Verdict(gid, PASS, f"{len(fab.devices)} RDMA device(s) in enumeration order ({fab.order_source}): {names}",
+    return Verdict(gate_id, PASS, f"{len(fab.devices)} RDMA device(s) in enumeration order ({fab.order_source}): {names}",
                    "nothing to do", {"devices": devs, "order_source": fab.order_source, "notes": fab.notes})
 
 
-def no_device_but_named(ctx: Context, gid: str) -> Verdict | None:
+def no_device_but_named(ctx: Context, gate_id: str) -> Verdict | None:
     """On a host whose fabric was looked at and lists no RDMA device: FAIL (LOAD_DRIVER) naming the
     missing device when the role requires RDMA; WARN when the operator named a fabric expectation
     (``--fabric-ip``/``AFD_FABRIC_IP``, ``--peer``/``AFD_PEER_FABRIC_IPS``) that nothing could check:
@@ -162,26 +128,26 @@ def no_device_but_named(ctx: Context, gid: str) -> Verdict | None:
     named += [f"peer(s) {', '.join(ctx.inputs.peers)}"] if ctx.inputs.peers else []
     what = " and ".join(named) or "the fabric IP"
     if ctx.requires("rdma"):
-        return Verdict(gid, FAIL, f"no RDMA device on this host: no port can carry {what}; role "
+        return Verdict(gate_id, FAIL, f"no RDMA device on this host: no port can carry {what}; role "
                        f"{ctx.playbook.name} requires RDMA", remedy("fabric.rdma-present"),
                        {"named": named, "notes": fab.notes}, action="LOAD_DRIVER")
     if named:
-        return Verdict(gid, WARN, f"{what} given, but no RDMA device on this host: nothing on the fabric could be "
+        return Verdict(gate_id, WARN, f"{what} given, but no RDMA device on this host: nothing on the fabric could be "
                        "checked", "run on the host whose RDMA device carries the fabric IP, or load its RDMA driver "
                        "(mlx5_ib for ConnectX) and check `rdma dev`", {"named": named, "notes": fab.notes},
                        action="RERUN")
     return None
 
 
-def link(ctx: Context) -> Verdict:
-    gid = "fabric.link"
-    if (v := no_device_but_named(ctx, gid)) is not None:
+@gate("fabric.link")
+def link(ctx: Context, gate_id: str) -> Verdict:
+    if (v := no_device_but_named(ctx, gate_id)) is not None:
         return v
-    e = _fabric_entry(ctx, gid)
+    e = carrier_entry(ctx, gate_id)
     if isinstance(e, Verdict):
         return e
     ip = ctx.fabric_ip.ip
-    _, port = _port_of(ctx, e)
+    _, port = port_of(ctx, e)
     nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
     facts = {"device": e.device, "port": e.port, "state": port.state, "phys_state": port.phys_state,
              "rate": port.rate, "netdev": e.netdev, "netdev_operstate": nd.operstate if nd else None}
@@ -189,33 +155,33 @@ def link(ctx: Context) -> Verdict:
     if port.state is None and not (nd and nd.operstate in ("down", "lowerlayerdown", "notpresent")):
         # an unread state is no evidence of a down link: never the cable remedy (a drain) on it
         why = "; ".join(port.notes) or f"ports/{e.port}/state absent or unreadable"
-        return Verdict(gid, SKIP, f"{subject}: port state not read ({why}); netdev {e.netdev} is "
+        return Verdict(gate_id, SKIP, f"{subject}: port state not read ({why}); netdev {e.netdev} is "
                        f"{nd.operstate if nd and nd.operstate else 'in an unknown state'}",
                        f"read the port state on the host: `cat /sys/class/infiniband/{e.device}/ports/{e.port}/state` "
                        "or `rdma link show` (as root in a container)", facts)
     if port.state != "ACTIVE" or (port.phys_state and port.phys_state != "LinkUp"):
-        return Verdict(gid, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gate_id), facts)
     if nd and nd.operstate in ("down", "lowerlayerdown", "notpresent"):
-        return Verdict(gid, FAIL, f"{subject}: netdev {e.netdev} is {nd.operstate}", remedy(gid), facts)
-    return Verdict(gid, PASS, f"{subject}: ACTIVE, LinkUp, {port.rate}", "nothing to do", facts)
+        return Verdict(gate_id, FAIL, f"{subject}: netdev {e.netdev} is {nd.operstate}", remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"{subject}: ACTIVE, LinkUp, {port.rate}", "nothing to do", facts)
 
 
-def mtu(ctx: Context) -> Verdict:
-    gid = "fabric.mtu"
-    e = _fabric_entry(ctx, gid)
+@gate("fabric.mtu")
+def mtu(ctx: Context, gate_id: str) -> Verdict:
+    e = carrier_entry(ctx, gate_id)
     if isinstance(e, Verdict):
         return e
     ip = ctx.fabric_ip.ip
     nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
     if nd is None or nd.mtu is None:
-        return Verdict(gid, SKIP, f"{e.netdev}: netdev MTU not read", remedy("snapshot.fabric"))
+        return Verdict(gate_id, SKIP, f"{e.netdev}: netdev MTU not read", remedy("snapshot.fabric"))
     rm = roce_mtu(nd.mtu)
     facts = {"netdev": e.netdev, "netdev_mtu": nd.mtu, "roce_mtu": rm, "device": e.device, "port": e.port}
     subject = f"{e.device} port {e.port} ({e.netdev}, fabric IP {ip})"
     if rm < 4096:
-        return Verdict(gid, WARN, f"{subject}: netdev MTU {nd.mtu} gives RoCE path MTU {rm}, below 4096",
-                       remedy(gid).format(netdev=e.netdev), facts)
-    return Verdict(gid, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts)
+        return Verdict(gate_id, WARN, f"{subject}: netdev MTU {nd.mtu} gives RoCE path MTU {rm}, below 4096",
+                       remedy(gate_id).format(netdev=e.netdev), facts)
+    return Verdict(gate_id, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts)
 
 
 WRONG_FABRIC_IP_REMEDY = ("set the launcher's fabric IP (AFD_FABRIC_IP / --fabric-ip) to this host's RoCE address "
@@ -224,12 +190,12 @@ ROCE_V1_REMEDY = ("the HCA offers this address only as RoCE v1: enable RoCE v2 o
                   "e.g. mlx4_core roce_mode or the HCA's RoCE mode setting) or use an HCA that supports RoCE v2")
 
 
-def _roce_v1_only(gid: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
+def _roce_v1_only(gate_id: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
     """FAIL: the IPv4 address is offered only as RoCE v1 GIDs (e.g. mlx4 ConnectX-3): the HCA's RoCE mode
     is the fault, not the address (action HW_INSPECTION; no address fix)."""
     where = "; ".join(f"{_where(e)}, port {e.port_state}" for e in entries)
     head = f"fabric IP {ip}: " if ip else "no IPv4 RoCE v2 GID: "
-    return Verdict(gid, FAIL, f"{head}only as RoCE v1: {where}", ROCE_V1_REMEDY, {"inventory": inventory},
+    return Verdict(gate_id, FAIL, f"{head}only as RoCE v1: {where}", ROCE_V1_REMEDY, {"inventory": inventory},
                    action="HW_INSPECTION")
 
 
@@ -237,20 +203,20 @@ TYPE_NOT_READ_REMEDY = ("read the GID types on the host: `cat /sys/class/infinib
                         "(or `show_gids`), then re-run; nothing on this host is judged wrong on an unread type")
 
 
-def _type_not_read(gid: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
+def _type_not_read(gate_id: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
     """SKIP: the IPv4-mapped GIDs offer no RoCE v2 entry, but the type of some was not read
     (gid_attrs/types/<i> unreadable or missing from a capture): an unread type is neither v1 nor v2."""
     where = "; ".join(_where(e) for e in entries if e.gid_type is None)
     head = f"fabric IP {ip}" if ip else "IPv4-mapped GIDs"
-    return Verdict(gid, SKIP, f"{head}: GID type not read for {where}: cannot tell RoCE v2 from v1",
+    return Verdict(gate_id, SKIP, f"{head}: GID type not read for {where}: cannot tell RoCE v2 from v1",
                    TYPE_NOT_READ_REMEDY, {"inventory": inventory})
 
 
-def rocev2_ipv4(ctx: Context) -> Verdict:
-    gid = "fabric.rocev2-ipv4"
+@gate("fabric.rocev2-ipv4")
+def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or not fab.devices:
-        return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
     entries = ipv4_entries(fab)
     inventory = [to_jsonable(e) for e in entries]
     ip = ctx.fabric_ip.ip
@@ -258,57 +224,57 @@ def rocev2_ipv4(ctx: Context) -> Verdict:
     if ip is None:
         if usable:  # several candidates: each one has a RoCE v2 GID
             cands = sorted({f"{e.ip}={e.device} (GID {e.gid_index})" for e in usable})
-            return Verdict(gid, PASS, f"IPv4 RoCE v2 GIDs on ACTIVE ports: {', '.join(cands)}",
+            return Verdict(gate_id, PASS, f"IPv4 RoCE v2 GIDs on ACTIVE ports: {', '.join(cands)}",
                            "nothing to do; pass --fabric-ip to say which one the launcher uses",
                            {"inventory": inventory})
         down = rocev2_carriers(fab)  # RoCE v2 GIDs whose port is not ACTIVE: the link is the fault
         if down:
             ports = sorted({f"{e.device} port {e.port} ({e.netdev}, {e.port_state}: {e.ip} GID {e.gid_index})"
                             for e in down})
-            return Verdict(gid, FAIL, "no IPv4 RoCE v2 GID on an ACTIVE port: the ports carrying them are not "
+            return Verdict(gate_id, FAIL, "no IPv4 RoCE v2 GID on an ACTIVE port: the ports carrying them are not "
                            f"ACTIVE: {'; '.join(ports)}", remedy("fabric.link"), {"inventory": inventory},
                            action="FIX_LINK")
         if any(e.gid_type is None for e in entries):
-            return _type_not_read(gid, entries, inventory)
+            return _type_not_read(gate_id, entries, inventory)
         if entries and all(e.gid_type != ROCE_V2 for e in entries):
-            return _roce_v1_only(gid, entries, inventory)
+            return _roce_v1_only(gate_id, entries, inventory)
         kinds = sorted({e.gid_type or "unknown type" for e in entries})
         detail = (f"IPv4-mapped GIDs exist only as {', '.join(kinds)}"
                   if entries else "no GID on any device is IPv4-mapped (only fe80/IPv6 entries)")
-        return Verdict(gid, FAIL, f"no IPv4 RoCE v2 GID on any ACTIVE port: {detail}", remedy(gid),
+        return Verdict(gate_id, FAIL, f"no IPv4 RoCE v2 GID on any ACTIVE port: {detail}", remedy(gate_id),
                        {"inventory": inventory})
     mine = [e for e in usable if e.ip == ip]
     if mine:
         e = mine[0]
-        return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)} on an ACTIVE port", "nothing to do",
+        return Verdict(gate_id, PASS, f"fabric IP {ip}: {_where(e)} on an ACTIVE port", "nothing to do",
                        {"entry": to_jsonable(e), "inventory": inventory})
     down = [e for e in rocev2_carriers(fab) if e.ip == ip]
     if down:  # the GID is right; the port's link is fabric.link's concern (one fault, one remedy)
         e = down[0]
-        return Verdict(gid, PASS, f"fabric IP {ip}: {_where(e)}; its port is {e.port_state or 'in a state not read'} "
+        return Verdict(gate_id, PASS, f"fabric IP {ip}: {_where(e)}; its port is {e.port_state or 'in a state not read'} "
                        "(fabric.link judges the link)", "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
     cs = carriers(fab, ip)
     if cs:
         kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
         if any(e.gid_type is None for e in cs):  # unread, not v1: never the HCA-mode remedy on it
-            return _type_not_read(gid, cs, inventory, ip)
+            return _type_not_read(gate_id, cs, inventory, ip)
         if all(e.gid_type != ROCE_V2 for e in cs):
-            return _roce_v1_only(gid, cs, inventory, ip)
+            return _roce_v1_only(gate_id, cs, inventory, ip)
         why = "not on an ACTIVE port"
-        return Verdict(gid, FAIL, f"fabric IP {ip}: {why}: {kinds}", remedy(gid), {"inventory": inventory})
+        return Verdict(gate_id, FAIL, f"fabric IP {ip}: {why}: {kinds}", remedy(gate_id), {"inventory": inventory})
     stray = [e for e in entries if e.ip == ip]
     if stray:
-        return Verdict(gid, FAIL, f"fabric IP {ip}: GID present ({_where(stray[0])}) but netdev "
-                       f"{stray[0].netdev} does not hold the address", remedy(gid), {"inventory": inventory})
+        return Verdict(gate_id, FAIL, f"fabric IP {ip}: GID present ({_where(stray[0])}) but netdev "
+                       f"{stray[0].netdev} does not hold the address", remedy(gate_id), {"inventory": inventory})
     holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
     where = (f"it is on netdev {', '.join(holders)}, which no RDMA port is bound to" if holders
              else "no netdev on this host holds it")
     if usable:  # the host has its RoCE address: the launcher names the wrong one (never move a management address)
         mine = sorted({f"{e.ip} ({e.netdev}, {e.device} GID {e.gid_index})" for e in usable})
-        return Verdict(gid, FAIL, f"fabric IP {ip}: no GID carries it ({where}); this host's IPv4 RoCE v2 "
+        return Verdict(gate_id, FAIL, f"fabric IP {ip}: no GID carries it ({where}); this host's IPv4 RoCE v2 "
                        f"addresses: {', '.join(mine)}", WRONG_FABRIC_IP_REMEDY.format(
                            addrs=", ".join(sorted({e.ip for e in usable}))), {"inventory": inventory}, action="SET_ENV")
-    return Verdict(gid, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gid), {"inventory": inventory})
+    return Verdict(gate_id, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gate_id), {"inventory": inventory})
 
 
 def engine_device_for(fab: FabricFacts | None, env: dict[str, str] | None, ip: str | None) -> tuple[str | None, str]:
@@ -343,7 +309,7 @@ def _map_fix(ctx: Context, ips: list[str]) -> str:
     return f"export {MAP_VAR}={','.join(pairs)} on this host's launcher" if pairs else remedy("fabric.rocev2-ipv4")
 
 
-def _first_device_ambiguous(ctx: Context, gid: str, warn: Verdict) -> Verdict:
+def _first_device_ambiguous(ctx: Context, gate_id: str, warn: Verdict) -> Verdict:
     """Several candidate fabric IPs: FAIL when, whichever one the launcher uses, the device the
     engine opens (the map's entry for it, else the first enumerated) carries none of them."""
     fab = ctx.obs.fabric
@@ -356,22 +322,22 @@ def _first_device_ambiguous(ctx: Context, gid: str, warn: Verdict) -> Verdict:
     facts = {**warn.facts, "engine_device_per_candidate": opens, "candidates_that_work": works,
              "order_source": fab.order_source}
     if works:
-        return Verdict(gid, WARN, warn.summary + f"; the engine's device carries {', '.join(works)}", warn.remedy,
+        return Verdict(gate_id, WARN, warn.summary + f"; the engine's device carries {', '.join(works)}", warn.remedy,
                        facts, action="RERUN")
     unmapped = [c for c in cands if c not in entries]
     if unmapped and not order_known(fab):
-        return Verdict(gid, WARN, warn.summary + "; device order unknown, so the device the engine opens for "
+        return Verdict(gate_id, WARN, warn.summary + "; device order unknown, so the device the engine opens for "
                        f"{', '.join(unmapped)} cannot be told", _map_fix(ctx, cands), facts, action="SET_ENV")
     seen = ", ".join(sorted({f"{d} ({'map' if c in entries else 'first enumerated device'})" for c, d in opens.items()}))
-    return Verdict(gid, FAIL, f"fabric IP ambiguous ({', '.join(cands)}), and the device the engine opens carries "
+    return Verdict(gate_id, FAIL, f"fabric IP ambiguous ({', '.join(cands)}), and the device the engine opens carries "
                    f"none of them: {seen}", _map_fix(ctx, cands), facts, action="SET_ENV")
 
 
-def first_device(ctx: Context) -> Verdict:
-    gid = "fabric.first-device"
-    if (v := _need_fabric(ctx, gid)) is not None:
+@gate("fabric.first-device")
+def first_device(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_fabric(ctx, gate_id)) is not None:
         if v.verdict == WARN and ctx.fabric_ip.ambiguous:
-            return _first_device_ambiguous(ctx, gid, v)
+            return _first_device_ambiguous(ctx, gate_id, v)
         return v
     ip = ctx.fabric_ip.ip
     fab = ctx.obs.fabric
@@ -384,16 +350,16 @@ def first_device(ctx: Context) -> Verdict:
     if not how.startswith(MAP_VAR) and not order_known(fab):  # never guess libibverbs' order from names
         facts["engine_device"] = None
         if carrying and set(carrying) >= set(order):
-            return Verdict(gid, PASS, f"every RDMA device carries fabric IP {ip}: whichever the engine opens "
+            return Verdict(gate_id, PASS, f"every RDMA device carries fabric IP {ip}: whichever the engine opens "
                            f"(device order unknown: {fab.order_source})", "nothing to do", facts)
         where = (f"fabric IP {ip} is on {', '.join(carrying)}" if carrying else f"no device carries fabric IP {ip}")
-        return Verdict(gid, WARN, f"order unknown: the device the engine opens (libibverbs' first) cannot be told "
+        return Verdict(gate_id, WARN, f"order unknown: the device the engine opens (libibverbs' first) cannot be told "
                        f"without the device index order ({fab.order_source}); {where}, not on "
                        f"{', '.join(d for d in order if d not in carrying)}",
                        _map_fix(ctx, [ip]) + " (then the order does not matter), or capture the order "
                        "(`afddiag capture` records it; live it comes from pyverbs or NETLINK_RDMA)", facts, action="SET_ENV")
     if dev in carrying:
-        return Verdict(gid, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts)
+        return Verdict(gate_id, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts)
     good = [e for e in rocev2_carriers(fab) if e.ip == ip]
     action = "SET_ENV"
     if good:
@@ -401,7 +367,7 @@ def first_device(ctx: Context) -> Verdict:
         fix = f"export {MAP_VAR}={ip}={e.device} on this host's launcher"
         where = f"fabric IP {ip} is on {e.device} GID {e.gid_index}"
     elif carrying:
-        fix = remedy(gid)
+        fix = remedy(gate_id)
         where = f"fabric IP {ip} is on {', '.join(carrying)}"
     elif usable_rocev2(fab):  # the fabric IP given is not this host's RoCE address: one remedy with rocev2-ipv4
         fix = WRONG_FABRIC_IP_REMEDY.format(addrs=", ".join(sorted({e.ip for e in usable_rocev2(fab)})))
@@ -412,9 +378,9 @@ def first_device(ctx: Context) -> Verdict:
         where = f"no device carries fabric IP {ip}"
         action = "FIX_ADDRESS"
     if dev not in order:
-        return Verdict(gid, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts,
+        return Verdict(gate_id, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts,
                        action=action)
-    return Verdict(gid, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action)
+    return Verdict(gate_id, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action)
 
 
 def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, Any]:
@@ -448,19 +414,19 @@ def _shown(raw: str, n: int = 20) -> str:
     return repr(raw[:n] + ("…" if len(raw) > n else ""))
 
 
-def devicemap_env(ctx: Context) -> Verdict:
-    gid = "fabric.devicemap-env"
+@gate("fabric.devicemap-env")
+def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
     env = ctx.obs.env
     if env is None:
-        return Verdict(gid, SKIP, "launch environment not captured", remedy("snapshot.fabric"))
+        return Verdict(gate_id, SKIP, "launch environment not captured", remedy("snapshot.fabric"))
     set_vars = {k: env[k] for k in WATCHED if k in env}
     gid_vars = [k for k in GID_INDEX_VARS if k in set_vars]  # every engine's forced GID index: one rule
     if not set_vars:
-        return Verdict(gid, SKIP, f"none of {MAP_VAR}, {NCCL_HCA_VAR}, {', '.join(GID_INDEX_VARS)} is set "
+        return Verdict(gate_id, SKIP, f"none of {MAP_VAR}, {NCCL_HCA_VAR}, {', '.join(GID_INDEX_VARS)} is set "
                        f"({ctx.obs.env_source})", "nothing to judge; fabric.first-device covers the default")
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or not fab.devices:
-        return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
     ip = ctx.fabric_ip.ip
     # its own concern only: does each variable name the device/port/GID that carries the address as
     # RoCE v2? Whether that port's link is up is fabric.link's (one fault, one remedy).
@@ -552,7 +518,7 @@ def devicemap_env(ctx: Context) -> Verdict:
         if not digits(raw):
             fail(var, f"{var}={_shown(raw)} is not a GID index")
         elif int(raw) != t.gid_index:
-            _, port = _port_of(ctx, t)
+            _, port = port_of(ctx, t)
             g = next((g for g in port.gids if g.index == int(raw)), None)
             what = f"{g.gid} ({g.type})" if g else "an empty slot"
             fail(var, f"{var}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
@@ -575,7 +541,7 @@ def devicemap_env(ctx: Context) -> Verdict:
     # unsetting the map sends the engine to the first enumerated device: only an engine's own selector may
     # go (NCCL_IB_HCA, a forced GID index: each engine then picks the RoCE v2 GID by address family)
     rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(selectors)})" if selectors else "")) if fix \
-        else remedy(gid)
+        else remedy(gate_id)
     facts["problems"] = fails + warns
     srcs = {k: (ctx.obs.env_sources or {}).get(k) or ctx.obs.env_source for k in set_vars}
     facts["sources"] = srcs
@@ -587,18 +553,18 @@ def devicemap_env(ctx: Context) -> Verdict:
     from_txt = (" (" + "; ".join(f"{', '.join(ks)} from the {src}" for src, ks in by_src.items()) + ")"
                 if len(by_src) > 1 else "")
     if fails:
-        return Verdict(gid, FAIL, "; ".join(fails) + from_txt, rem, facts)
+        return Verdict(gate_id, FAIL, "; ".join(fails) + from_txt, rem, facts)
     if warns:
-        return Verdict(gid, WARN, "; ".join(warns) + from_txt, rem, facts)
+        return Verdict(gate_id, WARN, "; ".join(warns) + from_txt, rem, facts)
     if facts.get("not_judged"):
         what = facts.get("not_judged_var") or "/".join(selectors)
-        return Verdict(gid, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
+        return Verdict(gate_id, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
     if ip is None:  # no fabric IP decided: only the map's entries for this host's addresses were judged
-        return Verdict(gid, PASS, f"{MAP_VAR} names a RoCE v2 device for each of this host's addresses in it "
+        return Verdict(gate_id, PASS, f"{MAP_VAR} names a RoCE v2 device for each of this host's addresses in it "
                        "(no fabric IP decided: which one the engine uses is not judged)", "nothing to do", facts)
     rail_txt = ("; rails: " + ", ".join(f"{r['port']} {r['ip']} on {r['subnet']}" for r in facts["rails"])
                 if facts.get("rails") else "")
-    return Verdict(gid, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
+    return Verdict(gate_id, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
                    + (f" ({target[0].device} GID {target[0].gid_index})" if target else "") + rail_txt + from_txt,
                    "nothing to do", facts)
 
@@ -608,18 +574,18 @@ def decode_errno(err: int | None) -> str:
     return "no errno" if err is None else errno_words(err)
 
 
-def qp_rtr(ctx: Context) -> Verdict:
-    gid = "fabric.qp-rtr"
+@gate("fabric.qp-rtr")
+def qp_rtr(ctx: Context, gate_id: str) -> Verdict:
     qp = ctx.obs.qp
     fab = ctx.obs.fabric
-    if (v := probe_failed(gid, qp)) is not None:  # the live run marks qp failed when the fabric probe failed
+    if (v := probe_failed(gate_id, qp)) is not None:  # the live run marks qp failed when the fabric probe failed
         return v
     if qp is None or not qp.ran:
         why = qp.why if qp else "QP test not run"
-        rem = remedy(gid + ".no-pyverbs") if qp and qp.why and "pyverbs" in qp.why else "nothing to do"
-        return Verdict(gid, SKIP, f"QP test not run: {why}", rem)
+        rem = remedy(gate_id + ".no-pyverbs") if qp and qp.why and "pyverbs" in qp.why else "nothing to do"
+        return Verdict(gate_id, SKIP, f"QP test not run: {why}", rem)
     if fab is None or not fab.devices:
-        return Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
     if ctx.fabric_ip.ip is None and ctx.fabric_ip.ambiguous:
         dev, how = fab.devices[0].name, "first enumerated device (fabric IP ambiguous)"
     else:
@@ -628,63 +594,63 @@ def qp_rtr(ctx: Context) -> Verdict:
     mine = [r for r in qp.results if r.device == dev]
     facts = {"engine_device": dev, "chosen_by": how, "results": results, "notes": qp.notes}
     if not mine and dev not in {d.name for d in fab.devices}:  # e.g. the map names a device deleted since
-        return Verdict(gid, FAIL, f"{dev} ({how}) is not an RDMA device on this host: the engine cannot open it",
+        return Verdict(gate_id, FAIL, f"{dev} ({how}) is not an RDMA device on this host: the engine cannot open it",
                        remedy("fabric.first-device"), facts)
     if not mine:
-        return Verdict(gid, ERROR, f"{dev}: no QP result for the device the engine opens", remedy(gid), facts)
+        return Verdict(gate_id, ERROR, f"{dev}: no QP result for the device the engine opens", remedy(gate_id), facts)
     hung = [r for r in mine if r.reached not in ("RTR", "RTS") and (r.error or "").startswith("timed out")]
     if hung:  # the walk ran past its bound: nothing was judged, the kernel call may still be running
         r = hung[0]
-        return Verdict(gid, ERROR, f"not judged: {dev} QP walk toward {r.target} {r.error} (reached {r.reached})",
+        return Verdict(gate_id, ERROR, f"not judged: {dev} QP walk toward {r.target} {r.error} (reached {r.reached})",
                        PROBE_FAILED_REMEDY, facts)
     bad = [r for r in mine if r.reached not in ("RTR", "RTS")]
     cannot = [r for r in bad if r.errno is not None and abs(r.errno) == EOPNOTSUPP]
     if bad and len(cannot) == len(bad):  # "this device cannot", not "this device is broken"
         r = cannot[0]
         step = next((s.to for s in r.steps if not s.ok), "the walk")
-        return Verdict(gid, SKIP, f"{dev} ({how}): this device cannot run the RC QP walk: {step} toward {r.target} "
+        return Verdict(gate_id, SKIP, f"{dev} ({how}): this device cannot run the RC QP walk: {step} toward {r.target} "
                        f"answered errno {abs(r.errno)} (EOPNOTSUPP, operation not supported by this device)",
                        "nothing is broken on this evidence; test the path with the engine's own transport", facts)
     if bad:
         r = bad[0]
         step = next((s for s in r.steps if not s.ok), None)
         to = step.to if step else "RTR"
-        return Verdict(gid, FAIL, f"{dev} ({how}): RC QP {r.reached}→{to} toward {r.target} failed: "
+        return Verdict(gate_id, FAIL, f"{dev} ({how}): RC QP {r.reached}→{to} toward {r.target} failed: "
                        f"errno {abs(r.errno) if r.errno is not None else '?'} {decode_errno(r.errno)} "
                        f"[sgid index {r.sgid_index}: {r.sgid_choice}]",
-                       remedy(gid) if abs(r.errno or 0) != 110 else remedy(gid + ".timeout"), facts,
+                       remedy(gate_id) if abs(r.errno or 0) != 110 else remedy(gate_id + ".timeout"), facts,
                        action="SET_ENV" if abs(r.errno or 0) != 110 else "FIX_ROUTE")
     weak = all(r.target == "loopback" for r in mine)
     targets = ", ".join(sorted({r.target or "?" for r in mine}))
     tail = (" — loopback only, a weaker test (a QP aimed at its own GID reaches RTR even on the wrong port): "
             "give --peer" if weak else "")
-    return Verdict(gid, PASS, f"{dev} ({how}): RC QP reached {mine[0].reached} toward {targets} "
+    return Verdict(gate_id, PASS, f"{dev} ({how}): RC QP reached {mine[0].reached} toward {targets} "
                    f"from GID index {mine[0].sgid_index}{tail}", "nothing to do", facts)
 
 
-def route(ctx: Context) -> Verdict:
+@gate("fabric.route")
+def route(ctx: Context, gate_id: str) -> Verdict:
     """fabric.route: the route to each peer (``ip route get <peer> from <fabric-ip>``, probes/route.py)
     leaves by the netdev of the GID selected for the fabric IP."""
-    gid = "fabric.route"
     peers = list(ctx.inputs.peers)
     if not peers:
-        return Verdict(gid, SKIP, "no peer given (--peer or AFD_PEER_FABRIC_IPS in the launch env): no route to judge",
+        return Verdict(gate_id, SKIP, "no peer given (--peer or AFD_PEER_FABRIC_IPS in the launch env): no route to judge",
                        "give the peers' fabric IPs with --peer")
-    e = _fabric_entry(ctx, gid)
+    e = carrier_entry(ctx, gate_id)
     if isinstance(e, Verdict):
         return e
     rf = ctx.obs.route
-    if (v := probe_failed(gid, rf)) is not None:  # timed out or crashed: not evidence of "no route"
+    if (v := probe_failed(gate_id, rf)) is not None:  # timed out or crashed: not evidence of "no route"
         return v
     if rf is None or not rf.captured or not rf.routes_captured:
         notes = [n for n in (rf.notes if rf is not None else []) if not n.startswith("ARP sysctls")]
         why = "; ".join(notes) if notes else "route probe not run"
-        return Verdict(gid, SKIP, why if why.startswith("routes not captured") else f"routes not captured: {why}",
+        return Verdict(gate_id, SKIP, why if why.startswith("routes not captured") else f"routes not captured: {why}",
                        remedy("snapshot.route"))
     lost = [r for r in rf.routes if r.failed]
     if lost:
         why = "; ".join(f"peer {r.peer}: {r.error}" for r in lost)
-        return Verdict(gid, ERROR, f"not judged: route lookup failed ({why})", PROBE_FAILED_REMEDY,
+        return Verdict(gate_id, ERROR, f"not judged: route lookup failed ({why})", PROBE_FAILED_REMEDY,
                        {"probe_failed": why})
     ip = ctx.fabric_ip.ip
     rows = [{"peer": r.peer, "dev": r.dev, "src": r.src, "via": r.via, "error": r.error, "source": r.source}
@@ -698,10 +664,10 @@ def route(ctx: Context) -> Verdict:
             bad.append(f"route to peer {r.peer} leaves by {r.dev}" + (f" via {r.via}" if r.via else "")
                        + f", not {e.netdev} (the netdev of {e.device} GID {e.gid_index} carrying {ip})")
     if bad:
-        return Verdict(gid, FAIL, "; ".join(bad),
-                       remedy(gid).format(netdev=e.netdev, fabric_ip=ip), facts)
+        return Verdict(gate_id, FAIL, "; ".join(bad),
+                       remedy(gate_id).format(netdev=e.netdev, fabric_ip=ip), facts)
     via = [f"{r.peer} via {r.via}" for r in rf.routes if r.via]
-    return Verdict(gid, PASS, f"route to {', '.join(r.peer for r in rf.routes)} leaves by {e.netdev} "
+    return Verdict(gate_id, PASS, f"route to {', '.join(r.peer for r in rf.routes)} leaves by {e.netdev} "
                    f"({e.device} GID {e.gid_index})" + (f"; routed: {', '.join(via)}" if via else ""),
                    "nothing to do", facts)
 
@@ -711,17 +677,17 @@ ARP_ANNOUNCE_WANT = 2  # always use the best local address (the one on the outgo
 RP_FILTER_STRICT = 1  # strict reverse path: drops packets that arrive on the "other" rail
 
 
-def arp(ctx: Context) -> Verdict:
+@gate("fabric.arp")
+def arp(ctx: Context, gate_id: str) -> Verdict:
     """fabric.arp: with several RDMA netdevs on one IPv4 subnet, arp_ignore >= 1, arp_announce = 2
     and rp_filter != 1 (effective values: max of conf/all and conf/<netdev>) on each of them."""
     import ipaddress
 
-    gid = "fabric.arp"
     fab = ctx.obs.fabric
-    if (v := probe_failed(gid, fab)) is not None:
+    if (v := probe_failed(gate_id, fab)) is not None:
         return v
     if fab is None or not fab.captured or not fab.devices:
-        return _need_fabric(ctx, gid) or Verdict(gid, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
     rails = {e.netdev for e in ipv4_entries(fab) if e.netdev}
     nets: dict[str, set[str]] = {}
     for name in sorted(rails):
@@ -734,23 +700,23 @@ def arp(ctx: Context) -> Verdict:
     shared = {net: sorted(nds) for net, nds in nets.items() if len(nds) > 1}
     facts: dict = {"subnets": {k: sorted(v) for k, v in nets.items()}, "shared": shared}
     if not nets:
-        return Verdict(gid, SKIP, "no IPv4 address on any RDMA netdev: no ARP replies to judge", "nothing to do",
+        return Verdict(gate_id, SKIP, "no IPv4 address on any RDMA netdev: no ARP replies to judge", "nothing to do",
                        facts)
     rf = ctx.obs.route
-    if (v := probe_failed(gid, rf)) is not None:
+    if (v := probe_failed(gate_id, rf)) is not None:
         return v
     if not shared and (rf is None or not rf.sysctl_captured):  # the catalog: SKIP when the sysctls were not read
         why = next((n for n in (rf.notes if rf is not None else []) if n.startswith("ARP sysctls")),
                    "ARP sysctls not captured (route probe not run)")
-        return Verdict(gid, SKIP, "one RDMA netdev per subnet (" + ", ".join(f"{n}: {', '.join(sorted(v))}"
+        return Verdict(gate_id, SKIP, "one RDMA netdev per subnet (" + ", ".join(f"{n}: {', '.join(sorted(v))}"
                        for n, v in sorted(nets.items())) + f"), but not judged: {why}", remedy("snapshot.route"), facts)
     if not shared:
-        return Verdict(gid, PASS, "one RDMA netdev per subnet (" + (", ".join(f"{n}: {', '.join(sorted(v))}"
+        return Verdict(gate_id, PASS, "one RDMA netdev per subnet (" + (", ".join(f"{n}: {', '.join(sorted(v))}"
                        for n, v in sorted(nets.items())) or "no IPv4 on the RDMA netdevs") + "): ARP replies "
                        "leave by the port the request came in on", "nothing to do", facts)
     if rf is None or not rf.sysctl_captured:
         why = "; ".join(rf.notes) if rf is not None and rf.notes else "not probed"
-        return Verdict(gid, SKIP, f"{', '.join(f'{n} share {k}' for k, n in ((k, ' and '.join(v)) for k, v in shared.items()))}"
+        return Verdict(gate_id, SKIP, f"{', '.join(f'{n} share {k}' for k, n in ((k, ' and '.join(v)) for k, v in shared.items()))}"
                        f", but the ARP sysctls were not captured ({why})", remedy("snapshot.route"), facts)
     facts["effective"] = rf.effective
     facts["conf"] = rf.conf
@@ -767,64 +733,10 @@ def arp(ctx: Context) -> Verdict:
                 warns.append(f"{nd} ({net}): rp_filter 1 (strict) drops replies that come back on the other rail")
     names = ", ".join(f"{' and '.join(v)} on {k}" for k, v in shared.items())
     if fails or warns:
-        return Verdict(gid, FAIL if fails else WARN, f"several rails on one subnet ({names}): " + "; ".join(fails + warns),
-                       remedy(gid), facts)
-    return Verdict(gid, PASS, f"several rails on one subnet ({names}): arp_ignore, arp_announce and rp_filter "
+        return Verdict(gate_id, FAIL if fails else WARN, f"several rails on one subnet ({names}): " + "; ".join(fails + warns),
+                       remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"several rails on one subnet ({names}): arp_ignore, arp_announce and rp_filter "
                    "keep replies on the right port", "nothing to do", facts)
-
-
-def speed_unread(errno_: int | None, snapshot: bool, netdev: str | None) -> str:
-    """Why a netdev's ``speed`` was not read, in words: in a snapshot an absent file is "not captured";
-    live, the read's errno (EINVAL: the kernel refuses the read while the link is down). Pure."""
-    import errno as _errno
-    import os
-
-    if snapshot and errno_ in (None, _errno.ENOENT):
-        return f"not read: not captured in this snapshot (no sys/class/net/{netdev}/speed)"
-    if not errno_:
-        return "not read"
-    name = _errno.errorcode.get(errno_, str(errno_))
-    if errno_ == _errno.EINVAL:
-        return f"not read: the kernel refused the read ({name}), as it does while the link is down"
-    return f"not read: reading sys/class/net/{netdev}/speed failed ({name}: {os.strerror(errno_)})"
-
-
-def judge_link_speed(subject: str, speed_mbps: int | None, expect_mbps: int, role: str,
-                     why: str = "not read") -> tuple[str, str]:
-    """``(verdict, summary)`` for a RoCE netdev's negotiated speed (Mb/s, ``/sys/class/net/<if>/speed``)
-    against the role's expectation (Mb/s; 0: none): FAIL below half of it, WARN below it, PASS at or
-    above; SKIP when not read (``why``: :func:`speed_unread`) or SPEED_UNKNOWN (-1). Pure."""
-    if speed_mbps is None:
-        return SKIP, f"{subject}: negotiated speed {why}"
-    if speed_mbps <= 0:
-        return SKIP, f"{subject}: the netdev reports no speed (SPEED_UNKNOWN: a virtual NIC)"
-    got = f"{speed_mbps / 1000:g} Gb/s"
-    if not expect_mbps:
-        return PASS, f"{subject}: negotiated {got} (role {role} sets no expected speed)"
-    want = f"{expect_mbps / 1000:g} Gb/s"
-    if speed_mbps * 2 <= expect_mbps:
-        return FAIL, f"{subject}: negotiated {got}, role {role} expects {want}"
-    if speed_mbps < expect_mbps:
-        return WARN, f"{subject}: negotiated {got}, below the {want} role {role} expects"
-    return PASS, f"{subject}: negotiated {got} (role {role} expects {want})"
-
-
-def link_speed(ctx: Context) -> Verdict:
-    gid = "fabric.link-speed"
-    e = _fabric_entry(ctx, gid)
-    if isinstance(e, Verdict):
-        return e
-    _, port = _port_of(ctx, e)
-    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
-    speed = nd.speed_mbps if nd else None
-    expect = ctx.playbook.link_speed_mbps
-    facts = {"netdev": e.netdev, "speed_mbps": speed, "expected_mbps": expect or None, "device": e.device,
-             "port": e.port, "port_rate": port.rate if port else None}
-    subject = f"{e.netdev} ({e.device} port {e.port}, fabric IP {ctx.fabric_ip.ip})"
-    why = speed_unread(nd.speed_errno if nd else None, ctx.obs.source.startswith("snapshot"), e.netdev)
-    verdict, summary = judge_link_speed(subject, speed, expect, ctx.playbook.name, why)
-    rem = {PASS: "nothing to do", SKIP: "read it on the host (`ethtool <netdev>`; capture includes sys/class/net/<if>/speed)"}
-    return Verdict(gid, verdict, summary, rem.get(verdict) or remedy(gid).format(netdev=e.netdev), facts)
 
 
 MIB = 1 << 20
@@ -875,10 +787,10 @@ def mem_kinds(m) -> dict:
     return out
 
 
-def mem_registration(ctx: Context) -> Verdict:
-    gid = "fabric.mem-registration"
+@gate("fabric.mem-registration")
+def mem_registration(ctx: Context, gate_id: str) -> Verdict:
     m = ctx.obs.memreg
-    if (v := not_probed(gid, m, "memory registration (--no-qp skips it)",
+    if (v := not_probed(gate_id, m, "memory registration (--no-qp skips it)",
                         "run on the host without --no-qp, or replay a capture made with this afddiag")) is not None:
         return v
     if not m.devices:  # nothing registered; the CUDA and driver side was still read: keep it in the facts
@@ -886,7 +798,7 @@ def mem_registration(ctx: Context) -> Verdict:
                 "gpus": m.gpus, "dmabuf_export": m.dmabuf_export, "cuda_why": m.cuda_why,
                 "cma_total_kb": m.cma_total_kb, "cma_free_kb": m.cma_free_kb, "kho_off": m.kho_off,
                 "kernel_release": m.kernel_release, "memlock_soft_bytes": m.memlock_soft_bytes}
-        return Verdict(gid, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
+        return Verdict(gate_id, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
                        remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"),
                        side)
     pb = ctx.playbook
@@ -907,14 +819,14 @@ def mem_registration(ctx: Context) -> Verdict:
         d = next((d for d in m.devices if isinstance(d.get("host_mr"), dict) or d.get("open_error")), m.devices[0])
         r = d.get("host_mr") or d.get("open_error") or {}
         limited = r.get("errno") == 12 and m.memlock_soft_bytes not in (None, -1)
-        return Verdict(gid, FAIL, f"{names}: cannot register host memory ({d['name']}: "
+        return Verdict(gate_id, FAIL, f"{names}: cannot register host memory ({d['name']}: "
                        f"{_words(r.get('errno'), r.get('error'))}); {gpu_txt}",
                        "raise RLIMIT_MEMLOCK to unlimited for the engine's user (launch.memlock)" if limited else
                        "check the RDMA driver (`ibv_devinfo`, dmesg) and the device nodes (launch.uverbs-access)",
                        facts, action="RAISE_LIMIT" if limited else "LOAD_DRIVER")
     if pb.engine_registers == "gpu" and not gpu_ok:
-        return Verdict(gid, FAIL, f"{names}: {host_txt}, {gpu_txt}; {role}: its registrations will fail "
-                       "(\"Failed to register memory ... Bad address [14]\")", remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{names}: {host_txt}, {gpu_txt}; {role}: its registrations will fail "
+                       "(\"Failed to register memory ... Bad address [14]\")", remedy(gate_id), facts)
     cnt = [d["host_mr_count"] for d in m.devices if isinstance(d.get("host_mr_count"), dict)]
     short = [c for c in cnt if isinstance(c.get("registered"), int) and isinstance(c.get("wanted"), int)
              and c["registered"] < c["wanted"] and c.get("errno") == 12]
@@ -926,236 +838,16 @@ def mem_registration(ctx: Context) -> Verdict:
                f"kho=off on the kernel command line (kernel {m.kernel_release or '?'})")
         verdict = FAIL if short and not by_limit else WARN
         got = f"; {count_txt} (ENOMEM)" if short else (f"; {count_txt}" if count_txt else "")
-        return Verdict(gid, verdict, f"{names}: {sig}: large registrations fail with ENOMEM{got}",
-                       remedy(gid + ".cma"), facts, action="REBOOT")
+        return Verdict(gate_id, verdict, f"{names}: {sig}: large registrations fail with ENOMEM{got}",
+                       remedy(gate_id + ".cma"), facts, action="REBOOT")
     if short and not by_limit:
-        return Verdict(gid, WARN, f"{names}: {host_txt} but only {count_txt} (ENOMEM with RLIMIT_MEMLOCK "
+        return Verdict(gate_id, WARN, f"{names}: {host_txt} but only {count_txt} (ENOMEM with RLIMIT_MEMLOCK "
                        f"{'unlimited' if limit == -1 else f'{limit / MIB:.0f} MiB'}): pinned memory is short",
                        "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) and stop it before launch",
                        facts, action="STOP_PROCESSES")
     note = (f"; the count stopped at RLIMIT_MEMLOCK {limit / MIB:.0f} MiB (launch.memlock judges it)" if by_limit
             else (f" ({count_txt})" if count_txt else ""))
-    return Verdict(gid, PASS, f"{names}: {host_txt}{note}; {gpu_txt}; {role}", "nothing to do", facts)
+    return Verdict(gate_id, PASS, f"{names}: {host_txt}{note}; {gpu_txt}; {role}", "nothing to do", facts)
 
 
-# --- one rail's bandwidth run and the port counters around it (the pair test) ---------------------
-
-
-def _bandwidth_run(ctx: Context, gid: str):
-    """``(pair facts, bandwidth run)``, or the SKIP/ERROR verdict that stops a gate judging it."""
-    p = ctx.obs.pair
-    if (v := probe_failed(gid, p)) is not None:
-        return v
-    how = ("`afddiag fabric --pair <peer-fabric-ip> --bandwidth --fabric-ip <this rail's IP>` with `afddiag fabric "
-           "--serve --fabric-ip <its IP>` on the peer, one session per rail")
-    if p is None:
-        where = ("the snapshot holds no pair-test result" if ctx.obs.source.startswith("snapshot")
-                 else "no bandwidth run in this command")
-        return Verdict(gid, SKIP, f"{where}: the pair test's bandwidth mode measures a rail", f"run {how}")
-    if (v := _local_stop(gid, p)) is not None:
-        return v
-    if p.bandwidth is None:
-        return Verdict(gid, SKIP, "the pair test ran its short SEND/WRITE phases only (no --bandwidth)", f"run {how}")
-    return p, p.bandwidth
-
-
-def _rail(p) -> str:
-    """The rail a pair test ran on, unknowns in words: "rail mlx5_0 port 1 (10.0.0.1 <-> 10.0.0.2)";
-    "rail of 10.0.0.1 (no device carries it here) <-> 10.0.0.2" when the endpoint was never found."""
-    peer = (p.peer or "no peer").rsplit(":", 1)[0]
-    if p.device is None:
-        return f"rail of {p.fabric_ip or 'no fabric IP'} (no RDMA device chosen here) <-> {peer}"
-    return f"rail {p.device} port {p.port if p.port is not None else 'not read'} ({p.fabric_ip or 'no fabric IP'} <-> {peer})"
-
-
-def _local_stop(gid: str, p) -> Verdict | None:
-    """ERROR naming this host's cause when the pair test stopped here before contacting the peer
-    (``local_error``): the remedy is this host's, never the peer's."""
-    if not getattr(p, "local_error", None):
-        return None
-    if gid != "fabric.rail-bandwidth":  # one fault, named once: by the rail's bandwidth gate
-        return Verdict(gid, SKIP, f"{_rail(p)}: not read: the pair test stopped on this host (fabric.rail-bandwidth "
-                       "names why)", "see fabric.rail-bandwidth", {"local_error": p.local_error})
-    return Verdict(gid, ERROR, f"{_rail(p)}: not measured: stopped on this host before contacting the peer: "
-                   f"{p.local_error}", remedy("fabric.rail-bandwidth.local"),
-                   {"local_error": p.local_error, "fabric_ip": p.fabric_ip, "peer": p.peer}, action="RERUN")
-
-
-def grown(pc, kind: str) -> dict[str, int]:
-    """``{name: growth}`` of one side's counters of ``kind`` ("error", "congestion", "unknown") that grew. Pure."""
-    from afddiag.model.pair import counter_kind
-
-    return {k: v for k, v in sorted(pc.counters().items()) if v > 0 and counter_kind(k) == kind}
-
-
-def judge_rail_bandwidth(gbps: float, healthy: float, stale: tuple[float, ...], fail_below: float,
-                         link_ok: bool | None, errors: bool) -> tuple[str, str]:
-    """``(verdict, band)`` for one rail's Gb/s against the role's bands (Gb/s = 1e9 bits/s of payload):
-
-    - ``healthy`` 0: PASS "no-band"; at or above ``healthy``: PASS "healthy";
-    - inside ``stale`` = (low, high) inclusive: FAIL "stale-init" (the NIC's stale-initialization
-      signature) only when ``link_ok`` is True (the link negotiated the role's speed) and no error
-      counter grew (``errors`` False); with ``link_ok`` None (speed not read) FAIL "stale-unconfirmed";
-      otherwise the link or the loss explains the figure and it is judged as below the band;
-    - below ``fail_below``: FAIL "far-below"; else below ``healthy``: WARN "below".
-    Pure."""
-    if healthy <= 0:
-        return PASS, "no-band"
-    if gbps >= healthy:
-        return PASS, "healthy"
-    if len(stale) == 2 and stale[0] <= gbps <= stale[1] and not errors:
-        if link_ok is True:
-            return FAIL, "stale-init"
-        if link_ok is None:
-            return FAIL, "stale-unconfirmed"
-    if gbps < fail_below:
-        return FAIL, "far-below"
-    return WARN, "below"
-
-
-def rail_bandwidth(ctx: Context) -> Verdict:
-    gid = "fabric.rail-bandwidth"
-    got = _bandwidth_run(ctx, gid)
-    if isinstance(got, Verdict):
-        return got
-    p, bw = got
-    pb = ctx.playbook
-    rail = _rail(p)
-    errs = {c.side: grown(c, "error") for c in bw.counters}
-    facts = {"role": p.role, "device": p.device, "port": p.port, "fabric_ip": p.fabric_ip, "peer": p.peer,
-             "netdev": p.netdev, "link_speed_mbps": p.link_speed_mbps, "path_mtu": p.path_mtu,
-             "gbps": bw.gbps, "seconds": bw.seconds, "seconds_asked": bw.seconds_asked, "bytes": bw.bytes,
-             "size": bw.size, "qps": bw.qps, "depth": bw.depth, "verified": bw.verified, "stage": bw.stage,
-             "error": bw.error or p.error, "per_qp_gbps": [q.gbps for q in bw.per_qp],
-             "bands_gbps": {"healthy": pb.rail_healthy_gbps or None, "stale_init": list(pb.rail_stale_init_gbps) or None,
-                            "fail_below": pb.rail_fail_below_gbps or None, "role": pb.name},
-             "error_counters_grew": {k: v for k, v in errs.items() if v}}
-    error = bw.error or p.error
-    if (bad := bandwidth_problem(bw, p.link_speed_mbps)) is not None:
-        facts["inconsistent"] = bad
-        if error and bw.stage != "handshake":  # the stop is the finding; the figure is not judged
-            return Verdict(gid, FAIL, f"{rail}: the run stopped: {error} (its figures are not judged: {bad})",
-                           remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
-                           action="CHECK_FABRIC")
-        return Verdict(gid, ERROR, f"{rail}: not judged: the run's figures cannot all be true ({bad}); "
-                       + ("they are the client's, as it reported them" if p.role == "server" else
-                          "the result was edited or corrupted"),
-                       remedy(gid + ".inconsistent"), facts, action="RERUN")
-    if not bw.bytes or bw.gbps is None:
-        if bw.stage == "handshake":
-            return Verdict(gid, ERROR, f"{rail}: not measured: {error or 'the bandwidth run did not start'}",
-                           remedy(gid + ".not-run"), facts, action="RERUN")
-        if p.role == "server":  # the client measures: its figures never came
-            return Verdict(gid, FAIL, f"{rail}: the client's end of the run never arrived ({error or 'no figures'}, "
-                           f"stage {bw.stage})", remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"),
-                           facts, action="CHECK_FABRIC")
-        return Verdict(gid, FAIL, f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
-                       remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
-                       action="CHECK_FABRIC")
-    per = [q.gbps for q in bw.per_qp if q.gbps is not None]
-    figure = (f"{bw.gbps:.2f} Gb/s over {bw.qps} QPs ({bw.size} B RDMA WRITEs, {bw.depth} deep, {bw.seconds:.1f} s"
-              + (f"; per QP {min(per):.2f}-{max(per):.2f} Gb/s" if per else "") + ")")
-    if error:
-        return Verdict(gid, FAIL, f"{rail}: the run stopped at {figure}: {error}",
-                       remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
-                       action="CHECK_FABRIC")
-    if not bw.verified:
-        return Verdict(gid, FAIL, f"{rail}: {figure}, but the peer's buffer does not hold what each QP wrote "
-                       "(or the peer's check was not received)",
-                       remedy(gid + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
-                       action="CHECK_FABRIC")
-    want_mbps = pb.link_speed_mbps or int(pb.rail_healthy_gbps * 1000)
-    speed = p.link_speed_mbps
-    link_ok = None if speed is None or speed <= 0 else speed >= want_mbps
-    any_err = any(errs.values())
-    verdict, band = judge_rail_bandwidth(bw.gbps, pb.rail_healthy_gbps, pb.rail_stale_init_gbps,
-                                         pb.rail_fail_below_gbps, link_ok, any_err)
-    facts["band"] = band
-    h, st = pb.rail_healthy_gbps, pb.rail_stale_init_gbps
-    link = f"link {speed} Mb/s" if speed and speed > 0 else "link speed not read"
-    because = []
-    if any_err:
-        because.append("error counters grew during the run (" + "; ".join(
-            f"{side}: " + ", ".join(f"{k} +{v}" for k, v in e.items()) for side, e in errs.items() if e) + ")")
-    if link_ok is False:
-        because.append(f"the {link} is below the role's {want_mbps} Mb/s (fabric.link-speed)")
-    why = ("; " + "; ".join(because)) if because else ""
-    fmt = {"netdev": p.netdev or "the fabric netdev", "healthy": f"{h:g}"}
-    if band == "no-band":
-        return Verdict(gid, PASS, f"{rail}: {figure}; role {pb.name} sets no band ([fabric] rail_healthy_gbps)",
-                       "nothing to do (set [fabric] rail_healthy_gbps in the role's playbook to judge it)", facts)
-    if band == "healthy":
-        return Verdict(gid, PASS, f"{rail}: {figure}, at or above role {pb.name}'s {h:g} Gb/s", "nothing to do", facts)
-    if band == "stale-init":
-        return Verdict(gid, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band with the "
-                       f"{link} and no error counter grown: the NIC's stale-initialization signature",
-                       remedy(gid + ".stale"), facts, action="REBOOT")
-    if band == "stale-unconfirmed":
-        return Verdict(gid, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band, but the "
-                       "link speed was not read, so the signature is not confirmed",
-                       remedy(gid + ".unconfirmed").format(**fmt), facts, action="CHECK_FABRIC")
-    if band == "far-below":
-        return Verdict(gid, FAIL, f"{rail}: {figure}, below role {pb.name}'s {pb.rail_fail_below_gbps:g} Gb/s{why}",
-                       remedy(gid + ".far-below").format(**fmt), facts, action="CHECK_FABRIC")
-    return Verdict(gid, WARN, f"{rail}: {figure}, below role {pb.name}'s {h:g} Gb/s"
-                   + (f" (not the {st[0]:g}-{st[1]:g} Gb/s stale-initialization signature)" if len(st) == 2 else "")
-                   + why, remedy(gid).format(**fmt), facts, action="CHECK_FABRIC")
-
-
-def _side(pc) -> str:
-    return f"{pc.side} {pc.device or '?'} port {pc.port if pc.port is not None else '?'}"
-
-
-def port_counters(ctx: Context) -> Verdict:
-    gid = "fabric.port-counters"
-    got = _bandwidth_run(ctx, gid)
-    if isinstance(got, Verdict):
-        return got
-    p, bw = got
-    read = [c for c in bw.counters if c.read]
-    facts = {"seconds": bw.seconds, "stage": bw.stage, "sides": [
-        {"side": c.side, "device": c.device, "port": c.port, "netdev": c.netdev, "read": c.read,
-         "counters_read": sum(len(v) for v in c.delta.values()), "errors": grown(c, "error"),
-         "congestion": grown(c, "congestion"), "unknown": grown(c, "unknown"), "notes": c.notes[:20]}
-        for c in bw.counters]}
-    if not read:
-        notes = "; ".join(n for c in bw.counters for n in c.notes[:3])
-        return Verdict(gid, SKIP, f"{_rail(p)}: port counters not read around the run"
-                       + (f" ({notes})" if notes else f" (the run stopped at stage {bw.stage})"),
-                       "read them on the host: `rdma statistic show link <dev>/<port>`, /sys/class/infiniband/<dev>/"
-                       "ports/<port>/hw_counters/", facts)
-    during = f"during the {bw.seconds:.1f} s run" if bw.seconds and bw.seconds > 0 else f"around the run (stopped at stage {bw.stage})"
-    errors = [(c, grown(c, "error")) for c in read]
-    errors = [(c, e) for c, e in errors if e]
-    cong = [(c, grown(c, "congestion")) for c in read]
-    cong = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items()) for c, g in cong if g)
-    unknown = [(c, grown(c, "unknown")) for c in read]
-    unknown = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items()) for c, g in unknown if g)
-    tail = ((f"; congestion signals (the fabric paced the traffic, not a port error): {cong}" if cong else "")
-            + (f"; changed, not judged (names afddiag does not know): {unknown}" if unknown else "")
-            + ("" if len(read) > 1 else "; the peer's counters were not received"))
-    if errors:
-        flap = any(k in LINK_FLAP_NAMES for _, e in errors for k in e)
-        text = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in e.items()) for c, e in errors)
-        return Verdict(gid, WARN, f"{_rail(p)}: error counters grew {during}: {text}{tail}",
-                       remedy(gid + ".flap" if flap else gid).format(netdev=p.netdev or "the fabric netdev"), facts,
-                       action="FIX_LINK" if flap else "CHECK_FABRIC")
-    sides = "; ".join(f"{_side(c)}: {sum(len(v) for v in c.delta.values())} counters" for c in read)
-    return Verdict(gid, PASS, f"{_rail(p)}: no error counter grew {during} ({sides}){tail}", "nothing to do", facts)
-
-
-GATES = [
-    ("fabric.rdma-present", rdma_present),
-    ("fabric.link", link),
-    ("fabric.mtu", mtu),
-    ("fabric.link-speed", link_speed),
-    ("fabric.rocev2-ipv4", rocev2_ipv4),
-    ("fabric.first-device", first_device),
-    ("fabric.devicemap-env", devicemap_env),
-    ("fabric.qp-rtr", qp_rtr),
-    ("fabric.mem-registration", mem_registration),
-    ("fabric.route", route),
-    ("fabric.arp", arp),
-    ("fabric.rail-bandwidth", rail_bandwidth),
-    ("fabric.port-counters", port_counters),
-]
+GATES = declared(__name__)

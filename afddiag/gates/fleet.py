@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afddiag.catalog import remedy
+from afddiag.gates import declared, gate
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -58,15 +59,15 @@ class HostResult:
         """True when the host gave a report."""
         return self.report is not None
 
-    def gate(self, gid: str) -> dict[str, Any]:
-        """The report's gate ``gid`` as a dict ({} when absent)."""
+    def gate(self, gate_id: str) -> dict[str, Any]:
+        """The report's gate ``gate_id`` as a dict ({} when absent)."""
         if self._gates is None:
             self._gates = {g.get("id"): g for g in (self.report or {}).get("gates") or [] if isinstance(g, dict)}
-        return self._gates.get(gid) or {}
+        return self._gates.get(gate_id) or {}
 
-    def gate_facts(self, gid: str) -> dict[str, Any]:
-        """The facts dict of the report's gate ``gid`` ({} when absent or not a dict)."""
-        f = self.gate(gid).get("facts")
+    def gate_facts(self, gate_id: str) -> dict[str, Any]:
+        """The facts dict of the report's gate ``gate_id`` ({} when absent or not a dict)."""
+        f = self.gate(gate_id).get("facts")
         return f if isinstance(f, dict) else {}
 
     @property
@@ -163,11 +164,11 @@ from afddiag.summary import as_int as _int  # noqa: E402 - one reading of an int
 
 # ---------------------------------------------------------------- fleet.capacity
 
-def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.capacity")
+def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """The coordinator's batch flag (AFD_PREFILL_CAPACITY) equals every rank's capacity flag
     (AFD_EXPERT_CAPACITY) and the inventory's ``capacity`` when given. Facts: ``launch.capacity``
     gate facts ``{key, value, set}`` of each report; ``inputs.launch_env`` names the file."""
-    gid = "fleet.capacity"
     flags: dict[str, tuple[str, int, bool, str]] = {}
     unknown: list[str] = []
     for h in fleet:
@@ -182,7 +183,7 @@ def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     facts = {"flags": {n: {"key": k, "value": v, "set": s, "launch_env": p} for n, (k, v, s, p) in flags.items()},
              "unknown": unknown, "expected": expect.get("capacity"), "not_judged": _not_judged(fleet)}
     if not flags:
-        return Verdict(gid, SKIP, "no host reported a capacity flag (launch.capacity needs --launch-env and a role)"
+        return Verdict(gate_id, SKIP, "no host reported a capacity flag (launch.capacity needs --launch-env and a role)"
                        + _tail(fleet), remedy("fleet.no-launch-env"), facts)
     want = _int(expect.get("capacity"))
     coords = {n: v for n, (k, v, _, _) in flags.items() if k == "AFD_PREFILL_CAPACITY"}
@@ -198,13 +199,13 @@ def capacity(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     if off:
         parts = [f"{n} {flags[n][0]}={flags[n][1]}" + ("" if flags[n][2] else " (engine default)")
                  + f" in {flags[n][3]}" for n in off]
-        return Verdict(gid, FAIL, f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from {ref_src}: the coordinator's batch flag and every "
-                       "rank's capacity flag must be equal" + _tail(fleet), remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from {ref_src}: the coordinator's batch flag and every "
+                       "rank's capacity flag must be equal" + _tail(fleet), remedy(gate_id), facts)
     if unknown:
-        return Verdict(gid, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role unknown); "
+        return Verdict(gate_id, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role unknown); "
                        f"the {len(flags)} other host(s) agree on {ref}" + _tail(fleet),
                        remedy("fleet.no-launch-env"), facts)
-    return Verdict(gid, PASS, f"{len(flags)} host(s) agree: capacity {ref} ({ref_src})" + _tail(fleet),
+    return Verdict(gate_id, PASS, f"{len(flags)} host(s) agree: capacity {ref} ({ref_src})" + _tail(fleet),
                    "nothing to do", facts)
 
 
@@ -215,11 +216,11 @@ def _prefix(h: HostResult, ip: str) -> int | None:
     return _int((h.summary.get("ipv4_prefixlen") or {}).get(ip))
 
 
-def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.fabric-ip")
+def fabric_ip(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Every host has a fabric IP, no two share one, and all are on one subnet (the prefix length
     read from the netdev that holds each address; a host whose prefix is unseen is judged with the
     others' prefix). The inventory's fabric IP must equal the report's when both are given."""
-    gid = "fleet.fabric-ip"
     ips: dict[str, str] = {}
     fails: list[str] = []
     missing: list[str] = []
@@ -237,7 +238,7 @@ def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         ips[h.name] = ip
     facts: dict[str, Any] = {"fabric_ips": ips, "missing": missing, "not_judged": _not_judged(fleet)}
     if not ips and not missing:
-        return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
+        return Verdict(gate_id, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
     by_ip: dict[str, list[str]] = defaultdict(list)
     for n, ip in ips.items():
         by_ip[ip].append(n)
@@ -260,21 +261,21 @@ def fabric_ip(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     unsaid = [m.split(" (")[0] for m in missing if m.endswith("(ambiguous)")]
     if fails and len(fails) == 1 and missing and len(unsaid) == len(missing):
         # the hosts hold addresses; which one the launcher uses was not given: a missing input, no host change
-        return Verdict(gid, FAIL, "; ".join(fails) + _tail(fleet),
+        return Verdict(gate_id, FAIL, "; ".join(fails) + _tail(fleet),
                        f"give --fabric-ip / AFD_FABRIC_IP (or fabric_ip in the inventory) for {_names(unsaid)}: "
                        "the address its launcher uses", facts, action="SET_ENV")
     if fails:
-        return Verdict(gid, FAIL, "; ".join(fails) + _tail(fleet), remedy(gid), facts)
-    return Verdict(gid, PASS, f"{len(ips)} unique fabric IPs, all on {next(iter(nets.values()))}" + _tail(fleet),
+        return Verdict(gate_id, FAIL, "; ".join(fails) + _tail(fleet), remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"{len(ips)} unique fabric IPs, all on {next(iter(nets.values()))}" + _tail(fleet),
                    "nothing to do", facts)
 
 
 # ---------------------------------------------------------------- fleet.mtu
 
-def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.mtu")
+def mtu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Every host's RoCE path MTU (``fabric.mtu`` facts ``roce_mtu``, bytes) is the same (and equals
     the inventory's ``mtu`` when given): a 1024 side against a 4096 side fails with retry-exceeded."""
-    gid = "fleet.mtu"
     mtus: dict[str, int] = {}
     netdev: dict[str, str] = {}
     unknown: list[str] = []
@@ -290,7 +291,7 @@ def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         netdev[h.name] = f"{s.get('netdev')} MTU {s.get('netdev_mtu_bytes')}"
     facts = {"roce_mtu": mtus, "netdev": netdev, "unknown": unknown, "not_judged": _not_judged(fleet)}
     if not mtus:
-        return Verdict(gid, SKIP, "no host reported a RoCE MTU (fabric.mtu did not judge: fabric IP unknown or "
+        return Verdict(gate_id, SKIP, "no host reported a RoCE MTU (fabric.mtu did not judge: fabric IP unknown or "
                        "fabric not captured)" + _tail(fleet), remedy("fleet.unreachable"), facts)
     want = _int(expect.get("mtu"))
     ref = want if want is not None else _minority(mtus)[0]
@@ -298,16 +299,17 @@ def mtu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     if off:
         parts = [f"{n} RoCE MTU {mtus[n]} ({netdev[n]})" for n in off]
         src = "the inventory's" if want is not None else "the fleet's"
-        return Verdict(gid, FAIL, f"{_names(parts)}: differs from {src} {ref}" + _tail(fleet), remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{_names(parts)}: differs from {src} {ref}" + _tail(fleet), remedy(gate_id), facts)
     if unknown:
-        return Verdict(gid, WARN, f"{_names(unknown)}: RoCE MTU not reported; {len(mtus)} host(s) at {ref}"
+        return Verdict(gate_id, WARN, f"{_names(unknown)}: RoCE MTU not reported; {len(mtus)} host(s) at {ref}"
                        + _tail(fleet), remedy("fleet.unreachable"), facts)
-    return Verdict(gid, PASS, f"{len(mtus)} host(s) at RoCE MTU {ref}" + _tail(fleet), "nothing to do", facts)
+    return Verdict(gate_id, PASS, f"{len(mtus)} host(s) at RoCE MTU {ref}" + _tail(fleet), "nothing to do", facts)
 
 
 # ---------------------------------------------------------------- fleet.gid-index
 
-def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.gid-index")
+def gid_index(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """The fabric IP's RoCE v2 GID index per host (``fabric.rocev2-ipv4`` facts ``entry.gid_index``).
     Different indexes are fine for stacks that pick the GID per host. WARN names a host where a forced
     index reaches another GID: an engine's forced GID index in that host's own env (summary
@@ -315,7 +317,6 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     compared with the host's own index, never pooled across hosts or engines; older summaries'
     ``gid_index_env``, NCCL's) that differs from its own index, or, when the inventory forces
     ``gid_index``, a host whose index differs from it. A host that forces nothing picks its own GID."""
-    gid = "fleet.gid-index"
     idx: dict[str, int] = {}
     unknown: list[str] = []
     forced: dict[str, dict[str, str]] = {}
@@ -340,7 +341,7 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     facts = {"gid_index": idx, "unknown": unknown, "forced_by_env": forced, "forced_elsewhere": wrong,
              "expected": want, "not_judged": _not_judged(fleet)}
     if not idx:
-        return Verdict(gid, SKIP, "no host reported its fabric GID index (fabric.rocev2-ipv4 found no entry)"
+        return Verdict(gate_id, SKIP, "no host reported its fabric GID index (fabric.rocev2-ipv4 found no entry)"
                        + _tail(fleet), remedy("fleet.unreachable"), facts)
     force_txt = "; ".join(f"{var} is set on " + _names([f"{n}={e[var][:20]}" for n, e in forced.items() if var in e])
                           for var in sorted({k for e in forced.values() for k in e}))
@@ -348,22 +349,23 @@ def gid_index(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     if off:
         parts = [f"{n} GID index {idx[n]}" + (" while " + ", ".join(f"{k}={v[:20]}" for k, v in wrong[n].items())
                                               + " is forced there" if n in wrong else "") for n in off]
-        return Verdict(gid, WARN, f"{_names(parts)}: a forced index reaches another GID there"
+        return Verdict(gate_id, WARN, f"{_names(parts)}: a forced index reaches another GID there"
                        + (f"; the inventory forces gid_index {want}" if want is not None else "")
-                       + (f"; {force_txt}" if force_txt else "") + _tail(fleet), remedy(gid), facts)
+                       + (f"; {force_txt}" if force_txt else "") + _tail(fleet), remedy(gate_id), facts)
     if len(set(idx.values())) > 1:
         how = ("each host that forces one forces its own index: " + force_txt if force_txt else
                "nothing forces one index (each host picks its own)")
-        return Verdict(gid, PASS, f"GID indexes differ ({_names([f'{n}={i}' for n, i in idx.items()])}) but {how}"
+        return Verdict(gate_id, PASS, f"GID indexes differ ({_names([f'{n}={i}' for n, i in idx.items()])}) but {how}"
                        + _tail(fleet), "nothing to do", facts)
     ref = next(iter(idx.values()))
-    return Verdict(gid, PASS, f"{len(idx)} host(s) at GID index {ref}" + (f"; {force_txt}" if force_txt else "")
+    return Verdict(gate_id, PASS, f"{len(idx)} host(s) at GID index {ref}" + (f"; {force_txt}" if force_txt else "")
                    + _tail(fleet), "nothing to do", facts)
 
 
 # ---------------------------------------------------------------- fleet.devicemap
 
-def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.devicemap")
+def devicemap(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Each host's engine opens the device carrying its fabric IP, and fleet-wide maps agree.
 
     Per host (summary ``device_map_env``, ``first_device``, ``devicemap_env``): a map that is not set
@@ -375,7 +377,6 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     ``fabric.devicemap-env`` FAILs is named. Across hosts (the new evidence one host cannot see): a
     map's entry for another host's fabric IP must name the device that host's own ``device_map``
     gives. The fleet never contradicts a host gate without such evidence."""
-    gid = "fleet.devicemap"
     unset: list[str] = []
     unset_warn: list[str] = []
     unset_ok: list[str] = []
@@ -422,7 +423,7 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     nofab = f"; not judged: no fabric data: {_names(no_fabric)}" if no_fabric else ""
     if not judged:
         why = "no host report to judge" if not no_fabric else f"no host report with fabric data{nofab}"
-        return Verdict(gid, SKIP, why + _tail(fleet), remedy("fleet.unreachable"), facts)
+        return Verdict(gate_id, SKIP, why + _tail(fleet), remedy("fleet.unreachable"), facts)
     problems = []
     if unset:
         problems.append(f"{_names(unset)}: {MAP_VAR} not set and the first enumerated device (the engine's "
@@ -431,14 +432,14 @@ def devicemap(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
         problems.append(f"{_names(bad_local)}: fabric.devicemap-env FAIL")
     problems += wrong_remote
     if problems:
-        return Verdict(gid, FAIL, "; ".join(problems) + nofab + _tail(fleet), remedy(gid), facts)
+        return Verdict(gate_id, FAIL, "; ".join(problems) + nofab + _tail(fleet), remedy(gate_id), facts)
     ok_txt = (f"; {_names(unset_ok)}: not set, the first enumerated device carries the fabric IP"
               if unset_ok else "")
     if unset_warn:
-        return Verdict(gid, WARN, f"{_names(unset_warn)}: {MAP_VAR} not set and fabric.first-device could not tell "
-                       "which device the engine opens" + ok_txt + nofab + _tail(fleet), remedy(gid), facts,
+        return Verdict(gate_id, WARN, f"{_names(unset_warn)}: {MAP_VAR} not set and fabric.first-device could not tell "
+                       "which device the engine opens" + ok_txt + nofab + _tail(fleet), remedy(gate_id), facts,
                        action="SET_ENV")
-    return Verdict(gid, PASS, f"{len(judged)} host(s): each engine opens the device carrying its fabric IP"
+    return Verdict(gate_id, PASS, f"{len(judged)} host(s): each engine opens the device carrying its fabric IP"
                    + (f" ({len(maps)} by the map)" if maps else "") + ", maps consistent" + ok_txt + nofab
                    + _tail(fleet), "nothing to do", facts)
 
@@ -468,12 +469,12 @@ def _busy(h: HostResult) -> bool:
     return bool(h.summary.get("gpu_busy"))
 
 
-def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.gpu")
+def gpu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """One slow GPU slows every rank in lockstep: name the host whose ``gpu.slow-state`` is
     FAIL/WARN, or whose under-load figure (SM clock, TFLOP/s, GB/s) is below 80 % of the median of
     the hosts with its role and GPU model (like with like; needs three such hosts with that figure).
     Facts ``medians``: role → GPU model → figure → median."""
-    gid = "fleet.gpu"
     slow: list[str] = []
     warn: list[str] = []
     figs: dict[str, dict[str, float]] = {}
@@ -508,17 +509,17 @@ def gpu(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
              "figures": figs, "not_judged": _not_judged(fleet)}
     if slow or outliers:
         parts = slow + outliers
-        return Verdict(gid, FAIL, f"{_names(parts)}: one slow GPU slows every rank in lockstep" + _tail(fleet),
-                       remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{_names(parts)}: one slow GPU slows every rank in lockstep" + _tail(fleet),
+                       remedy(gate_id), facts)
     if warn:
-        return Verdict(gid, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet),
+        return Verdict(gate_id, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet),
                        "re-run `afddiag gpu --load` on the named hosts when their GPUs are idle: nothing is proven "
                        "wrong with them", facts, action="RERUN")
     judged = [h.name for h in fleet if h.ok and (h.summary.get("slow_state") or {}).get("verdict") == PASS]
     if not judged and not figs:
-        return Verdict(gid, SKIP, "no host reported GPU load figures (run with --load, or the expert role)"
+        return Verdict(gate_id, SKIP, "no host reported GPU load figures (run with --load, or the expert role)"
                        + _tail(fleet), "run `afddiag all --load` on every rank", facts)
-    return Verdict(gid, PASS, f"{len(judged or figs)} host(s) with GPU load figures, none slow or an outlier"
+    return Verdict(gate_id, PASS, f"{len(judged or figs)} host(s) with GPU load figures, none slow or an outlier"
                    + _tail(fleet), "nothing to do", facts)
 
 
@@ -559,12 +560,12 @@ def versions_remedy(kinds: set[str]) -> tuple[str, str]:
     return text + (f"; also {pkg_text}" if pkg_text else ""), "UPDATE_VERSIONS"
 
 
-def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.versions")
+def versions(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Firmware, NVIDIA driver, kernel, BIOS, rdma-core and afddiag versions that differ between hosts
     of one role (:func:`host_versions`); the odd host(s) are named against the role's most common value.
     Firmware is compared only between hosts with the same HCA (board id when read, else HCA type:
     :func:`host_firmware`): a ConnectX-4's version line says nothing about a ConnectX-7's."""
-    gid = "fleet.versions"
     per = {h.name: host_versions(h) for h in fleet if h.ok}
     fw = {h.name: host_firmware(h) for h in fleet if h.ok}
     roles = {h.name: h.host_role for h in fleet if h.ok}
@@ -590,23 +591,23 @@ def versions(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
                 drift.append(f"{_names([f'{n} {key} {vals[n]}' for n in off])} (other {role} hosts: {common})")
     facts = {"versions": per, "firmware": fw, "drift": detail, "not_judged": _not_judged(fleet)}
     if not per:
-        return Verdict(gid, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
+        return Verdict(gate_id, SKIP, "no host report to judge" + _tail(fleet), remedy("fleet.unreachable"), facts)
     if drift:
         rem, action = versions_remedy({k for d in detail.values() for k in d})
-        return Verdict(gid, WARN, "; ".join(drift) + _tail(fleet), rem, facts, action=action)
+        return Verdict(gate_id, WARN, "; ".join(drift) + _tail(fleet), rem, facts, action=action)
     keys = [k if k != "firmware" else "firmware per HCA model" for k in sorted({k for v in per.values() for k in v})]
-    return Verdict(gid, PASS, f"{len(per)} host(s): same {', '.join(keys) or 'versions'} within each role"
+    return Verdict(gate_id, PASS, f"{len(per)} host(s): same {', '.join(keys) or 'versions'} within each role"
                    + _tail(fleet), "nothing to do", facts)
 
 
 # ---------------------------------------------------------------- fleet.rails
 
-def rails(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.rails")
+def rails(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Every rail a host's NCCL_IB_HCA selects (a port with its own routable IPv4 RoCE v2 GID, the
     ``fabric.devicemap-env`` facts ``rails``) must have a peer: some other host holds an address on
     its subnet (summary ``ipv4_prefixlen``). A rail on a subnet no other host
     has is a port NCCL uses and nobody answers on: FAIL, named."""
-    gid = "fleet.rails"
     subnets: dict[str, set[str]] = defaultdict(set)  # subnet -> hosts with an address on it
     for h in fleet:
         if not h.ok:
@@ -630,12 +631,12 @@ def rails(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     facts = {"rails": seen, "lonely": lonely, "subnets": {k: sorted(v) for k, v in subnets.items()},
              "not_judged": _not_judged(fleet)}
     if lonely:
-        return Verdict(gid, FAIL, f"{_names(lonely)}: NCCL_IB_HCA selects a rail on a subnet no other host has "
-                       "an address on: NCCL's connections over it time out" + _tail(fleet), remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{_names(lonely)}: NCCL_IB_HCA selects a rail on a subnet no other host has "
+                       "an address on: NCCL's connections over it time out" + _tail(fleet), remedy(gate_id), facts)
     if not seen:
-        return Verdict(gid, SKIP, "no host reported a rail beside its fabric port (NCCL_IB_HCA selecting a second "
+        return Verdict(gate_id, SKIP, "no host reported a rail beside its fabric port (NCCL_IB_HCA selecting a second "
                        "addressed port)" + _tail(fleet), "nothing to judge", facts)
-    return Verdict(gid, PASS, f"{len(seen)} rail(s), each with a peer on its subnet" + _tail(fleet),
+    return Verdict(gate_id, PASS, f"{len(seen)} rail(s), each with a peer on its subnet" + _tail(fleet),
                    "nothing to do", facts)
 
 
@@ -663,7 +664,8 @@ def _ports_txt(cells: dict[int, str]) -> str:
     return ", ".join(f"{p} {o}" for p, o in sorted(cells.items()))
 
 
-def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
+@gate("fleet.control-plane")
+def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Cross-host control-plane reach, as one matrix: which host reached which peer's engine port
     (summary ``control_plane.attempts``: each host's ``launch.control-plane`` TCP connects from its
     fabric IP). FAIL names each (source host, peer, port) that timed out or was unreachable (refused
@@ -671,7 +673,6 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     side that drops is named), and launch-env addresses advertised as a wildcard or loopback on any
     host. WARN names the pairs a role requires (coordinator ↔ every rank) that a host never tested
     (the fleet member is not in its peer list). Hosts whose report has no connects are not judged."""
-    gid = "fleet.control-plane"
     owner = _owners(fleet)
     fip = {h.name: h.fip for h in fleet if h.ok}
     matrix: dict[str, dict[str, dict[int, str]]] = {}
@@ -743,7 +744,7 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
     tail = (f" ({len(unjudged)} host(s) not judged: {_names([u.split(' (')[0] for u in unjudged])})" if unjudged
             else "") + _tail(fleet)
     if not matrix and not advertised:
-        return Verdict(gid, SKIP, "no host report holds control-plane connects (launch.control-plane needs peers and "
+        return Verdict(gate_id, SKIP, "no host report holds control-plane connects (launch.control-plane needs peers and "
                        "engine ports)" + tail, remedy("fleet.control-plane.not-tested"), facts)
     fails: list[str] = []
     asym_keys = {(a["cannot_reach_back"], a["reaches"]) for a in asym}
@@ -770,7 +771,7 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
             + ": the connections to and from it are judged again once it is up") if by_link else ""
         if down and len(by_link) == len(down):  # every dropped connection is explained by a link that is down
             rem = link_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else "")
-            return Verdict(gid, FAIL, txt + tail, rem, facts, action="FIX_LINK")
+            return Verdict(gate_id, FAIL, txt + tail, rem, facts, action="FIX_LINK")
         if down:
             if asym and len(asym) == len(down) - len(by_link):
                 fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
@@ -779,34 +780,24 @@ def control_plane(fleet: Fleet, expect: dict[str, Any]) -> Verdict:
                                   f"{a['ports'][0]}`, or nftables/iptables)" for a in asym)
                 rem = fixes + ": its firewall drops connections it does not start (the other way works)"
             else:
-                rem = remedy(gid)
+                rem = remedy(gate_id)
             if link_fix:
                 rem += "; and " + link_fix
             if advertised:
                 rem += "; and " + remedy("launch.control-plane.advertised")
-            return Verdict(gid, FAIL, txt + tail, rem, facts, action="OPEN_PORTS")
-        return Verdict(gid, FAIL, txt + tail, remedy("launch.control-plane.advertised"), facts, action="SET_ENV")
+            return Verdict(gate_id, FAIL, txt + tail, rem, facts, action="OPEN_PORTS")
+        return Verdict(gate_id, FAIL, txt + tail, remedy("launch.control-plane.advertised"), facts, action="SET_ENV")
     n_att = sum(len(c) for row in matrix.values() for c in row.values())
     n_ref = sum(1 for row in matrix.values() for c in row.values() for o in c.values() if o == "refused")
     if untested:
-        return Verdict(gid, WARN, "; ".join(untested) + f": not tested ({n_att} connection(s) tested reached)" + tail,
+        return Verdict(gate_id, WARN, "; ".join(untested) + f": not tested ({n_att} connection(s) tested reached)" + tail,
                        remedy("fleet.control-plane.not-tested"), facts)
     note = f", {n_ref} refused (the peer answered, nothing listens yet: start order)" if n_ref else ""
-    return Verdict(gid, PASS, f"{n_att} control connection(s) between {len(matrix)} host(s) and their peers reached"
+    return Verdict(gate_id, PASS, f"{n_att} control connection(s) between {len(matrix)} host(s) and their peers reached"
                    f"{note}" + tail, "nothing to do", facts)
 
 
-GATES: list[tuple[str, FleetGate]] = [
-    ("fleet.capacity", capacity),
-    ("fleet.fabric-ip", fabric_ip),
-    ("fleet.mtu", mtu),
-    ("fleet.gid-index", gid_index),
-    ("fleet.devicemap", devicemap),
-    ("fleet.gpu", gpu),
-    ("fleet.versions", versions),
-    ("fleet.rails", rails),
-    ("fleet.control-plane", control_plane),
-]
+GATES = declared(__name__)
 
 
 def run_fleet_gates(fleet: Fleet, expect: dict[str, Any] | None = None) -> list[Verdict]:
@@ -814,11 +805,11 @@ def run_fleet_gates(fleet: Fleet, expect: dict[str, Any] | None = None) -> list[
 
     ``expect``: the inventory's fleet-wide expectations (``capacity``, ``gid_index``, ``mtu``)."""
     out: list[Verdict] = []
-    for gid, fn in GATES:
+    for gate_id, fn in GATES:
         try:
             out.append(fn(fleet, expect or {}))
         except Exception as e:  # noqa: BLE001 - one broken gate must not hide the others
-            out.append(Verdict(gid, ERROR, f"{gid}: gate failed on these reports ({type(e).__name__}: {e})",
+            out.append(Verdict(gate_id, ERROR, f"{gate_id}: gate failed on these reports ({type(e).__name__}: {e})",
                                "report this as an afddiag bug with the per-host reports attached"))
     from afddiag.diagnosis import fill_actions
 

@@ -7,7 +7,7 @@ import re
 from afddiag.catalog import remedy
 from afddiag.model import to_jsonable
 from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names, is_own_process
-from afddiag.gates import PROBE_FAILED_REMEDY, Context, probe_failed
+from afddiag.gates import Context, PROBE_FAILED_REMEDY, declared, gate, probe_failed
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -74,11 +74,11 @@ def lost_gpus(g: GpuFacts) -> tuple[set[int], str]:
                     f"{', '.join(str(i) for i in sorted(unread))} not readable by NVML")
 
 
-def _lost_not_judged(gid: str, why: str, judged: str, facts: dict) -> Verdict:
+def _lost_not_judged(gate_id: str, why: str, judged: str, facts: dict) -> Verdict:
     """SKIP pointing at gpu.errors for a gate whose only gap is a GPU that fell off the bus (the
     diagnosis lists it under gpu.errors' root: one fault, one remedy); ``judged``: what the gate
     found on the readable GPUs."""
-    return Verdict(gid, SKIP, f"not judged: gpu.errors failed ({why})" + (f"; readable: {judged}" if judged else ""),
+    return Verdict(gate_id, SKIP, f"not judged: gpu.errors failed ({why})" + (f"; readable: {judged}" if judged else ""),
                    "fix gpu.errors first (see its remedy), then re-run", {**facts, "lost": why})
 
 
@@ -117,17 +117,17 @@ def missing_figure(ctx: Context, d: GpuDevice, what: str, calls: tuple[str, ...]
                    NOT_RECORDED_REMEDY, live.facts)
 
 
-def _need_gpu(ctx: Context, gid: str) -> Verdict | None:
+def _need_gpu(ctx: Context, gate_id: str) -> Verdict | None:
     g = ctx.obs.gpu
-    if (v := probe_failed(gid, g)) is not None:
+    if (v := probe_failed(gate_id, g)) is not None:
         return v
     if g is None or not g.captured:
-        return Verdict(gid, SKIP, (g.why if g and g.why else "GPU not probed"), remedy("snapshot.gpu"))
+        return Verdict(gate_id, SKIP, (g.why if g and g.why else "GPU not probed"), remedy("snapshot.gpu"))
     if not g.devices:
         reason = g.why or "no devices"
         reason = reason if reason.lower().startswith("no ") else f"no GPU seen: {reason}"
-        why = reason if gid == "gpu.present" else "no GPU seen (gpu.present says why)"
-        return Verdict(gid, SKIP, why, remedy("gpu.present"))
+        why = reason if gate_id == "gpu.present" else "no GPU seen (gpu.present says why)"
+        return Verdict(gate_id, SKIP, why, remedy("gpu.present"))
     return None
 
 
@@ -143,13 +143,13 @@ def xid_faults_without_gpu(g: GpuFacts | None) -> list[str]:
                               if v == FAIL))
 
 
-def present(ctx: Context) -> Verdict:
-    gid = "gpu.present"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.present")
+def present(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         if v.verdict == SKIP and (xids := xid_faults_without_gpu(ctx.obs.gpu)):
             # the GPU fell off the bus (or needs a reset/reboot): gpu.errors names that root once;
             # "install the driver" would send the operator after the wrong fault
-            return Verdict(gid, SKIP, f"not judged: gpu.errors failed ({'; '.join(xids)}): NVML lists no GPU "
+            return Verdict(gate_id, SKIP, f"not judged: gpu.errors failed ({'; '.join(xids)}): NVML lists no GPU "
                            f"({v.summary}), as it does not list a GPU in that state",
                            "fix gpu.errors first (see its remedy), then re-run", {"xid_faults": xids, "why": v.summary})
         if v.verdict == SKIP and ctx.requires("gpu"):  # absent or not looked at: the role cannot pass
@@ -163,8 +163,8 @@ def present(ctx: Context) -> Verdict:
     wrong = [d for d in g.devices if model and model.lower() not in (d.name or "").lower()]
     if wrong:
         # another model than the role's: the operator's --role (or the playbook) is wrong, not the driver
-        return Verdict(gid, FAIL, f"{_label(wrong[0])}: role {ctx.playbook.name} expects a {model}",
-                       remedy(gid + ".role"),
+        return Verdict(gate_id, FAIL, f"{_label(wrong[0])}: role {ctx.playbook.name} expects a {model}",
+                       remedy(gate_id + ".role"),
                        {"devices": [to_jsonable(d) for d in g.devices], "expected_model": model}, action="SET_ENV")
     devs = [to_jsonable(d) for d in g.devices]
     cuda_read = (g.cuda_view or {}).get("read") is not False  # False: not asked (nothing needed it), not unread
@@ -172,7 +172,7 @@ def present(ctx: Context) -> Verdict:
         f"{_label(d)} ("
         + (f"{d.sm_count} SMs, " if d.sm_count is not None else ("? SMs, " if cuda_read else ""))
         + f"cc {'.'.join(map(str, d.compute_capability)) if d.compute_capability else '?'})" for d in g.devices)
-    return Verdict(gid, PASS, f"{len(g.devices)} GPU(s): {names}; driver {g.driver_version or '?'}", "nothing to do",
+    return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s): {names}; driver {g.driver_version or '?'}", "nothing to do",
                    {"devices": devs, "driver_version": g.driver_version, "cuda_driver_version": g.cuda_driver_version,
                     "versions": g.versions, "notes": g.notes})
 
@@ -188,16 +188,16 @@ def expected_sm(ctx: Context) -> tuple[int | None, str]:
     return (e.value, e.source) if e is not None else (None, "")
 
 
-def sm_count(ctx: Context) -> Verdict:
-    gid = "gpu.sm-count"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.sm-count")
+def sm_count(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         want, src = expected_sm(ctx)
         g = ctx.obs.gpu
         if (v.verdict == SKIP and want is not None and g is not None and g.captured and not g.devices
                 and not ctx.requires("gpu") and not xid_faults_without_gpu(g)):
             # an expectation the operator named that nothing could check is no pass (a role that requires
             # the GPU already FAILs gpu.present; a fatal Xid is gpu.errors')
-            return Verdict(gid, WARN, f"the image is expected to run on {want} SMs ({src}), but no GPU is seen "
+            return Verdict(gate_id, WARN, f"the image is expected to run on {want} SMs ({src}), but no GPU is seen "
                            f"({g.why or 'none listed'}): nothing to check it against",
                            "run on the GPU host, or see gpu.present for why no GPU is listed", 
                            {"expected": want, "expected_from": src}, action="RERUN")
@@ -207,7 +207,7 @@ def sm_count(ctx: Context) -> Verdict:
     have = {d.index: d.sm_count for d in g.devices}
     facts = {"expected": want, "expected_from": src if want is not None else None, "sm_count": have}
     if want is None:
-        return Verdict(gid, SKIP, "no expected SM count (the image's export): give --expect-sm N",
+        return Verdict(gate_id, SKIP, "no expected SM count (the image's export): give --expect-sm N",
                        "pass --expect-sm with the SM count the image's kernels were exported for", facts)
     lost, lost_why = lost_gpus(g)
     devs = [d for d in g.devices if d.index not in lost]
@@ -218,24 +218,24 @@ def sm_count(ctx: Context) -> Verdict:
         mig = mig_instance(d)
         if mig and d.sm_count < want:  # the partition is the cause: a slice of a GPU, not another model
             facts["mig_instance"] = {"device": d.index, "profile": mig, "sm_count": d.sm_count}
-            return Verdict(gid, FAIL, f"{_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), the image was exported "
+            return Verdict(gate_id, FAIL, f"{_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), the image was exported "
                            f"for {want} SMs: MIG mode partitions this GPU", remedy("gpu.sm-count.mig"), facts,
                            action="RESET_GPU")
-        return Verdict(gid, FAIL, f"{_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
-                       remedy(gid).format(have=d.sm_count), facts)
+        return Verdict(gate_id, FAIL, f"{_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
+                       remedy(gate_id).format(have=d.sm_count), facts)
     if unknown:
         return missing_figure(ctx, unknown[0], "SM count", ("cuDeviceGetAttribute", "libcuda", "cuInit", "cuDeviceGet("),
-                              Verdict(gid, WARN, f"{_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
+                              Verdict(gate_id, WARN, f"{_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
                                       "check that libcuda.so.1 loads (driver installed, /dev/nvidia* visible)", facts))
     if lost:
-        return _lost_not_judged(gid, lost_why, f"{len(devs)} GPU(s) with {want} SMs" if devs else "", facts)
-    return Verdict(gid, PASS, f"{len(g.devices)} GPU(s) have {want} SMs, as the image expects ({src})",
+        return _lost_not_judged(gate_id, lost_why, f"{len(devs)} GPU(s) with {want} SMs" if devs else "", facts)
+    return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s) have {want} SMs, as the image expects ({src})",
                    "nothing to do", facts)
 
 
-def memory(ctx: Context) -> Verdict:
-    gid = "gpu.memory"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.memory")
+def memory(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         return v
     g = ctx.obs.gpu
     facts = {str(d.index): {"total_bytes": d.memory_total_bytes, "free_bytes": d.memory_free_bytes,
@@ -252,33 +252,33 @@ def memory(ctx: Context) -> Verdict:
     if missing:
         d = missing[0]
         return missing_figure(ctx, d, "total memory", ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetHandleByIndex"),
-                              Verdict(gid, WARN, f"{_label(d)}: total memory not read "
-                                      f"({'; '.join(d.notes) or 'no reading'})", remedy(gid), facts))
+                              Verdict(gate_id, WARN, f"{_label(d)}: total memory not read "
+                                      f"({'; '.join(d.notes) or 'no reading'})", remedy(gate_id), facts))
     pb = ctx.playbook
     for d in devs:
         if pb.min_memory_bytes and d.memory_total_bytes < pb.min_memory_bytes:
-            return Verdict(gid, FAIL, f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
+            return Verdict(gate_id, FAIL, f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
                            f"{pb.min_memory_bytes / 1e9:.0f} GB", "run this role on a GPU with enough memory", facts)
         if pb.reserve_fraction and not d.unified:
             need = pb.reserve_fraction * d.memory_total_bytes
             if d.memory_free_bytes is None:
                 return missing_figure(ctx, d, "free memory", ("nvmlDeviceGetMemoryInfo",),
-                                      Verdict(gid, WARN, f"{_label(d)}: free memory not read, cannot check the "
-                                              f"{pb.reserve_fraction:.0%} reservation", remedy(gid), facts))
+                                      Verdict(gate_id, WARN, f"{_label(d)}: free memory not read, cannot check the "
+                                              f"{pb.reserve_fraction:.0%} reservation", remedy(gate_id), facts))
             if d.memory_free_bytes < need:
-                return Verdict(gid, FAIL, f"{_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
+                return Verdict(gate_id, FAIL, f"{_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
                                f"{d.memory_total_bytes / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
                                f"{need / 2**30:.2f} GiB", "stop the other processes holding GPU memory "
                                "(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`)", facts)
     parts = [f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in devs]
     if lost:
-        return _lost_not_judged(gid, lost_why, "; ".join(parts), facts)
-    return Verdict(gid, PASS, "; ".join(parts), "nothing to do", facts)
+        return _lost_not_judged(gate_id, lost_why, "; ".join(parts), facts)
+    return Verdict(gate_id, PASS, "; ".join(parts), "nothing to do", facts)
 
 
-def clock_events(ctx: Context) -> Verdict:
-    gid = "gpu.clock-events"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.clock-events")
+def clock_events(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         return v
     g = ctx.obs.gpu
     worst, lines, facts = PASS, [], {}
@@ -315,20 +315,20 @@ def clock_events(ctx: Context) -> Verdict:
     if worst == PASS and unread and len(unread) + len(lost) == len(g.devices) and not lost:
         d = unread[0]
         return missing_figure(ctx, d, "clock event reasons", ("ClocksEventReasons", "ClocksThrottleReasons"),
-                              Verdict(gid, SKIP, f"{_label(d)}: clock event reasons not read "
+                              Verdict(gate_id, SKIP, f"{_label(d)}: clock event reasons not read "
                                       f"({'; '.join(read_failures(g, d, ('ClocksEventReasons', 'ClocksThrottleReasons'))) or 'no reading'})",
                                       "check NVML on the host: `nvidia-smi -q -d PERFORMANCE`", facts))
     judged = len(g.devices) - len(lost) - len(unread)
     if worst == PASS and lost:
-        return _lost_not_judged(gid, lost_why, f"{len(g.devices) - len(lost)} GPU(s) without a thermal, HW slowdown "
+        return _lost_not_judged(gate_id, lost_why, f"{len(g.devices) - len(lost)} GPU(s) without a thermal, HW slowdown "
                                 "or power-brake reason" if len(lost) < len(g.devices) else "", facts)
     if worst == PASS:
         seen = sorted({n for f in facts.values() for n in f["names"]})
-        return Verdict(gid, PASS, f"{judged} GPU(s): no thermal, HW slowdown or power-brake reason"
+        return Verdict(gate_id, PASS, f"{judged} GPU(s): no thermal, HW slowdown or power-brake reason"
                        + (f" (seen: {', '.join(seen)}, not faults)" if seen else "")
                        + (f"; reasons not read on {', '.join(_label(d) for d in unread)}" if unread else ""),
                        "nothing to do", facts)
-    return Verdict(gid, worst, "; ".join(lines), remedy(gid + (".hw" if worst == FAIL else ".thermal")), facts)
+    return Verdict(gate_id, worst, "; ".join(lines), remedy(gate_id + (".hw" if worst == FAIL else ".thermal")), facts)
 
 
 def _baseline_kind(src: str) -> str:
@@ -403,12 +403,12 @@ EXPLAINED_REMEDY = ("fix what gpu.clock-events names first (cooling, power deliv
                     "an AC power cycle is advised only for low figures no clock event reason explains")
 
 
-def slow_state(ctx: Context) -> Verdict:
-    gid = "gpu.slow-state"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.slow-state")
+def slow_state(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         return v
     if ctx.obs.gpu.load_failed:
-        return Verdict(gid, ERROR, f"not judged: {ctx.obs.gpu.load_failed}", PROBE_FAILED_REMEDY,
+        return Verdict(gate_id, ERROR, f"not judged: {ctx.obs.gpu.load_failed}", PROBE_FAILED_REMEDY,
                        {"probe_failed": ctx.obs.gpu.load_failed})
     g = ctx.obs.gpu
     verdicts: list[tuple[str, str]] = []
@@ -500,11 +500,11 @@ def slow_state(ctx: Context) -> Verdict:
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
-    rem = {FAIL: remedy(gid), WARN: BUSY_REMEDY if busy_seen else EXPLAINED_REMEDY if explained_seen else
+    rem = {FAIL: remedy(gate_id), WARN: BUSY_REMEDY if busy_seen else EXPLAINED_REMEDY if explained_seen else
            POWER_LIMITED_REMEDY if power_seen else
            "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
-    return Verdict(gid, worst, summary, rem, facts)
+    return Verdict(gate_id, worst, summary, rem, facts)
 
 
 def parse_arch_list(text: str) -> list[tuple[int, int, str, bool]]:
@@ -536,18 +536,18 @@ def _cuda_needed(img) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def image_arch(ctx: Context) -> Verdict:
-    gid = "gpu.image-arch"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.image-arch")
+def image_arch(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         return v
     img = ctx.obs.image
     le = ctx.inputs.launch_env or {}
-    if (v := probe_failed(gid, img)) is not None:
+    if (v := probe_failed(gate_id, img)) is not None:
         return v
     if img is None or img.why:
         why = img.why if img and img.why else ("no AFD_IMAGE in the launch env" if le or ctx.inputs.launch_env_path
                                                else "no image given (--launch-env with AFD_IMAGE)")
-        return Verdict(gid, SKIP, f"image not inspected: {why}", "give the launch env's AFD_IMAGE on a host with "
+        return Verdict(gate_id, SKIP, f"image not inspected: {why}", "give the launch env's AFD_IMAGE on a host with "
                        "docker or podman, or a capture of that host (`afddiag capture`)")
     g = ctx.obs.gpu
     arch_text = img.labels.get(ARCH_LABEL) or img.env.get("TORCH_CUDA_ARCH_LIST", "")
@@ -578,14 +578,14 @@ def image_arch(ctx: Context) -> Verdict:
         else:
             fails.append(f"{_label(d)} is {sm}; image {img.ref} built for {built}: no kernel image for this GPU")
     if not archs and not need:
-        return Verdict(gid, SKIP, f"image {img.ref}: no arch list ({ARCH_LABEL} label or TORCH_CUDA_ARCH_LIST) and "
+        return Verdict(gate_id, SKIP, f"image {img.ref}: no arch list ({ARCH_LABEL} label or TORCH_CUDA_ARCH_LIST) and "
                        "no CUDA requirement (NVIDIA_REQUIRE_CUDA, CUDA_VERSION)", "label the image with its arch list",
                        facts)
     if fails:
-        return Verdict(gid, FAIL, "; ".join(fails), remedy(gid), facts)
+        return Verdict(gate_id, FAIL, "; ".join(fails), remedy(gate_id), facts)
     if warns:
-        return Verdict(gid, WARN, "; ".join(warns), remedy(gid), facts)
-    return Verdict(gid, PASS, f"image {img.ref} has kernels for "
+        return Verdict(gate_id, WARN, "; ".join(warns), remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"image {img.ref} has kernels for "
                    + ", ".join(f"sm_{d.compute_capability[0]}{d.compute_capability[1]}" for d in g.devices
                                if d.compute_capability)
                    + (f"; needs CUDA {need[0]}.{need[1]}, driver has {have[0]}.{have[1]}" if need and have else ""),
@@ -654,14 +654,14 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
     return WARN, f"Xid {xid} ({XID_UNKNOWN}) on {where}: \"{text}\"", "NONE"
 
 
-def errors(ctx: Context) -> Verdict:
-    gid = "gpu.errors"
-    if (v := _need_gpu(ctx, gid)) is not None and not xid_faults_without_gpu(ctx.obs.gpu):
+@gate("gpu.errors")
+def errors(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None and not xid_faults_without_gpu(ctx.obs.gpu):
         return v  # no GPU listed and no Xid that explains it: nothing to judge (a listed GPU's Xids are judged below)
     g = ctx.obs.gpu
     if g.xid_events is None and all(d.ecc is None and d.retired_pages is None and d.remapped_rows is None
                                     for d in g.devices):
-        return Verdict(gid, SKIP, "no ECC, retirement, remapping or kernel-log readings (not captured"
+        return Verdict(gate_id, SKIP, "no ECC, retirement, remapping or kernel-log readings (not captured"
                        + (f"; kernel log {g.xid_source}" if g.xid_source else "") + ")",
                        "run on the host (as root for the kernel log)")
     fails, warns, facts = [], [], {"xid_source": g.xid_source, "xid_events": g.xid_events}
@@ -714,25 +714,25 @@ def errors(ctx: Context) -> Verdict:
                          + ("the driver says the GPU needs a node reboot" if "REBOOT" in driver_said
                             else f"Xid 79: {XID_FATAL[79][0]}, NVIDIA's Xid catalog resolves it with a node reboot")
                          + "); a repeating Xid 79 or a second occurrence means service (RMA)",
-               "RESET_GPU": remedy(gid), "HW_INSPECTION": REMAP_FAILED_REMEDY}[act]
-        return Verdict(gid, FAIL, "; ".join(dict.fromkeys(fails)), rem, facts, action=act)
+               "RESET_GPU": remedy(gate_id), "HW_INSPECTION": REMAP_FAILED_REMEDY}[act]
+        return Verdict(gate_id, FAIL, "; ".join(dict.fromkeys(fails)), rem, facts, action=act)
     if warns:
         rem = ("application-caused or contained: restart the application that hit it (its log names the "
                "pid); if the same Xid repeats with other applications, drain the host and reset the GPU")
         if unknown_xid:
             rem = (f"{XID_UNKNOWN}: look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) "
                    "before acting" + ("; for the others: " + rem if any(XID_UNKNOWN not in w for w in warns) else ""))
-        return Verdict(gid, WARN, "; ".join(dict.fromkeys(warns)), rem, facts, action="NONE")
+        return Verdict(gate_id, WARN, "; ".join(dict.fromkeys(warns)), rem, facts, action="NONE")
     xid = ("no Xid in the kernel log" if g.xid_events is not None
            else f"kernel log not read ({g.xid_source or 'not captured'})")
     na = sorted({k for d in g.devices for k in facts[str(d.index)]["not_supported"]})
-    return Verdict(gid, PASS, f"{len(g.devices)} GPU(s): no uncorrected ECC, no pending retirement or remap; {xid}"
+    return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s): no uncorrected ECC, no pending retirement or remap; {xid}"
                    + (f" ({', '.join(na)} N/A on this GPU: not a fault)" if na else ""), "nothing to do", facts)
 
 
-def processes(ctx: Context) -> Verdict:
-    gid = "gpu.processes"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.processes")
+def processes(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         return v
     g = ctx.obs.gpu
     others, unknown, mine, shown, facts = [], [], [], [], {}
@@ -769,12 +769,12 @@ def processes(ctx: Context) -> Verdict:
         why = ("" if not reserve else f" (a {pb.reserve_fraction:.0%} memory reservation will fail)"
                if pb.reserve_fraction else f" (the {pb.reserve_bytes / 2**30:.1f} GiB reservation of role {pb.name} "
                "may not fit)")
-        return Verdict(gid, verdict, f"other processes hold GPU memory{why}: {names}", remedy(gid), facts)
+        return Verdict(gate_id, verdict, f"other processes hold GPU memory{why}: {names}", remedy(gate_id), facts)
     if unknown and len(unknown) == len(g.devices):
-        return Verdict(gid, SKIP, "GPU process list not read (" + ", ".join(
+        return Verdict(gate_id, SKIP, "GPU process list not read (" + ", ".join(
             f"{_label(d)}: {d.processes or 'not captured'}" for d in unknown) + ")",
             "run on the host as a user NVML may ask (root in containers)", facts)
-    return Verdict(gid, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other compute process holds GPU memory"
+    return Verdict(gate_id, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other compute process holds GPU memory"
                    + (" (afddiag's own context left out: pid " + ", ".join(str(p) for p in mine) + ")" if mine else "")
                    + (f"; graphics (display server) processes, not tenants: {listed(shown)} (their memory is in the "
                       "free figure gpu.memory and gpu.headroom judge)" if shown else ""),
@@ -819,9 +819,9 @@ def judge_unified_headroom(label: str, meminfo_kb: dict | None, need_bytes: int,
     return PASS, f"{label} (unified memory): MemFree {g(free)} covers the {g(need_bytes)} {plan}", facts
 
 
-def headroom(ctx: Context) -> Verdict:
-    gid = "gpu.headroom"
-    if (v := _need_gpu(ctx, gid)) is not None:
+@gate("gpu.headroom")
+def headroom(ctx: Context, gate_id: str) -> Verdict:
+    if (v := _need_gpu(ctx, gate_id)) is not None:
         return v
     g, pb = ctx.obs.gpu, ctx.playbook
     results: list[tuple[str, str, dict]] = []
@@ -840,7 +840,7 @@ def headroom(ctx: Context) -> Verdict:
                     else f"{pb.reserve_fraction:.0%} reservation of role {pb.name}")
             verdict, text, f = judge_unified_headroom(label, g.host_meminfo_kb, need, plan)
             if verdict == WARN and "MemAvailable not read" in text:
-                m = missing_figure(ctx, d, "MemAvailable (/proc/meminfo)", ("meminfo",), Verdict(gid, WARN, text, "", f))
+                m = missing_figure(ctx, d, "MemAvailable (/proc/meminfo)", ("meminfo",), Verdict(gate_id, WARN, text, "", f))
                 verdict, text = m.verdict, m.summary
             results.append((verdict, text, f))
         elif pb.reserve_bytes:
@@ -848,7 +848,7 @@ def headroom(ctx: Context) -> Verdict:
             facts = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free, "total_bytes": d.memory_total_bytes}
             if free is None:
                 m = missing_figure(ctx, d, "NVML free memory", ("nvmlDeviceGetMemoryInfo",),
-                                   Verdict(gid, WARN, f"{label}: NVML free memory not read, cannot check the "
+                                   Verdict(gate_id, WARN, f"{label}: NVML free memory not read, cannot check the "
                                            f"{pb.reserve_bytes / GIB:.1f} GiB reservation of role {pb.name}", "", facts))
                 results.append((m.verdict, m.summary, facts))
             elif free < pb.reserve_bytes:
@@ -868,25 +868,15 @@ def headroom(ctx: Context) -> Verdict:
     facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results)}
     facts["host_meminfo_kb"] = g.host_meminfo_kb
     if lost and worst in (PASS, SKIP):  # nothing wrong on the readable GPUs: the lost one is gpu.errors'
-        return _lost_not_judged(gid, lost_why, summary if worst == PASS else "", facts)
+        return _lost_not_judged(gate_id, lost_why, summary if worst == PASS else "", facts)
     cache = worst == WARN and any("page cache" in s for v, s, _ in results if v == WARN)
     unrecorded = worst == SKIP and any("not recorded in the snapshot" in s for v, s, _ in results if v == SKIP)
-    rem = {FAIL: remedy(gid), WARN: remedy(gid + ".cache") if cache
+    rem = {FAIL: remedy(gate_id), WARN: remedy(gate_id + ".cache") if cache
            else "read /proc/meminfo and NVML memory on the host (`afddiag gpu`)",
            PASS: "nothing to do", SKIP: NOT_RECORDED_REMEDY if unrecorded else
            "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
     action = "DROP_CACHES" if cache else ("RERUN" if worst == WARN else "")
-    return Verdict(gid, worst, summary, rem, facts, action=action)
+    return Verdict(gate_id, worst, summary, rem, facts, action=action)
 
 
-GATES = [
-    ("gpu.present", present),
-    ("gpu.sm-count", sm_count),
-    ("gpu.image-arch", image_arch),
-    ("gpu.memory", memory),
-    ("gpu.headroom", headroom),
-    ("gpu.clock-events", clock_events),
-    ("gpu.slow-state", slow_state),
-    ("gpu.errors", errors),
-    ("gpu.processes", processes),
-]
+GATES = declared(__name__)

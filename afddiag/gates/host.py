@@ -4,7 +4,7 @@ PCIe links of the RDMA NICs and GPUs."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.gates import Context, not_probed, probe_failed
+from afddiag.gates import Context, declared, gate, not_probed, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 SLOW_CLOCK_FRACTION = 0.5
@@ -115,18 +115,18 @@ def _loop_rates(cpu: dict, base: dict) -> tuple[float | None, float | None, str]
     return (now, ref, "") if ok else (now if isinstance(now, (int, float)) else None, None, "")
 
 
-def cpu_clock(ctx: Context) -> Verdict:
+@gate("host.cpu-clock")
+def cpu_clock(ctx: Context, gate_id: str) -> Verdict:
     """host.cpu-clock: FAIL (AC_POWER_CYCLE) only on the clock under load stuck low (below the role's
     minimum or half of max) with nothing else to explain it and nothing to contradict it; a loop
     timing alone (noisy on a shared host) is at most WARN RERUN, and contention is named as such."""
-    gid = "host.cpu-clock"
     cpu = ctx.obs.cpu
-    if (v := probe_failed(gid, cpu or {})) is not None:
+    if (v := probe_failed(gate_id, cpu or {})) is not None:
         return v
     if not cpu:
-        return Verdict(gid, SKIP, "CPU not probed (or not in the snapshot)", "run on the host")
+        return Verdict(gate_id, SKIP, "CPU not probed (or not in the snapshot)", "run on the host")
     if cpu.get("why"):
-        return Verdict(gid, SKIP, cpu["why"], "run on the host")
+        return Verdict(gate_id, SKIP, cpu["why"], "run on the host")
     base = ctx.expect.value("cpu_baseline") or {}
     clk, mx = cpu.get("under_load_mhz"), cpu.get("max_mhz")
     rate, ref, per = _loop_rates(cpu, base)
@@ -150,40 +150,40 @@ def cpu_clock(ctx: Context) -> Verdict:
         why = clock_explained(cpu, limit)
         if why:
             cause, rem, action = why
-            return Verdict(gid, WARN, f"{model}: {low_clock}, explained by {cause}: not the stuck state", rem,
+            return Verdict(gate_id, WARN, f"{model}: {low_clock}, explained by {cause}: not the stuck state", rem,
                            {**facts, "explained_by": cause}, action=action)
         if ref is not None and rate is not None and not slow:
-            return Verdict(gid, WARN, f"{model}: {low_clock}, but the loop runs at {rate / ref:.0%} of the baseline "
+            return Verdict(gate_id, WARN, f"{model}: {low_clock}, but the loop runs at {rate / ref:.0%} of the baseline "
                            f"{ref:g} Mop/s: the cpufreq reading and the work disagree, inconclusive",
                            TIMING_REMEDY, facts, action="RERUN")
         if not isinstance(cpu.get("throttle_events"), int) and hot_zones(cpu) is None:
             # No throttle counters (ARM) and no thermal zone read: thermal throttling reads the same as the
             # stuck state, so the power cycle has no evidence of its own cause here.
-            return Verdict(gid, WARN, f"{model}: {low_clock}" + (f"; {loop}" if slow else "")
+            return Verdict(gate_id, WARN, f"{model}: {low_clock}" + (f"; {loop}" if slow else "")
                            + ": thermal throttling not ruled out (no throttle counters, no thermal zone read)",
                            "check the CPU's temperature and cooling (`sensors`, the BMC's thermal log, "
                            "/sys/class/thermal/thermal_zone*/temp against trip_point_*_temp) and re-run on the host; "
                            "a power cycle is advised only once throttling is ruled out", facts, action="RERUN")
-        return Verdict(gid, FAIL, f"{model}: {low_clock}" + (f"; {loop}" if slow else ""), remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{model}: {low_clock}" + (f"; {loop}" if slow else ""), remedy(gate_id), facts)
     if slow:
         if busy:
-            return Verdict(gid, WARN, f"{model}: inconclusive: host busy ({'; '.join(busy)}): {loop}",
+            return Verdict(gate_id, WARN, f"{model}: inconclusive: host busy ({'; '.join(busy)}): {loop}",
                            TIMING_REMEDY, facts, action="RERUN")
         corro = (f"the clock under load reads {clk:.0f} MHz" + (f" of max {mx:.0f}" if mx else "") + ", normal"
                  if isinstance(clk, (int, float)) else "no cpufreq clock to corroborate it")
-        return Verdict(gid, WARN, f"{model}: {loop}, but {corro}: a timing alone, not the stuck state",
+        return Verdict(gate_id, WARN, f"{model}: {loop}, but {corro}: a timing alone, not the stuck state",
                        TIMING_REMEDY, facts, action="RERUN")
     compared = bool(ref) or (clk is not None and (bool(min_mhz) or bool(mx)))
     if not compared:
         what = "no cpufreq clock" if clk is None else f"clock under load {clk:.0f} MHz but no max and no role minimum"
-        return Verdict(gid, WARN if min_mhz else SKIP, f"{model}: {what}, and no baseline to compare the "
+        return Verdict(gate_id, WARN if min_mhz else SKIP, f"{model}: {what}, and no baseline to compare the "
                        f"loop's {rate} Mop/s with", "record a baseline on a healthy host: `afddiag baseline record`",
                        facts)
     parts = [f"clock under load {clk:.0f} MHz" + (f" of max {mx:.0f}" if mx else "")] if clk else []
     parts += [f"loop {rate:g} Mop/s{per}" + (f" ({rate / ref:.0%} of baseline)" if ref else "")]
     if ref and rate is not None and rate > ref / SLOW_LOOP_FRACTION ** 2:
         parts.append(f"the baseline {ref:g} looks low for this host: record it again on an idle host")
-    return Verdict(gid, PASS, f"{model}: " + ", ".join(parts), "nothing to do", facts)
+    return Verdict(gate_id, PASS, f"{model}: " + ", ".join(parts), "nothing to do", facts)
 
 
 def _link_cap(link) -> tuple[float | None, int | None, bool]:
@@ -243,13 +243,13 @@ def _port_narrow(link) -> bool:
             and not (link.kind == "nic" and link.current_speed_gts < (cap_speed or 0)))
 
 
-def pcie(ctx: Context) -> Verdict:
-    gid = "host.pcie"
+@gate("host.pcie")
+def pcie(ctx: Context, gate_id: str) -> Verdict:
     p = ctx.obs.pcie
-    if (v := not_probed(gid, p, "PCIe links", "run on the host, or replay a capture made with this afddiag")) is not None:
+    if (v := not_probed(gate_id, p, "PCIe links", "run on the host, or replay a capture made with this afddiag")) is not None:
         return v
     if not p.links:
-        return Verdict(gid, SKIP, "no PCI RDMA NIC or NVIDIA GPU found through sysfs device links"
+        return Verdict(gate_id, SKIP, "no PCI RDMA NIC or NVIDIA GPU found through sysfs device links"
                        + (f" ({'; '.join(p.notes[:2])})" if p.notes else ""), "nothing to check", {"notes": p.notes})
     judged = [(link, *judge_pcie_link(link)) for link in p.links]
     facts = {"links": [vars(link) for link in p.links], "notes": p.notes}
@@ -258,23 +258,23 @@ def pcie(ctx: Context) -> Verdict:
         if found:
             unknown = [link for link, _ in found if not _link_cap(link)[2]]
             rem = (remedy("host.pcie.port-unknown").format(bdfs=", ".join(link.bdf for link in unknown)) + " "
-                   + remedy(gid)) if unknown else remedy(gid)
+                   + remedy(gate_id)) if unknown else remedy(gate_id)
             if worst == WARN and all(_port_narrow(link) for link, _ in found):
-                return Verdict(gid, WARN, "; ".join(f for _, f in found), remedy("host.pcie.port-narrow"), facts,
+                return Verdict(gate_id, WARN, "; ".join(f for _, f in found), remedy("host.pcie.port-narrow"), facts,
                                action="CHECK_BIOS")
-            return Verdict(gid, worst, "; ".join(f for _, f in found), rem, facts)
+            return Verdict(gate_id, worst, "; ".join(f for _, f in found), rem, facts)
     ok = [link for link, v, _ in judged if v == PASS]
     if not ok:
-        return Verdict(gid, SKIP, "; ".join(f for _, _, f in judged), "run on the host as a user that can read "
+        return Verdict(gate_id, SKIP, "; ".join(f for _, _, f in judged), "run on the host as a user that can read "
                        "/sys/bus/pci/devices/*/current_link_*", facts)
     idle = [link for link in ok if link.kind == "gpu" and link.current_speed_gts < (_link_cap(link)[0] or 0)]
     slot = [f for _, v, f in judged if v == PASS and f]
     text = ", ".join(f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf} x{link.current_width} "
                      f"{link.current_speed_gts:g} GT/s" for link in ok)
-    return Verdict(gid, PASS, f"{len(ok)} link(s) at their maximum width: {text}"
+    return Verdict(gate_id, PASS, f"{len(ok)} link(s) at their maximum width: {text}"
                    + (f" ({'; '.join(slot)})" if slot else "")
                    + (" (GPU link speed below its maximum at idle: power saving, not judged)" if idle else ""),
                    "nothing to do", facts)
 
 
-GATES = [("host.cpu-clock", cpu_clock), ("host.pcie", pcie)]
+GATES = declared(__name__)

@@ -4,7 +4,7 @@ process needs from the host (locked-memory limit, RDMA device nodes)."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.gates import Context, probe_failed
+from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 from afddiag.expect import CAPACITY_KEYS, OTHER_KEY  # noqa: E402,F401 - one table, with the expectations
@@ -17,37 +17,37 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def fabric_address(ctx: Context) -> Verdict:
-    gid = "launch.fabric-address"
+@gate("launch.fabric-address")
+def fabric_address(ctx: Context, gate_id: str) -> Verdict:
     le = ctx.inputs.launch_env
     if le is None:
-        return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
+        return Verdict(gate_id, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
     ip = le.get("AFD_FABRIC_IP", "")
     path = ctx.inputs.launch_env_path
     if not ip:
         verdict = FAIL if ctx.playbook.require_fabric_address else WARN
-        return Verdict(gid, verdict, f"{path}: AFD_FABRIC_IP is not set: the launcher will refuse to start",
-                       remedy(gid), {"launch_env": path})
+        return Verdict(gate_id, verdict, f"{path}: AFD_FABRIC_IP is not set: the launcher will refuse to start",
+                       remedy(gate_id), {"launch_env": path})
     fab = ctx.obs.fabric
     if fab is not None and fab.captured and fab.netdevs:
         holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
         if not holders:
-            return Verdict(gid, FAIL, f"{path}: AFD_FABRIC_IP={ip} is on no netdev of this host",
+            return Verdict(gate_id, FAIL, f"{path}: AFD_FABRIC_IP={ip} is on no netdev of this host",
                            "set AFD_FABRIC_IP to this host's fabric address (`afddiag devicemap` lists them)",
                            {"launch_env": path, "fabric_ip": ip})
-        return Verdict(gid, PASS, f"{path}: AFD_FABRIC_IP={ip} (on {', '.join(holders)})", "nothing to do",
+        return Verdict(gate_id, PASS, f"{path}: AFD_FABRIC_IP={ip} (on {', '.join(holders)})", "nothing to do",
                        {"launch_env": path, "fabric_ip": ip, "netdevs": holders})
-    return Verdict(gid, PASS, f"{path}: AFD_FABRIC_IP={ip}", "nothing to do", {"launch_env": path, "fabric_ip": ip})
+    return Verdict(gate_id, PASS, f"{path}: AFD_FABRIC_IP={ip}", "nothing to do", {"launch_env": path, "fabric_ip": ip})
 
 
-def capacity(ctx: Context) -> Verdict:
-    gid = "launch.capacity"
+@gate("launch.capacity")
+def capacity(ctx: Context, gate_id: str) -> Verdict:
     le = ctx.inputs.launch_env
     if le is None:
-        return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
+        return Verdict(gate_id, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
     key = ctx.expect.value("capacity_key") or ""
     if not key:
-        return Verdict(gid, SKIP, "role unknown: neither the playbook nor AFD_ROLE says which capacity flag is "
+        return Verdict(gate_id, SKIP, "role unknown: neither the playbook nor AFD_ROLE says which capacity flag is "
                        "this host's", "set AFD_ROLE=coordinator|expert in the launch env or pass --role")
     raw = le.get(key)
     own = int(raw) if raw else ENGINE_DEFAULT_CAPACITY
@@ -56,51 +56,51 @@ def capacity(ctx: Context) -> Verdict:
     want, src = (e.value, e.source) if e is not None else (None, "--expect-capacity")
     facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None}
     if want is None:
-        return Verdict(gid, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
+        return Verdict(gate_id, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
                        f"{OTHER_SIDE.get(key, 'other side')} value",
                        "pass --expect-capacity N (the other side's flag)", facts)
     if own != want:
-        return Verdict(gid, FAIL, f"{own_txt} but {src} is {want}: the coordinator's batch flag and the ranks' "
-                       "capacity flag must agree", remedy(gid), facts)
-    return Verdict(gid, PASS, f"{own_txt} equals {src}", "nothing to do", facts)
+        return Verdict(gate_id, FAIL, f"{own_txt} but {src} is {want}: the coordinator's batch flag and the ranks' "
+                       "capacity flag must agree", remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"{own_txt} equals {src}", "nothing to do", facts)
 
 
-def memlock(ctx: Context) -> Verdict:
-    gid = "launch.memlock"
+@gate("launch.memlock")
+def memlock(ctx: Context, gate_id: str) -> Verdict:
     lim = ctx.obs.limits
-    if (v := probe_failed(gid, lim)) is not None:
+    if (v := probe_failed(gate_id, lim)) is not None:
         return v
     if lim is None or not lim.captured:
         notes = "; ".join(lim.notes) if lim and lim.notes else ""
-        return Verdict(gid, SKIP, notes if notes.startswith("limits not captured") else
+        return Verdict(gate_id, SKIP, notes if notes.startswith("limits not captured") else
                        "limits not captured" + (f" ({notes})" if notes else ""), "run on the host, or replay a capture of it (`afddiag capture`)")
     soft = lim.memlock_soft_bytes
     facts = {"memlock_soft_bytes": soft, "memlock_hard_bytes": lim.memlock_hard_bytes, "user": lim.user,
              "in_container": lim.in_container}
     if soft is None:
-        return Verdict(gid, SKIP, "RLIMIT_MEMLOCK not read: " + "; ".join(lim.notes), remedy(gid), facts)
+        return Verdict(gate_id, SKIP, "RLIMIT_MEMLOCK not read: " + "; ".join(lim.notes), remedy(gate_id), facts)
     if soft == -1:
-        return Verdict(gid, PASS, f"RLIMIT_MEMLOCK unlimited for {lim.user}", "nothing to do", facts)
+        return Verdict(gate_id, PASS, f"RLIMIT_MEMLOCK unlimited for {lim.user}", "nothing to do", facts)
     need = ctx.playbook.memlock_min_bytes
     text = f"RLIMIT_MEMLOCK {_gib(soft)} for {lim.user}" + (" (in a container)" if lim.in_container else "")
     if need == -1:
-        return Verdict(gid, FAIL, f"{text}; role {ctx.playbook.name} needs unlimited (verbs registrations pin "
-                       "memory)", remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{text}; role {ctx.playbook.name} needs unlimited (verbs registrations pin "
+                       "memory)", remedy(gate_id), facts)
     if need > 0 and soft < need:
-        return Verdict(gid, FAIL, f"{text}, below the {_gib(need)} role {ctx.playbook.name} needs", remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{text}, below the {_gib(need)} role {ctx.playbook.name} needs", remedy(gate_id), facts)
     if need == 0:
-        return Verdict(gid, WARN, f"{text}: RDMA engines register GPU and host buffers; unlimited is expected",
-                       remedy(gid), facts)
-    return Verdict(gid, PASS, f"{text}, at least the {_gib(need)} the role needs", "nothing to do", facts)
+        return Verdict(gate_id, WARN, f"{text}: RDMA engines register GPU and host buffers; unlimited is expected",
+                       remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"{text}, at least the {_gib(need)} the role needs", "nothing to do", facts)
 
 
-def uverbs_access(ctx: Context) -> Verdict:
-    gid = "launch.uverbs-access"
+@gate("launch.uverbs-access")
+def uverbs_access(ctx: Context, gate_id: str) -> Verdict:
     lim = ctx.obs.limits
-    if (v := probe_failed(gid, lim)) is not None:
+    if (v := probe_failed(gate_id, lim)) is not None:
         return v
     if lim is None or not lim.captured:
-        return Verdict(gid, SKIP, "device nodes not captured", "run on the host, or replay a capture of it (`afddiag capture`)")
+        return Verdict(gate_id, SKIP, "device nodes not captured", "run on the host, or replay a capture of it (`afddiag capture`)")
     fab = ctx.obs.fabric
     has_rdma = bool(fab and fab.devices)
     nodes = lim.device_nodes
@@ -109,17 +109,17 @@ def uverbs_access(ctx: Context) -> Verdict:
     where = "inside this container" if lim.in_container else "on this host"
     if not uverbs:
         if not has_rdma and not ctx.requires("rdma"):
-            return Verdict(gid, SKIP, "no RDMA device and no /dev/infiniband/uverbs*", "nothing to check", facts)
-        return Verdict(gid, FAIL, f"no /dev/infiniband/uverbs* {where}"
-                       + (" although RDMA devices are registered" if has_rdma else ""), remedy(gid), facts)
+            return Verdict(gate_id, SKIP, "no RDMA device and no /dev/infiniband/uverbs*", "nothing to check", facts)
+        return Verdict(gate_id, FAIL, f"no /dev/infiniband/uverbs* {where}"
+                       + (" although RDMA devices are registered" if has_rdma else ""), remedy(gate_id), facts)
     bad = [n for n in nodes if not (n.readable and n.writable)]
     if bad:
-        return Verdict(gid, FAIL, f"{', '.join(n.path for n in bad)} not readable and writable by {lim.user}",
-                       remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{', '.join(n.path for n in bad)} not readable and writable by {lim.user}",
+                       remedy(gate_id), facts)
     if not any(n.path.endswith("rdma_cm") for n in nodes):
-        return Verdict(gid, WARN, f"{len(uverbs)} uverbs node(s) usable by {lim.user}, but no /dev/infiniband/rdma_cm "
-                       f"{where} (engines that connect through RDMA CM need it)", remedy(gid), facts)
-    return Verdict(gid, PASS, f"{len(uverbs)} uverbs node(s) and rdma_cm readable and writable by {lim.user} {where}",
+        return Verdict(gate_id, WARN, f"{len(uverbs)} uverbs node(s) usable by {lim.user}, but no /dev/infiniband/rdma_cm "
+                       f"{where} (engines that connect through RDMA CM need it)", remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"{len(uverbs)} uverbs node(s) and rdma_cm readable and writable by {lim.user} {where}",
                    "nothing to do", facts)
 
 
@@ -145,21 +145,21 @@ def predict_pool(total_bytes: int, reserve_fraction: float, capacity: int, draft
             "pool_tokens": tokens, "full_contexts": tokens // ctx_tokens if ctx_tokens else None}
 
 
-def memory_plan(ctx: Context) -> Verdict:
-    gid = "launch.memory-plan"
+@gate("launch.memory-plan")
+def memory_plan(ctx: Context, gate_id: str) -> Verdict:
     pb, le = ctx.playbook, ctx.inputs.launch_env
     if not pb.plan.get("weights_bytes") or not pb.plan.get("kv_bytes_per_token"):
-        return Verdict(gid, SKIP, f"role {pb.name} has no memory plan ([plan] weights_bytes, kv_bytes_per_token)",
+        return Verdict(gate_id, SKIP, f"role {pb.name} has no memory plan ([plan] weights_bytes, kv_bytes_per_token)",
                        "add the engine's constants as a [plan] table in the role's playbook (coordinator.toml has one)")
     if le is None:
-        return Verdict(gid, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
+        return Verdict(gate_id, SKIP, NO_ENV, "pass the launcher's env file with --launch-env")
     g = ctx.obs.gpu
-    if (v := probe_failed(gid, g)) is not None:
+    if (v := probe_failed(gate_id, g)) is not None:
         return v
     dev = g.devices[0] if g is not None and g.devices else None
     if dev is None or not dev.memory_total_bytes:
         why = (g.why if g is not None and g.why else "no GPU memory reading")
-        return Verdict(gid, SKIP, f"GPU memory unknown ({why}): nothing to plan against",
+        return Verdict(gate_id, SKIP, f"GPU memory unknown ({why}): nothing to plan against",
                        "run on the engine's host, or replay a capture of it (`afddiag capture`)")
     key = ctx.expect.value("capacity_key") or ""
     raw = le.get(key) if key else None
@@ -174,7 +174,7 @@ def memory_plan(ctx: Context) -> Verdict:
            "drafter": f"AFD_DRAFTER={d_raw}" if d_raw else f"drafter {'on' if drafter else 'off'} (default)",
            "reservation": f"AFD_GPU_MEMORY_RESERVATION={r_raw}" if r_raw else f"reservation {reserve:.0%} (role {pb.name})"}
     if not reserve:
-        return Verdict(gid, SKIP, f"role {pb.name} sets no memory reservation (gpu.reserve_fraction or "
+        return Verdict(gate_id, SKIP, f"role {pb.name} sets no memory reservation (gpu.reserve_fraction or "
                        "AFD_GPU_MEMORY_RESERVATION)", "give the engine's reservation", {"sources": src})
     p = predict_pool(dev.memory_total_bytes, reserve, cap, drafter, pb.plan)
     facts = {**p, "total_bytes": dev.memory_total_bytes, "capacity": cap, "drafter": drafter,
@@ -183,16 +183,16 @@ def memory_plan(ctx: Context) -> Verdict:
                f"{src['capacity']}, {src['drafter']}")
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     if p["pool_bytes"] <= 0:
-        return Verdict(gid, FAIL, f"{subject}: out of memory predicted: weights, drafter and activations need "
+        return Verdict(gate_id, FAIL, f"{subject}: out of memory predicted: weights, drafter and activations need "
                        f"{gib(p['occupied_bytes'])} of the {gib(p['reserved_bytes'] - pb.plan.get('runtime_headroom_bytes', 0))} "
-                       f"left after the runtime headroom ({gib(-p['pool_bytes'])} short)", remedy(gid), facts)
+                       f"left after the runtime headroom ({gib(-p['pool_bytes'])} short)", remedy(gate_id), facts)
     pool = (f"KV pool {gib(p['pool_bytes'])} = {p['pool_tokens'] / 1e6:.2f} M tokens"
             + (f" = {p['full_contexts']} full {int(pb.plan['max_context_tokens']):,}-token context(s)"
                if p["full_contexts"] is not None else ""))
     if p["full_contexts"] == 0:
-        return Verdict(gid, WARN, f"{subject}: {pool}: not one request at the maximum context fits",
-                       remedy(gid), facts)
-    return Verdict(gid, PASS, f"{subject}: {pool}", "nothing to do", facts)
+        return Verdict(gate_id, WARN, f"{subject}: {pool}: not one request at the maximum context fits",
+                       remedy(gate_id), facts)
+    return Verdict(gate_id, PASS, f"{subject}: {pool}", "nothing to do", facts)
 
 
 def _label_gpu(dev) -> str:
@@ -232,27 +232,27 @@ def bad_advertised(env: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def control_plane(ctx: Context) -> Verdict:
-    gid = "launch.control-plane"
+@gate("launch.control-plane")
+def control_plane(ctx: Context, gate_id: str) -> Verdict:
     le = ctx.inputs.launch_env
     bad = bad_advertised(le or {})
     r = ctx.obs.reach
-    if (v := probe_failed(gid, r)) is not None:
+    if (v := probe_failed(gate_id, r)) is not None:
         return v
     facts: dict = {"advertised_bad": [{"key": k, "value": val, "why": w} for k, val, w in bad]}
     if r is not None and r.captured:
         facts.update(source=r.source, peers=r.peers, ports=r.ports, attempts=r.attempts, notes=r.notes)
     if bad:
-        return Verdict(gid, FAIL, f"{ctx.inputs.launch_env_path}: " + "; ".join(
+        return Verdict(gate_id, FAIL, f"{ctx.inputs.launch_env_path}: " + "; ".join(
             f"{k}={val} is {w}" for k, val, w in bad) + ": peers told this address connect to themselves or nowhere",
-            remedy(gid + ".advertised"), facts, action="SET_ENV")
+            remedy(gate_id + ".advertised"), facts, action="SET_ENV")
     if r is None or not r.captured or not r.attempts:
         why = ("no peers (--peer or AFD_PEER_FABRIC_IPS)" if not ctx.inputs.peers else
                "no engine ports (AFD_ENGINE_PORTS in the launch env, or the playbook's [launch] engine_ports)")
         summary = f"control-plane reach not tried: {why}"
         if r is not None and r.notes and not r.captured:  # a snapshot without the readings: say that alone
             summary = "control-plane reach " + "; ".join(r.notes)
-        return Verdict(gid, SKIP, summary,
+        return Verdict(gate_id, SKIP, summary,
                        "give the peers and the engine ports to test the control connections", facts)
     down = [a for a in r.attempts if a.get("outcome") in ("timeout", "unreachable", "bind failed", "error")]
     refused = [a for a in r.attempts if a.get("outcome") == "refused"]
@@ -261,18 +261,11 @@ def control_plane(ctx: Context) -> Verdict:
     if down:
         txt = "; ".join(f"{a['peer']}:{a['port']} {a['outcome']}" + (f" ({a['error']})" if a.get("error") else "")
                         for a in down[:6])
-        return Verdict(gid, FAIL, f"{len(down)} of {len(r.attempts)} control connection(s) {src} fail: {txt}",
-                       remedy(gid), facts)
+        return Verdict(gate_id, FAIL, f"{len(down)} of {len(r.attempts)} control connection(s) {src} fail: {txt}",
+                       remedy(gate_id), facts)
     note = (f"; {len(refused)} refused (the peer answered, nothing listens yet: start order)" if refused else "")
-    return Verdict(gid, PASS, f"{len(r.attempts)} control connection(s) {src} to {', '.join(r.peers)} on port(s) "
+    return Verdict(gate_id, PASS, f"{len(r.attempts)} control connection(s) {src} to {', '.join(r.peers)} on port(s) "
                    f"{', '.join(map(str, r.ports))}: {len(ok)} connected{note}", "nothing to do", facts)
 
 
-GATES = [
-    ("launch.fabric-address", fabric_address),
-    ("launch.capacity", capacity),
-    ("launch.memory-plan", memory_plan),
-    ("launch.control-plane", control_plane),
-    ("launch.memlock", memlock),
-    ("launch.uverbs-access", uverbs_access),
-]
+GATES = declared(__name__)
