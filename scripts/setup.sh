@@ -29,7 +29,10 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(0 if
   rm -rf .venv
   "$PY" -m venv --system-site-packages .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
+# compat mode: the editable install is a plain path entry (.pth), not an import hook that every start
+# of every Python in .venv would load (about 13 ms: pathlib, importlib.util, ...); checks/ and playbooks/
+# are then read from the source tree (afddiag/packaged.py).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" >&2 || true
 .venv/bin/python -c 'import afddiag, click, rich, psutil, pynvml' || { echo "setup: afddiag did not install into .venv" >&2; exit 1; }
 # pip byte-compiles what it installs, but not an editable install's sources: compile afddiag once, so
 # that a run does not compile ~60 modules from source (about 40 ms here, more on a GPU host's Python;
