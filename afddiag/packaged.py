@@ -16,7 +16,7 @@ from pathlib import Path
 _REPO = Path(__file__).resolve().parent.parent
 
 
-def _dir(sub: str) -> Path | None:
+def data_dir(sub: str) -> Path | None:
     """The directory of package ``afddiag.<sub>`` on disk, or None when it is not a plain directory
     (a zipapp) or not importable (a source tree)."""
     try:
@@ -31,7 +31,7 @@ def read_text(sub: str, name: str) -> str:
     """The text of data file ``name`` in ``sub`` ("checks" or "playbooks"), UTF-8.
 
     Raises FileNotFoundError (OSError) when the file is not there (a broken install)."""
-    d = _dir(sub)
+    d = data_dir(sub)
     if d is not None:
         return (d / name).read_text(encoding="utf-8")
     from importlib import resources
@@ -41,7 +41,7 @@ def read_text(sub: str, name: str) -> str:
 
 def names(sub: str) -> list[str]:
     """The file names in ``sub`` ("checks" or "playbooks"), sorted."""
-    d = _dir(sub)
+    d = data_dir(sub)
     if d is not None:
         return sorted(p.name for p in d.iterdir())
     from importlib import resources

@@ -234,6 +234,7 @@ def build_zipapp(dest: str) -> str:
     import zipfile
 
     import afddiag
+    from afddiag.packaged import data_dir
 
     pkg = Path(afddiag.__file__).resolve().parent
     files: list[tuple[Path, str]] = []
@@ -244,10 +245,10 @@ def build_zipapp(dest: str) -> str:
                 files.append((p, f"{arc}/{p.relative_to(src).as_posix()}"))
 
     tree(pkg, "afddiag")
-    from importlib import resources
-
     for sub in ("checks", "playbooks"):
-        src = Path(str(resources.files(f"afddiag.{sub}")))
+        src = data_dir(sub)  # installed beside the package, or the source tree's (an editable install)
+        if src is None:
+            raise ImportError(f"afddiag.{sub} is not a directory here (run from a zipapp?): build the zipapp from an install")
         if src.resolve() != (pkg / sub).resolve():
             tree(src, f"afddiag/{sub}")
     for mod in VENDORED:
