@@ -1,0 +1,425 @@
+"""Mutation run of the judging code: how many plausible defects in ``afddiag/gates/*.py`` and
+``afddiag/diagnosis.py`` the tests notice. Not part of CI (it takes tens of minutes).
+
+Each mutant is one small change made on the module's syntax tree:
+
+- ``cmp``: a comparison flipped at its edge or negated (``<`` ↔ ``<=``, ``>`` ↔ ``>=``, ``==`` ↔ ``!=``,
+  ``in`` ↔ ``not in``, ``is`` ↔ ``is not``);
+- ``num``: a numeric threshold moved (an integer by one, a float by 10 %; 0.0 to 0.01): numbers in a
+  comparison and in module-level UPPER_CASE constants;
+- ``neg``: a condition negated (``if``, ``while``, conditional expressions, comprehension filters);
+- ``verdict``: a verdict constant handed to a call swapped (FAIL→WARN, WARN→PASS, PASS→WARN,
+  SKIP→PASS, ERROR→SKIP);
+- ``action``: a typed action string from ``checks/gates.toml [actions]`` swapped (RESET_GPU→RERUN, RERUN→NONE,
+  NONE→RERUN, any other→RERUN);
+- ``ret``: an early return dropped (an ``if`` without ``else`` that ends in ``return`` and is not the last
+  statement of its block is deleted).
+
+Per mutant, a forked copy of one process that has already imported afddiag and the test modules
+patches the mutated functions' code objects in place (tests that imported a function by name see the
+mutant too) and writes the mutated file into a private copy of the repository (so a test that runs
+``python -m afddiag`` in a subprocess sees it as well), then runs the test files that exercise that
+module with ``pytest -x -q``. A failing test kills the mutant; a run past the time bound counts as
+killed (timeout). Survivors listed in ``benchmarks/mutation_equivalent.txt`` (with the reason each
+changes no behaviour) are counted apart. Usage::
+
+    .venv/bin/python benchmarks/mutate_gates.py --ref main --limit 40 --seed 21      # a sample
+    .venv/bin/python benchmarks/mutate_gates.py --ref HEAD --out benchmarks/results/mutation.txt
+    .venv/bin/python benchmarks/mutate_gates.py --list | head                           # the sites only
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gates/gpu.py", "afddiag/gates/host.py",
+           "afddiag/gates/launch.py", "afddiag/gates/fleet.py", "afddiag/diagnosis.py"]
+# test files that exercise each module (judging and unit tests; the slow end-to-end ones — SSH, browser,
+# signals, fuzz, QEMU lab — are left to the full suite). The new tests/test_judging_*.py are added when present.
+TESTS = {
+    "__init__.py": ["test_judging_preambles.py", "test_runner.py", "test_gates.py", "test_emitted_actions.py"],
+    "fabric.py": ["test_judging_fabric.py", "test_gates.py", "test_fabric_remedies.py", "test_rail_bandwidth.py",
+                  "test_link_speed.py", "test_policy_route.py", "test_mem_registration.py", "test_pair_unit.py",
+                  "test_emitted_actions.py", "test_root_causes.py", "test_launch.py", "test_edges.py",
+                  "test_cases.py", "test_runner.py", "test_named_expectations.py", "test_reliability.py"],
+    "gpu.py": ["test_judging_gpu.py", "test_gates.py", "test_gpu_fixtures.py", "test_gpu_review.py",
+               "test_xid_no_gpu.py", "test_headroom.py", "test_memory_plan.py", "test_health.py",
+               "test_emitted_actions.py", "test_root_causes.py", "test_h200_busy_replay.py",
+               "test_h200_issue15_replay.py", "test_edges.py", "test_cases.py", "test_load_probe.py",
+               "test_reliability.py", "test_named_expectations.py"],
+    "host.py": ["test_judging_host.py", "test_cpu_clock.py", "test_pcie.py", "test_health.py", "test_policy_route.py",
+                "test_emitted_actions.py", "test_root_causes.py", "test_edges.py", "test_cases.py",
+                "test_reliability.py", "test_h200_issue15_replay.py"],
+    "launch.py": ["test_judging_launch.py", "test_launch.py", "test_control_plane.py", "test_memory_plan.py",
+                  "test_emitted_actions.py", "test_root_causes.py", "test_reliability.py", "test_cases.py"],
+    "fleet.py": ["test_judging_fleet.py", "test_fleet_like_with_like.py", "test_fleet_control_plane.py",
+                 "test_merge.py", "test_emitted_actions.py", "test_root_causes.py", "test_operator.py"],
+    "diagnosis.py": ["test_judging_diagnosis.py", "test_root_causes.py", "test_emitted_actions.py", "test_gates.py",
+                     "test_cpu_clock.py", "test_gpu_review.py", "test_xid_no_gpu.py", "test_runner.py",
+                     "test_cases.py"],
+}
+VERDICT_SWAP = {"FAIL": "WARN", "WARN": "PASS", "PASS": "WARN", "SKIP": "PASS", "ERROR": "SKIP"}
+CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+            ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+CMP_TXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.In: "in",
+           ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+
+
+def action_names(root: Path) -> set[str]:
+    return set(tomllib.loads((root / "checks" / "gates.toml").read_text())["actions"])
+
+
+@dataclass
+class Site:
+    file: str  # repository-relative
+    index: int  # n-th site of the file, in walk order
+    line: int
+    func: str  # enclosing function's qualified name ("<module>" at the top)
+    op: str
+    desc: str
+
+    @property
+    def key(self) -> str:
+        """Stable across line moves: file, function, operator, what changed."""
+        return f"{self.file}::{self.func}::{self.op}::{self.desc}"
+
+
+class _Mutator(ast.NodeTransformer):
+    """Walks a module; counts every mutation site; applies the one numbered ``target`` (None: count only)."""
+
+    def __init__(self, actions: set[str], target: int | None = None):
+        self.actions, self.target = actions, target
+        self.sites: list[tuple[int, str, str, str]] = []  # (line, func, op, desc)
+        self.stack: list[str] = []
+        self.applied = False
+        self.upper_assign = 0  # >0 inside a module-level UPPER_CASE assignment
+        self.in_compare = 0
+
+    # ---- bookkeeping
+    def _site(self, node: ast.AST, op: str, desc: str) -> bool:
+        """Record a site; True when it is the one to apply."""
+        n = len(self.sites)
+        self.sites.append((getattr(node, "lineno", 0), ".".join(self.stack) or "<module>", op, desc))
+        if self.target == n:
+            self.applied = True
+            return True
+        return False
+
+    def _scoped(self, node):
+        self.stack.append(node.name)
+        node = self.generic_visit(node)
+        self.stack.pop()
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
+
+    # ---- drop early returns: handled on statement lists
+    def _block(self, body: list[ast.stmt]) -> list[ast.stmt]:
+        out = []
+        for i, st in enumerate(body):
+            if (isinstance(st, ast.If) and not st.orelse and st.body and isinstance(st.body[-1], ast.Return)
+                    and i < len(body) - 1):
+                if self._site(st, "ret", f"drop `if {ast.unparse(st.test)[:60]}: return`"):
+                    continue
+            out.append(st)
+        return out
+
+    def generic_visit(self, node):
+        for name in ("body", "orelse", "finalbody"):
+            b = getattr(node, name, None)
+            if isinstance(b, list) and b and isinstance(b[0], ast.stmt):
+                new = self._block(b)
+                setattr(node, name, new if new else [ast.Pass()])
+        return super().generic_visit(node)
+
+    # ---- constants
+    def visit_Assign(self, node):
+        upper = not self.stack and any(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)
+        self.upper_assign += upper
+        node = self.generic_visit(node)
+        self.upper_assign -= upper
+        return node
+
+    def visit_Compare(self, node):
+        new_ops = list(node.ops)
+        for i, o in enumerate(node.ops):
+            t = type(o)
+            if self._site(node, "cmp", f"{CMP_TXT[t]} -> {CMP_TXT[CMP_SWAP[t]]} in `{ast.unparse(node)[:60]}`"):
+                new_ops[i] = CMP_SWAP[t]()
+        node.ops = new_ops
+        self.in_compare += 1
+        node = self.generic_visit(node)
+        self.in_compare -= 1
+        return node
+
+    def visit_Constant(self, node):
+        v = node.value
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (self.in_compare or self.upper_assign):
+            nv = v + 1 if isinstance(v, int) else (round(v * 1.1, 6) if v else 0.01)
+            if self._site(node, "num", f"{v!r} -> {nv!r}"):
+                return ast.copy_location(ast.Constant(nv), node)
+        if isinstance(v, str) and v in self.actions:
+            nv = {"RESET_GPU": "RERUN", "RERUN": "NONE", "NONE": "RERUN"}.get(v, "RERUN")
+            if self._site(node, "action", f"{v} -> {nv}"):
+                return ast.copy_location(ast.Constant(nv), node)
+        return node
+
+    def visit_Call(self, node):
+        node = self.generic_visit(node)
+        args = list(node.args) + [k.value for k in node.keywords]
+        for a in args:
+            if isinstance(a, ast.Name) and a.id in VERDICT_SWAP and self.stack:
+                if self._site(a, "verdict", f"{a.id} -> {VERDICT_SWAP[a.id]}"):
+                    a.id = VERDICT_SWAP[a.id]
+        return node
+
+    # ---- conditions
+    def _neg(self, node, attr):
+        test = getattr(node, attr)
+        if self._site(node, "neg", f"not ({ast.unparse(test)[:60]})"):
+            setattr(node, attr, ast.UnaryOp(ast.Not(), test))
+
+    def visit_If(self, node):
+        self._neg(node, "test")
+        return self.generic_visit(node)
+
+    def visit_While(self, node):
+        self._neg(node, "test")
+        return self.generic_visit(node)
+
+    def visit_IfExp(self, node):
+        self._neg(node, "test")
+        return self.generic_visit(node)
+
+    def visit_comprehension(self, node):
+        new = []
+        for c in node.ifs:
+            if self._site(c, "neg", f"not ({ast.unparse(c)[:60]}) in a comprehension"):
+                c = ast.UnaryOp(ast.Not(), c)
+            new.append(c)
+        node.ifs = new
+        return self.generic_visit(node)
+
+
+def sites_of(root: Path, rel: str, actions: set[str]) -> list[Site]:
+    m = _Mutator(actions)
+    m.visit(ast.parse((root / rel).read_text()))
+    return [Site(rel, i, *s) for i, s in enumerate(m.sites)]
+
+
+def mutant_source(root: Path, site: Site, actions: set[str]) -> str:
+    tree = ast.parse((root / site.file).read_text())
+    m = _Mutator(actions, target=site.index)
+    tree = ast.fix_missing_locations(m.visit(tree))
+    assert m.applied, site
+    return ast.unparse(tree)
+
+
+# ---------------------------------------------------------------- running one mutant
+
+def _patch(mod: types.ModuleType, src: str, path: str) -> None:
+    """Run the mutated source in a scratch namespace and move what changed into ``mod``: functions and
+    methods get the mutant's code objects (so every reference already taken sees them), plain values
+    (thresholds, tables) are replaced."""
+    ns: dict = {"__name__": mod.__name__, "__file__": path, "__package__": mod.__package__}
+    exec(compile(src, path, "exec"), ns)  # noqa: S102 - the mutated judging code, ours
+
+    def move_fn(old, new):
+        old = getattr(old, "__func__", old)
+        new = getattr(new, "__func__", new)
+        if isinstance(old, property):
+            for a in ("fget", "fset", "fdel"):
+                if getattr(old, a) is not None:
+                    move_fn(getattr(old, a), getattr(new, a))
+            return
+        if isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
+            old.__code__ = new.__code__
+            old.__defaults__, old.__kwdefaults__ = new.__defaults__, new.__kwdefaults__
+
+    for name, new in ns.items():
+        old = mod.__dict__.get(name)
+        if isinstance(new, types.FunctionType) and isinstance(old, types.FunctionType):
+            move_fn(old, new)
+        elif isinstance(new, type) and isinstance(old, type):
+            for k, v in vars(new).items():
+                if k in vars(old):
+                    move_fn(vars(old)[k], v)
+        elif isinstance(new, (int, float, str, tuple, frozenset, dict, list, set)) and new != old:
+            mod.__dict__[name] = new
+
+
+def run_mutant(root: Path, site: Site, src: str, tests: list[str], timeout: float) -> tuple[str, float]:
+    """Fork; the child patches the module and runs pytest; → (outcome, seconds)."""
+    path = root / site.file
+    original = path.read_text()
+    path.write_text(src)
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            import importlib
+
+            import pytest
+
+            modname = site.file[:-3].replace("/", ".").removesuffix(".__init__")
+            _patch(importlib.import_module(modname), src, str(path))
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-m", "not lab and not gpu", *tests])
+            os._exit(int(rc))
+        except BaseException:  # noqa: BLE001
+            os._exit(99)
+    outcome = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                rc = os.waitstatus_to_exitcode(status)
+                outcome = {0: "survived", 1: "killed", 2: "killed"}.get(rc, "killed" if rc > 0 and rc != 99
+                                                                            and rc != 5 else f"error(rc={rc})")
+                break
+            if time.monotonic() - t0 > timeout:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                outcome = "killed(timeout)"
+                break
+            time.sleep(0.05)
+    finally:
+        path.write_text(original)
+    return outcome, time.monotonic() - t0
+
+
+def load_equivalent(path: Path) -> dict[str, str]:
+    """``key  # reason`` lines → {key: reason}."""
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                key, _, why = line.partition("  # ")
+                out[key.strip()] = why.strip()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ref", default="HEAD", help="git ref whose afddiag and tests are mutated and run (default HEAD)")
+    ap.add_argument("--limit", type=int, default=0, help="run this many mutants, sampled per file (0: all)")
+    ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--only", default="", help="only files whose path contains this")
+    ap.add_argument("--list", action="store_true", help="list the sites and stop")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant before it counts as killed")
+    ap.add_argument("--out", default="", help="also write the report here")
+    a = ap.parse_args()
+
+    sys.dont_write_bytecode = True
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    work = Path(tempfile.mkdtemp(prefix="afddiag-mutants-"))
+    root = work / "repo"
+    root.mkdir()
+    subprocess.run(f"git -C {REPO} archive {a.ref} | tar -x -C {root}", shell=True, check=True)
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", a.ref], capture_output=True,
+                         text=True).stdout.strip()
+    actions = action_names(root)
+    sites = [s for f in TARGETS if a.only in f and (root / f).is_file() for s in sites_of(root, f, actions)]
+    if a.list:
+        for s in sites:
+            print(f"{s.file}:{s.line} {s.op} {s.desc}  [{s.func}]")
+        return 0
+    if a.limit and a.limit < len(sites):
+        rng = random.Random(a.seed)
+        by_file: dict[str, list[Site]] = {}
+        for s in sites:
+            by_file.setdefault(s.file, []).append(s)
+        chosen: list[Site] = []
+        for f, ss in by_file.items():
+            chosen += rng.sample(ss, max(1, round(a.limit * len(ss) / len(sites))))
+        sites = sorted(chosen, key=lambda s: (TARGETS.index(s.file), s.index))
+    equivalent = load_equivalent(REPO / "benchmarks" / "mutation_equivalent.txt")
+
+    # one parent that has imported afddiag and the test modules (the root copy first on the path)
+    os.chdir(root)
+    sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ.setdefault("AFDDIAG_CASES", str(REPO.parent / "shared" / "cases"))
+    for m in [m for m in sys.modules if m == "afddiag" or m.startswith("afddiag.")]:
+        del sys.modules[m]
+    import pytest
+
+    def tests_for(rel: str) -> list[str]:
+        return [f"tests/{t}" for t in TESTS[Path(rel).name] if (root / "tests" / t).is_file()]
+
+    every = sorted({t for f in TARGETS for t in tests_for(f)})
+    with open(os.devnull, "w") as dn:
+        old = sys.stdout
+        sys.stdout = dn
+        try:
+            pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *every])
+        finally:
+            sys.stdout = old
+
+    # the unmutated code must pass its tests, else every mutant would count as killed; its time sets the bound
+    bound: dict[str, float] = {}
+    for f in sorted({s.file for s in sites}, key=TARGETS.index):
+        src = (root / f).read_text()
+        outcome, secs = run_mutant(root, Site(f, -1, 0, "<module>", "none", "unmutated"), src, tests_for(f),
+                                   a.timeout)
+        print(f"unmutated {f}: {outcome} in {secs:.0f} s", flush=True)
+        if outcome != "survived":
+            raise SystemExit(f"{f}: its tests fail without a mutation ({outcome}); fix them first")
+        bound[f] = min(a.timeout, max(60.0, 4 * secs))
+
+    lines, counts = [], {"killed": 0, "survived": 0, "equivalent": 0, "error": 0}
+    survivors: list[str] = []
+    per_file: dict[str, list[int]] = {}
+    t_all = time.monotonic()
+    for i, s in enumerate(sites, 1):
+        src = mutant_source(root, s, actions)
+        outcome, secs = run_mutant(root, s, src, tests_for(s.file), bound[s.file])
+        kind = outcome.split("(")[0]
+        if kind == "survived" and s.key in equivalent:
+            kind = "equivalent"
+        counts[kind] = counts.get(kind, 0) + 1
+        pf = per_file.setdefault(s.file, [0, 0])
+        if kind in ("killed", "survived"):
+            pf[0] += kind == "killed"
+            pf[1] += 1
+        row = f"{outcome:16s} {secs:6.1f}s {s.file}:{s.line} {s.op}: {s.desc}  [{s.func}]"
+        if kind == "survived":
+            survivors.append(row)
+        if kind == "equivalent":
+            row += f"  (equivalent: {equivalent[s.key]})"
+        lines.append(row)
+        print(f"[{i}/{len(sites)}] {row}", flush=True)
+    changed = counts["killed"] + counts["survived"]
+    head = [f"mutation run of afddiag/gates/*.py and afddiag/diagnosis.py at {a.ref} ({rev}); "
+            f"{len(sites)} mutants" + (f" (sample --limit {a.limit} --seed {a.seed})" if a.limit else " (all sites)")
+            + f", {time.monotonic() - t_all:.0f} s",
+            f"killed {counts['killed']}, survived {counts['survived']}, equivalent (no behaviour change, listed in "
+            f"benchmarks/mutation_equivalent.txt) {counts['equivalent']}, errors {counts['error']}",
+            f"kill rate of behaviour-changing mutants: {counts['killed']}/{changed} = "
+            f"{100 * counts['killed'] / max(changed, 1):.1f} %",
+            "per file: " + ", ".join(f"{Path(f).name} {k}/{n}" for f, (k, n) in per_file.items()), ""]
+    report = "\n".join(head + ["survivors:"] + (survivors or ["(none)"]) + ["", "every mutant:"] + lines) + "\n"
+    print("\n".join(head))
+    if a.out:
+        Path(REPO / a.out if not os.path.isabs(a.out) else a.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
