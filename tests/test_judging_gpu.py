@@ -1,0 +1,290 @@
+"""GPU gates pinned on facts as the GPU probe records them: the Xid catalog's verdicts and typed
+actions (NVIDIA's resolution for each Xid, written here from the catalog, not read from afddiag's
+table), the recovery action a driver prints, ECC/remap/retirement counters at zero and one, the
+slow state's clock, throughput, utilization and power-limit edges, and the probe-failed preambles."""
+
+from __future__ import annotations
+
+import pytest
+
+from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
+from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN
+from fakes import gpu_baselines, judge, observation
+
+PCI = "0000:3b:00.0"
+
+
+def gpu(*devices: GpuDevice, **facts) -> object:
+    """A live observation of GPUs ``devices`` (one healthy H200 when none are given)."""
+    devs = list(devices) or [GpuDevice(0, name="NVIDIA H200", pci_bus_id=PCI)]
+    return observation(gpu=GpuFacts(available=True, devices=devs, **facts))
+
+
+def xids(*events: dict) -> object:
+    return gpu(xid_events=list(events), xid_source="/dev/kmsg")
+
+
+# ---------------------------------------------------------------- gpu.errors: Xids
+
+@pytest.mark.parametrize("xid, action", [
+    (48, "RESET_GPU"), (61, "RESET_GPU"), (62, "RESET_GPU"), (63, "RESET_GPU"), (64, "RESET_GPU"),
+    (74, "RESET_GPU"), (95, "RESET_GPU"), (110, "RESET_GPU"), (119, "RESET_GPU"), (120, "RESET_GPU"),
+    (121, "RESET_GPU"), (136, "RESET_GPU"), (140, "RESET_GPU"), (143, "RESET_GPU"), (79, "REBOOT")])
+def test_fatal_xid_fails_with_the_catalogs_resolution(xid, action):
+    v = judge("gpu.errors", xids({"xid": xid, "pci": "0000:3b:00", "text": f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1"}))
+    assert (v.verdict, v.action) == (FAIL, action)
+    assert v.summary.startswith(f"Xid {xid} (") and v.summary.endswith(") on 0000:3b:00")
+
+
+@pytest.mark.parametrize("xid", [8, 13, 31, 32, 43, 45, 92, 94, 109])
+def test_application_xid_warns_without_a_drain(xid):
+    v = judge("gpu.errors", xids({"xid": xid, "pci": "0000:3b:00", "text": "x"}))
+    assert (v.verdict, v.action) == (WARN, "NONE")
+    assert v.remedy.startswith("application-caused or contained: restart the application")
+
+
+def test_unknown_xid_warns_and_says_to_look_it_up_first():
+    v = judge("gpu.errors", xids({"xid": 999, "pci": "0000:3b:00", "text": "odd"}))
+    assert (v.verdict, v.action) == (WARN, "NONE")
+    assert v.summary == 'Xid 999 (not in afddiag\'s Xid table) on 0000:3b:00: "odd"'
+    assert v.remedy.startswith("not in afddiag's Xid table: look it up") and "for the others" not in v.remedy
+    v = judge("gpu.errors", xids({"xid": 999, "text": "odd"}, {"xid": 13, "text": "y"}))
+    assert "; for the others: application-caused" in v.remedy
+
+
+@pytest.mark.parametrize("text, verdict, action", [
+    ("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", FAIL, "RESET_GPU"),
+    ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", FAIL, "REBOOT"),
+    ("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", WARN, "NONE"),
+    ("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)", PASS, "NONE"),
+    ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", FAIL, "RESET_GPU"),
+])
+def test_xid_154_follows_the_recovery_action_the_driver_printed(text, verdict, action):
+    v = judge("gpu.errors", xids({"xid": 154, "pci": "0000:3b:00", "text": text}))
+    assert v.verdict == verdict
+    if verdict != PASS:
+        assert v.action == action
+
+
+def test_a_bus_reset_the_driver_asks_for_is_a_gpu_reset():
+    v = judge("gpu.errors", xids({"xid": 999, "pci": "0000:3b:00", "text": "NVRM: GPU needs a bus reset"}))
+    assert (v.verdict, v.action) == (FAIL, "RESET_GPU")
+    v = judge("gpu.errors", xids({"xid": 13, "pci": "0000:3b:00", "text": "system reboot needed"}))
+    assert (v.verdict, v.action) == (FAIL, "REBOOT")
+    assert "the driver says the GPU needs a node reboot" not in v.remedy  # no recovery-action line: inferred
+
+
+def test_only_the_last_xid_154_of_a_gpu_counts():
+    reset = "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+    back = "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
+    v = judge("gpu.errors", xids({"xid": 154, "pci": "a", "text": reset}, {"xid": 154, "pci": "a", "text": back}))
+    assert v.verdict == PASS
+    v = judge("gpu.errors", xids({"xid": 154, "pci": "a", "text": back}, {"xid": 154, "pci": "a", "text": reset}))
+    assert (v.verdict, v.action) == (FAIL, "RESET_GPU")
+    v = judge("gpu.errors", xids({"xid": 154, "pci": "a", "text": reset},
+                                 {"xid": 154, "pci": "b", "text": back}))
+    assert v.verdict == FAIL  # another GPU's recovery does not clear this one
+
+
+def test_the_worst_action_wins_and_a_printed_reboot_says_so():
+    v = judge("gpu.errors", xids({"xid": 48, "text": "x"}, {"xid": 79, "pci": PCI, "text": "x"}))
+    assert (v.verdict, v.action) == (FAIL, "REBOOT")
+    assert "Xid 79: GPU has fallen off the bus, NVIDIA's Xid catalog resolves it with a node reboot" in v.remedy
+    v = judge("gpu.errors", xids({"xid": 154, "text": "GPU recovery action changed from 0x0 (None) to 0x2 "
+                                                      "(Node Reboot Required)"}))
+    assert "the driver says the GPU needs a node reboot" in v.remedy
+
+
+def test_a_quoted_xid_number_is_read():
+    assert judge("gpu.errors", xids({"xid": "61", "text": "x"})).action == "RESET_GPU"
+
+
+# ---------------------------------------------------------------- gpu.errors: counters
+
+def dev(**kw) -> GpuDevice:
+    return GpuDevice(0, name="NVIDIA H200", pci_bus_id=PCI, **kw)
+
+
+@pytest.mark.parametrize("volatile, aggregate, verdict", [(0, 0, PASS), (1, 0, FAIL), (0, 1, WARN), (None, None, PASS)])
+def test_uncorrected_ecc_edges(volatile, aggregate, verdict):
+    v = judge("gpu.errors", gpu(dev(ecc={"volatile": {"uncorrected": volatile}, "aggregate": {"uncorrected": aggregate}}),
+                                xid_events=[]))
+    assert v.verdict == verdict
+    if verdict == FAIL:
+        assert v.action == "RESET_GPU" and "1 uncorrected ECC error(s) since the last driver load" in v.summary
+    if verdict == WARN:
+        assert v.action == "NONE" and "1 uncorrected ECC error(s) over its lifetime" in v.summary
+
+
+def test_row_remapping_and_page_retirement():
+    v = judge("gpu.errors", gpu(dev(remapped_rows={"failure": True, "pending": True}), xid_events=[]))
+    assert (v.verdict, v.action) == (FAIL, "HW_INSPECTION")
+    assert v.remedy.startswith("drain the host and have the GPU serviced (RMA)")
+    # a remap failure is service whatever the Xids say
+    v = judge("gpu.errors", gpu(dev(remapped_rows={"failure": True}), xid_events=[{"xid": 79, "text": "x"}]))
+    assert v.action == "HW_INSPECTION"
+    v = judge("gpu.errors", gpu(dev(remapped_rows={"pending": True}), xid_events=[]))
+    assert (v.verdict, v.action) == (FAIL, "RESET_GPU") and "row remapping pending" in v.summary
+    v = judge("gpu.errors", gpu(dev(remapped_rows={"uncorrectable": 1}), xid_events=[]))
+    assert (v.verdict, v.action) == (WARN, "NONE") and "1 rows remapped for uncorrectable errors" in v.summary
+    v = judge("gpu.errors", gpu(dev(remapped_rows={"uncorrectable": 0}), xid_events=[]))
+    assert v.verdict == PASS
+    v = judge("gpu.errors", gpu(dev(retired_pages={"pending": True}), xid_events=[]))
+    assert (v.verdict, v.action) == (FAIL, "RESET_GPU") and "page retirement pending" in v.summary
+
+
+def test_errors_pass_skip_and_not_supported():
+    v = judge("gpu.errors", gpu(dev(ecc="NOT_SUPPORTED"), xid_events=[]))
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "1 GPU(s): no uncorrected ECC, no pending retirement or remap; no Xid in the kernel log " \
+                        "(ecc N/A on this GPU: not a fault)"
+    v = judge("gpu.errors", gpu(dev(), xid_source="not readable: EPERM"))
+    assert (v.verdict, v.action) == (SKIP, "NONE") and "kernel log not readable: EPERM" in v.summary
+    v = judge("gpu.errors", gpu(dev(ecc={"volatile": {"uncorrected": 0}})))
+    assert v.verdict == PASS and v.summary.endswith("kernel log not read (not captured)")
+
+
+# ---------------------------------------------------------------- preambles
+
+@pytest.mark.parametrize("gate_id", ["gpu.present", "gpu.sm-count", "gpu.memory", "gpu.clock-events",
+                                     "gpu.slow-state", "gpu.errors", "gpu.processes"])
+def test_a_failed_gpu_probe_is_error_naming_what_it_was_doing(gate_id):
+    obs = observation(gpu=GpuFacts(captured=True, failed="nvmlDeviceGetHandleByIndex(0) timed out after 20 s"))
+    v = judge(gate_id, obs)
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    assert v.summary == "not judged: nvmlDeviceGetHandleByIndex(0) timed out after 20 s"
+
+
+def test_not_probed_and_no_gpu_are_skips():
+    v = judge("gpu.errors", observation())
+    assert (v.verdict, v.summary) == (SKIP, "GPU not probed")
+    v = judge("gpu.clock-events", observation(gpu=GpuFacts(available=False, why="NVML: driver not loaded")))
+    assert (v.verdict, v.summary) == (SKIP, "no GPU seen (gpu.present says why)")
+
+
+def test_a_failed_load_probe_is_error_of_the_slow_state_only():
+    obs = gpu(load_failed="the load kernel did not return in 60 s")
+    v = judge("gpu.slow-state", obs)
+    assert (v.verdict, v.action) == (ERROR, "RERUN") and v.facts == {"probe_failed": "the load kernel did not return in 60 s"}
+    assert judge("gpu.errors", obs).verdict != ERROR
+
+
+# ---------------------------------------------------------------- gpu.clock-events
+
+@pytest.mark.parametrize("mask, verdict", [(0x0, PASS), (0x1, PASS), (0x4, PASS), (0x8, FAIL), (0x40, FAIL),
+                                           (0x80, FAIL), (0x20, WARN), (0x28, FAIL)])
+def test_clock_event_reason_bits(mask, verdict):
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=mask)))
+    assert v.verdict == verdict
+    assert v.action == {PASS: "NONE", FAIL: "HW_INSPECTION", WARN: "HW_INSPECTION"}[verdict]
+
+
+def test_clock_event_counters_at_zero_and_one():
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, clocks_event_reason_counters_us={
+        "hw_slowdown": 0, "sw_thermal_slowdown": 0})))
+    assert v.verdict == PASS
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, clocks_event_reason_counters_us={"hw_slowdown": 1})))
+    assert v.verdict == WARN and "no bit now, but has spent time in hw_slowdown 0.00 s" in v.summary
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, clocks_event_reason_counters_us={
+        "sw_thermal_slowdown": 2_000_000})))
+    assert v.verdict == WARN and "sw_thermal_slowdown 2.00 s" in v.summary
+    # the mask under load counts too
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, under_load=UnderLoad(clocks_event_reasons=0x8))))
+    assert v.verdict == FAIL
+
+
+def test_clock_events_not_read_is_no_pass():
+    v = judge("gpu.clock-events", gpu(dev()))
+    assert v.verdict == SKIP and "clock event reasons not read" in v.summary
+    v = judge("gpu.clock-events", gpu(dev(), GpuDevice(1, name="NVIDIA H200", clocks_event_reasons=0)))
+    assert v.verdict == PASS and v.summary.startswith("1 GPU(s): no thermal") and "reasons not read on" in v.summary
+
+
+# ---------------------------------------------------------------- gpu.slow-state
+
+def loaded(**ul) -> GpuDevice:
+    return dev(clock_sm_max_mhz=2000.0, under_load=UnderLoad(utilization_pct=100.0, **ul))
+
+
+def slow(d: GpuDevice, **base) -> object:
+    return judge("gpu.slow-state", gpu(d), expectations=gpu_baselines(i0=base))
+
+
+def test_slow_state_class_a_clock_edge_at_half_of_max():
+    v = slow(loaded(clock_sm_mhz=1000.0))
+    assert v.verdict == PASS and "clock 1000 MHz of max 2000" in v.summary
+    v = slow(loaded(clock_sm_mhz=999.0))
+    assert (v.verdict, v.action) == (FAIL, "AC_POWER_CYCLE")
+    assert "class A: SM clock under load 999 MHz is 50% of max 2000 MHz" in v.summary
+    # against the baseline's under-load clock as well
+    v = slow(loaded(clock_sm_mhz=1500.0), clock_sm_mhz_under_load=3002.0)
+    assert v.verdict == FAIL and "of baseline 3002 MHz" in v.summary
+    v = slow(loaded(clock_sm_mhz=1500.0), clock_sm_mhz_under_load=3000.0)
+    assert v.verdict == PASS
+
+
+def test_slow_state_class_b_throughput_edge_at_80_percent_of_baseline():
+    v = slow(loaded(clock_sm_mhz=1900.0, fp32_tflops=80.0), fp32_tflops=100.0)
+    assert v.verdict == PASS and "fp32_tflops 80% of baseline" in v.summary
+    v = slow(loaded(clock_sm_mhz=1900.0, fp32_tflops=79.9), fp32_tflops=100.0)
+    assert (v.verdict, v.action) == (FAIL, "AC_POWER_CYCLE")
+    assert "class B: fp32_tflops 79.9 TFLOP/s is 80% of baseline 100" in v.summary
+    # a zero baseline is no reference
+    v = slow(loaded(clock_sm_mhz=1900.0, fp32_tflops=1.0), fp32_tflops=0.0)
+    assert v.verdict == PASS and "no throughput baseline" in v.summary
+
+
+def test_slow_state_utilization_edge_at_80_percent():
+    d = dev(clock_sm_max_mhz=2000.0, under_load=UnderLoad(utilization_pct=80.0, clock_sm_mhz=100.0))
+    assert slow(d).verdict == FAIL  # kept busy: the low clock is the slow state
+    d = dev(clock_sm_max_mhz=2000.0, under_load=UnderLoad(utilization_pct=79.9, clock_sm_mhz=100.0))
+    v = slow(d)
+    assert (v.verdict, v.action) == (WARN, "RERUN")
+    assert "utilization under load 79.9 % (< 80 %)" in v.summary
+    # no utilization figure: P8 or deeper says idle, P7 does not
+    v = slow(dev(clock_sm_max_mhz=2000.0, under_load=UnderLoad(pstate=8, clock_sm_mhz=100.0)))
+    assert v.verdict == WARN and "P8 (an idle performance state)" in v.summary
+    v = slow(dev(clock_sm_max_mhz=2000.0, under_load=UnderLoad(pstate=7, clock_sm_mhz=100.0)))
+    assert v.verdict == FAIL
+
+
+def test_slow_state_power_limit_edges():
+    lim = 700_000.0
+    at = dev(clock_sm_max_mhz=2000.0, power_limit_mw=lim,
+             under_load=UnderLoad(utilization_pct=100.0, clock_sm_mhz=900.0, power_mw=0.95 * lim))
+    v = slow(at)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "at the enforced power limit 700.0 W" in v.summary
+    assert v.remedy.startswith("the power limiter holds the clock")
+    under = dev(clock_sm_max_mhz=2000.0, power_limit_mw=lim,
+                under_load=UnderLoad(utilization_pct=100.0, clock_sm_mhz=900.0, power_mw=0.949 * lim))
+    assert slow(under).verdict == FAIL
+    # with the SW power cap bit the limiter's average sits lower: 90 %
+    capped = dev(clock_sm_max_mhz=2000.0, power_limit_mw=lim, clocks_event_reasons=0x4,
+                 under_load=UnderLoad(utilization_pct=100.0, clock_sm_mhz=900.0, power_mw=0.90 * lim))
+    v = slow(capped)
+    assert v.verdict == WARN and "sw_power_cap active" in v.summary
+    capped.under_load.power_mw = 0.899 * lim
+    assert slow(capped).verdict == FAIL
+    over = dev(clock_sm_max_mhz=2000.0, power_limit_mw=lim,
+               under_load=UnderLoad(utilization_pct=100.0, clock_sm_mhz=900.0, power_mw=1.06 * lim))
+    assert "the power telemetry is suspect" in slow(over).summary
+
+
+def test_slow_state_explained_by_a_clock_event_reason_is_no_power_cycle():
+    d = loaded(clock_sm_mhz=500.0, clocks_event_reasons=0x20)
+    v = slow(d)
+    assert (v.verdict, v.action) == (WARN, "RERUN")
+    assert "sw_thermal_slowdown active (gpu.clock-events names the cause)" in v.summary
+    assert v.remedy.startswith("fix what gpu.clock-events names first")
+
+
+def test_slow_state_busy_gpu_and_no_figures():
+    d = loaded(clock_sm_mhz=500.0)
+    d.processes = [{"pid": 4242, "name": "python3", "type": "compute", "used_bytes": 1}]
+    v = slow(d)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "inconclusive: GPU busy (pid 4242, python3" in v.summary
+    v = slow(dev(load_why="CUDA not available"))
+    assert v.verdict == WARN and "the load probe gave no figures (CUDA not available)" in v.summary
+    v = slow(dev())
+    assert (v.verdict, v.action) == (SKIP, "NONE")
+    assert v.summary.endswith("no under-load readings (idle clocks are low by design)")
