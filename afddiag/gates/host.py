@@ -180,7 +180,8 @@ def cpu_clock(ctx: Context, gate_id: str) -> Verdict:
                        f"loop's {rate} Mop/s with", "record a baseline on a healthy host: `afddiag baseline record`",
                        facts)
     parts = [f"clock under load {clk:.0f} MHz" + (f" of max {mx:.0f}" if mx else "")] if clk else []
-    parts += [f"loop {rate:g} Mop/s{per}" + (f" ({rate / ref:.0%} of baseline)" if ref else "")]
+    if rate is not None:  # a capture without the loop's figure still has its clock judged
+        parts += [f"loop {rate:g} Mop/s{per}" + (f" ({rate / ref:.0%} of baseline)" if ref else "")]
     if ref and rate is not None and rate > ref / SLOW_LOOP_FRACTION ** 2:
         parts.append(f"the baseline {ref:g} looks low for this host: record it again on an idle host")
     return Verdict(gate_id, PASS, f"{model}: " + ", ".join(parts), "nothing to do", facts)
