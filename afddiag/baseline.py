@@ -92,7 +92,8 @@ def refusals(readings: dict[str, Any]) -> list[str]:
 
     Pure: judges the readings with the GPU gates, touches nothing."""
     from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.gates import Context, gpu as gates_gpu
+    from afddiag.gates import Context
+    from afddiag.gates import gpu as gates_gpu
     from afddiag.model.gpu import gpu_facts_from_readings
     from afddiag.model.run import Inputs, Observation
     from afddiag.verdict import FAIL
@@ -143,7 +144,8 @@ def cpu_refusals(cpu: dict[str, Any] | None) -> list[str]:
 
     Pure: judges the facts with the host gates, touches nothing."""
     from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.gates import Context, host as gates_host
+    from afddiag.gates import Context
+    from afddiag.gates import host as gates_host
     from afddiag.model.run import Inputs, Observation
     from afddiag.verdict import FAIL
 

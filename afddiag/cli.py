@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import sys
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
 
 import click
@@ -32,7 +31,7 @@ def _ipv4(ctx, param, value):
         try:
             ipaddress.IPv4Address(v)
         except ValueError:
-            raise click.BadParameter(f"{v!r} is not an IPv4 address (give the dotted form, e.g. 10.9.0.2)")
+            raise click.BadParameter(f"{v!r} is not an IPv4 address (give the dotted form, e.g. 10.9.0.2)") from None
     return value
 
 
@@ -109,8 +108,8 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
                 load=False, baseline_path=None, xid_log=None, no_load=False) -> Inputs:
     """Flags → :class:`Inputs`; a bad launch env or playbook is a usage error naming the file and line."""
     from afddiag import playbook as pbmod
-    from afddiag.model.run import Inputs
     from afddiag.envvars import LaunchEnvError, parse_launch_env
+    from afddiag.model.run import Inputs
 
     launch_env = None
     pb = None
@@ -123,9 +122,9 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
             try:
                 text = read_text(launch_env_path)  # bounded: 1 MiB, a regular file, strict UTF-8
             except InputError as e:
-                raise click.UsageError(f"launch env {e}: give the launcher's KEY=VALUE env file")
+                raise click.UsageError(f"launch env {e}: give the launcher's KEY=VALUE env file") from e
             except OSError as e:
-                raise click.UsageError(f"launch env {launch_env_path}: {e.strerror}: give the launcher's env file")
+                raise click.UsageError(f"launch env {launch_env_path}: {e.strerror}: give the launcher's env file") from e
             launch_env = parse_launch_env(text, launch_env_path, pb.aliases if pb else None)
             if pb is not None and launch_env.get("AFD_ROLE") and launch_env["AFD_ROLE"] != pb.name:
                 click.echo(f"afddiag: judging as role {pb.name} (--role/--playbook), although {launch_env_path} "
@@ -135,7 +134,7 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
                 if pb.aliases:  # the role's aliases apply to the file that named it
                     launch_env = parse_launch_env(text, launch_env_path, pb.aliases)
     except (LaunchEnvError, pbmod.PlaybookError) as e:
-        raise click.UsageError(str(e))
+        raise click.UsageError(str(e)) from e
     if no_load:
         if load:
             raise click.UsageError("--load and --no-load: give one of them")
@@ -151,14 +150,13 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
 
 def _diagnose(cmd: str, inputs: Inputs):
     from afddiag.collect import SnapshotError
-    from afddiag.reader import InputError
-
     from afddiag.progress import stop as stop_progress
+    from afddiag.reader import InputError
 
     try:
         return diagnose_full(inputs, FAMILIES[cmd])
     except (SnapshotError, InputError) as e:  # a file the user named (snapshot, --baseline) refused
-        raise click.UsageError(str(e))
+        raise click.UsageError(str(e)) from e
     finally:
         stop_progress()  # the report follows: no bar (one a timed-out probe left open) is drawn over it
 
@@ -177,7 +175,7 @@ def need_prometheus() -> None:
         import prometheus_client  # noqa: F401
     except ImportError as e:
         raise click.UsageError(f"--format prometheus needs prometheus_client ({e}): pip install prometheus-client, "
-                               "or apt install python3-prometheus-client")
+                               "or apt install python3-prometheus-client") from e
 
 
 def _gather_fabric(inputs: Inputs):
@@ -191,7 +189,7 @@ def _gather_fabric(inputs: Inputs):
     try:  # a folder, or a capture bundle extracted safely
         return runner.observe(inputs, only={"host", "env", "fabric"})
     except SnapshotError as e:
-        raise click.UsageError(str(e))
+        raise click.UsageError(str(e)) from e
 
 
 def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
@@ -243,7 +241,7 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
         except OSError as e:
             from afddiag.atomic import output_error
 
-            raise click.UsageError(output_error(f"--output {output}", e))
+            raise click.UsageError(output_error(f"--output {output}", e)) from e
     elif fmt == "json":
         report.write_json(rep)
     else:
@@ -377,11 +375,10 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
     as the report's (2 as well when an object was not destroyed)."""
     import json as _json
 
-    from afddiag.facts import to_jsonable
-    from afddiag.probes import pair as pairmod
-
     from afddiag import runner
+    from afddiag.facts import to_jsonable
     from afddiag.model.run import Inputs
+    from afddiag.probes import pair as pairmod
 
     if serve and target:
         raise click.UsageError("give --serve or --pair, not both")
@@ -396,7 +393,7 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
         try:
             host, port = pairmod.parse_hostport(target, port)
         except ValueError as e:
-            raise click.UsageError(f"--pair {e}")
+            raise click.UsageError(f"--pair {e}") from e
         facts = pairmod.pair(host, port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab,
                              bandwidth=bandwidth)
     as_json = kw.get("as_json") or kw.get("fmt") == "json"
@@ -578,7 +575,7 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
         except OSError as e:
             from afddiag.atomic import output_error
 
-            raise click.UsageError(output_error(f"--prom {prom_path}", e))
+            raise click.UsageError(output_error(f"--prom {prom_path}", e)) from e
     return code
 
 
@@ -696,7 +693,7 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     except OSError as e:
         from afddiag.atomic import output_error
 
-        raise click.UsageError(output_error(f"baseline {baseline_path or bl.default_path()}", e))
+        raise click.UsageError(output_error(f"baseline {baseline_path or bl.default_path()}", e)) from e
     data, _ = bl.load(path)
     click.echo(f"recorded {len(data['gpus'])} GPU(s) and the CPU in {path}"
                + (" (FORCED over: " + "; ".join(data.get("forced_over") or []) + ")" if data.get("forced") else ""))
@@ -714,13 +711,12 @@ def baseline_show(baseline_path, as_json) -> int:
     import json as _json
 
     from afddiag import baseline as bl
-
     from afddiag.reader import InputError
 
     try:
         data, why = bl.load(baseline_path, strict=True)
     except InputError as e:
-        raise click.UsageError(str(e))
+        raise click.UsageError(str(e)) from e
     if data is None:
         click.echo(f"afddiag baseline show: {why}", err=True)
         return 1

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from afddiag.model import ROCE_V2

@@ -208,7 +208,7 @@ def _check_value(key: str, val: str, where: str) -> None:
         try:
             ipaddress.IPv4Address(v)
         except ValueError:
-            raise LaunchEnvError(f"{where}: {key}={v!r} is not an IPv4 address (dotted form, e.g. 10.9.0.2)")
+            raise LaunchEnvError(f"{where}: {key}={v!r} is not an IPv4 address (dotted form, e.g. 10.9.0.2)") from None
 
     if key == "AFD_FABRIC_IP" and val:
         ipv4(val)

@@ -113,7 +113,7 @@ def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out
     top = _aligned([NARROW_HEADER[0]] + [(r.device, str(r.port), str(r.index), r.ver, r.netdev or "", r.mark)
                                          for r in rows])
     under = _aligned([NARROW_HEADER[1]] + [(r.gid, r.ipv4 or "") for r in rows])
-    for a, b in zip(top, under):
+    for a, b in zip(top, under, strict=True):
         out.write(f"{a}\n    {b}\n")
     for line in foot:
         out.write("".join(ln + "\n" for ln in wrap(line, width, "", "    ")))

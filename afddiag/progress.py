@@ -82,8 +82,14 @@ def steps(what: str, total: int) -> Iterator[Steps]:
         if _state["progress"] is None:
             try:
                 from rich.console import Console
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                           TimeElapsedColumn)
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    SpinnerColumn,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
 
                 _state["progress"] = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                               MofNCompleteColumn(), TimeElapsedColumn(),

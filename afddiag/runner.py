@@ -147,9 +147,8 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
     """The gates of ``inputs.families`` over ``obs`` → the JSON report."""
     from afddiag import report
     from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.gates import Context, run_gates
-
     from afddiag.expect import resolve
+    from afddiag.gates import Context, run_gates
 
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
     expect = resolve(inputs, obs)  # once, before any gate runs

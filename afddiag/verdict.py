@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag.exitcodes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EXIT_WARN  # noqa: F401 - re-exported
+
 PASS, WARN, FAIL, SKIP, ERROR = "PASS", "WARN", "FAIL", "SKIP", "ERROR"
 VERDICTS = (PASS, WARN, FAIL, SKIP, ERROR)
-
-from afddiag.exitcodes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EXIT_WARN  # noqa: F401 - re-exported
 
 
 @dataclass

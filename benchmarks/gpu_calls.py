@@ -97,7 +97,7 @@ def main() -> None:
     out["probes_first_ms"] = probes[: len(probes) // 2]
     st = pstats.Stats(pr)
     rows = []
-    for (fn_file, line, fn), (cc, nc, tt, ct, _callers) in st.stats.items():
+    for (fn_file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():
         rows.append({"fn": f"{fn_file.rsplit('/', 2)[-1]}:{line}({fn})", "calls": nc,
                      "own_ms": round(tt * 1e3, 2), "cum_ms": round(ct * 1e3, 2)})
     out["profile_top"] = sorted(rows, key=lambda r: -r["own_ms"])[:30]

@@ -24,6 +24,7 @@ Usage (on a machine with an NVIDIA GPU, torch and pynvml; from the repository ro
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -73,7 +74,7 @@ def torch_references(probe: dict) -> dict:
     x = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     y = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     z = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
-    s = timed(lambda: torch.mm(x, y, out=z), 10)
+    s = timed(functools.partial(torch.mm, x, y, out=z), 10)
     ref["bf16_mm_tflops"] = 2 * n**3 / s / 1e12
     del x, y, z
 
@@ -82,7 +83,7 @@ def torch_references(probe: dict) -> dict:
     for size, iters in ((buf, 50), (4 << 30, 20)):
         src = torch.empty(size, device=dev, dtype=torch.uint8).fill_(1)
         dst = torch.empty_like(src)
-        s = timed(lambda: dst.copy_(src), iters)
+        s = timed(functools.partial(dst.copy_, src), iters)
         copies[size] = 2 * size / s / 1e9
         del src, dst
     ref["copy_gbps_by_size"] = {str(k): round(v, 1) for k, v in copies.items()}
@@ -91,7 +92,7 @@ def torch_references(probe: dict) -> dict:
     rows = buf // (8192 * 2) // 8 * 8
     a = torch.randn(rows, 8192, device=dev, dtype=torch.bfloat16)
     v = torch.randn(8192, device=dev, dtype=torch.bfloat16)
-    s = timed(lambda: torch.mv(a, v), 50)
+    s = timed(functools.partial(torch.mv, a, v), 50)
     ref["mv_gbps"] = (rows * 8192 * 2 + 8192 * 2 + rows * 2) / s / 1e9
     del a, v
     torch.cuda.empty_cache()
@@ -131,7 +132,7 @@ def report(probe: dict, wall: float, ref: dict) -> str:
                  f"<= {GOALS['elapsed_s']:g} s", "PASS" if el is not None and el <= GOALS["elapsed_s"] else "MISS"))
     head = ("figure", "probe", "reference", "ratio", "goal", "result")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()  # noqa: E731
     out = [
         f"GPU: {dev.get('name')} ({dev.get('uuid')}), {sm} SMs, compute capability "
         f"{'.'.join(map(str, dev.get('compute_capability') or []))}, NVML max SM clock {max_mhz} MHz",

@@ -53,8 +53,8 @@ def fuzz(seconds: float) -> dict:
         if ": " in line and "executions" in line and not line.startswith("total"):
             name, rest = line.split(": ", 1)
             per[name] = int(rest.split()[0])
-    total = next((int(l.split()[1]) for l in p.stdout.splitlines() if l.startswith("total:")), None)
-    findings = [l for l in p.stdout.splitlines() if l.startswith("[")]
+    total = next((int(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("total:")), None)
+    findings = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     outside = sorted(os.listdir(cwd)) + sorted(os.listdir(tmp)) + sorted(
         n for n in shm_after - shm_before if n.startswith("afddiag-fuzz"))

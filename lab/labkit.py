@@ -283,7 +283,7 @@ def wait_rocev2(want: dict[str, str], timeout_s: float = 60.0) -> dict:
         seen: dict = {}
         for dev, ip in want.items():
             base = f"/sys/class/infiniband/{dev}/ports/1"
-            v4 = "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % tuple(int(x) for x in ip.split("."))
+            v4 = "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}".format(*(int(x) for x in ip.split(".")))
             idx = [i for i in range(16) if read(f"{base}/gids/{i}") == v4
                    and read(f"{base}/gid_attrs/types/{i}") == "RoCE v2"]
             seen[dev] = {"state": read(f"{base}/state"), "v4_rocev2_gid": idx}

@@ -34,8 +34,25 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (capture_resources, FABRIC_IP, FIRST_DEV, LOG, MAP_VAR, PEER_IP, SECOND_DEV, T0, build,  # noqa: E402,F401
-                    log, port_gids, read, run_cli, sh, sh_json, teardown, wait_ready)
+from labkit import (  # noqa: E402,F401
+    FABRIC_IP,
+    FIRST_DEV,
+    LOG,
+    MAP_VAR,
+    PEER_IP,
+    SECOND_DEV,
+    T0,
+    build,
+    capture_resources,
+    log,
+    port_gids,
+    read,
+    run_cli,
+    sh,
+    sh_json,
+    teardown,
+    wait_ready,
+)
 
 # --timeout 60: under TCG the first read of rxe's 1,024-slot GID tables can outrun the 10 s default
 CLI_ARGS = ["all", "--json", "--no-history", "--timeout", "60", "--fabric-ip", FABRIC_IP, "--peer", PEER_IP]
@@ -46,9 +63,8 @@ def run_direct(name: str) -> dict:
     t = time.monotonic()
     try:
         from afddiag.facts import to_jsonable
-        from afddiag.probes.qp import probe_qp
-
         from afddiag.probes.netlink import device_order, netdev_addresses
+        from afddiag.probes.qp import probe_qp
         from afddiag.probes.sysfs import probe_fabric
 
         order, src, _notes = device_order()

@@ -56,8 +56,21 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (capture_resources, MAP_VAR, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log,  # noqa: E402
-                    read, run_cli, sh, sh_json, wait_rocev2)
+from labkit import (  # noqa: E402
+    MAP_VAR,
+    capture_resources,
+    counter_deltas,
+    finish,
+    fork_in_netns,
+    hw_counters,
+    join_forked,
+    log,
+    read,
+    run_cli,
+    sh,
+    sh_json,
+    wait_rocev2,
+)
 
 # name: (role, short name for the init-side veth ends, management IP, [(netdev, fabric IP, rxe device)])
 HOSTS = {

@@ -38,7 +38,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import capture_resources, LOG, finish, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
+from labkit import LOG, capture_resources, finish, log, run_cli, sh, sh_json, wait_rocev2  # noqa: E402
 
 HOST_IP, PEER_IP, RAIL2_IP = "10.9.0.2", "10.9.0.1", "10.9.0.3"
 PORT = 18515

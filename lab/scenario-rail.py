@@ -32,8 +32,21 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from labkit import (capture_resources, REPO, counter_deltas, finish, fork_in_netns, hw_counters, join_forked, log, read,  # noqa: E402
-                    run_cli, sh, sh_json, wait_rocev2)
+from labkit import (  # noqa: E402
+    REPO,
+    capture_resources,
+    counter_deltas,
+    finish,
+    fork_in_netns,
+    hw_counters,
+    join_forked,
+    log,
+    read,
+    run_cli,
+    sh,
+    sh_json,
+    wait_rocev2,
+)
 
 HOSTS = {"ra": ("10.9.0.21", "rxra"), "rb": ("10.9.0.22", "rxrb")}
 PLAYBOOK = os.path.join(REPO, "lab", "playbook-rxe.toml")

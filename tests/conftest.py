@@ -39,7 +39,7 @@ def fleet_table(reports: list[dict], folder: Path, hosts: list[str], width: int 
     from afddiag.fleet import judge, load_reports, write_fleet_table
 
     files = []
-    for i, (rep, host) in enumerate(zip(reports, hosts)):
+    for i, (rep, host) in enumerate(zip(reports, hosts, strict=True)):
         rep = {**rep, "host": host}
         (folder / f"{i}.json").write_text(json.dumps(rep))
         files.append(str(folder / f"{i}.json"))

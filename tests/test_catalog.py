@@ -84,8 +84,9 @@ def test_gpu_errors_catalog_lists_the_xids_the_gate_fails():
     case written from the catalog expected FAIL for Xid 94, which NVIDIA's catalog (and the gate)
     resolve by restarting the application (WARN)."""
     import re
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from afddiag.gates.gpu import XID_APP, XID_FATAL
 

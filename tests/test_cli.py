@@ -3,14 +3,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import jsonschema
 from click.testing import CliRunner
 
 from afddiag import __version__
 from afddiag.cli import cli, run
-from pathlib import Path
-
 from conftest import CASES, load_case
 
 C01 = str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device")
@@ -72,7 +71,7 @@ def test_schema_rejects_a_wrong_report(report_schema):
 def test_plain_table_without_tty_names_subject_and_remedy():
     out = invoke(["fabric", "--snapshot", C01, "--fabric-ip", "192.168.100.10"], env={"NO_COLOR": "1"}).stdout
     assert "\x1b[" not in out
-    line = next(l for l in out.splitlines() if "fabric.first-device" in l and not l.startswith(" "))
+    line = next(ln for ln in out.splitlines() if "fabric.first-device" in ln and not ln.startswith(" "))
     assert line.startswith("FAIL") and "rocep1s0f0" in line
     assert "remedy: export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in out
     assert out.rstrip().endswith("exit 2")

@@ -39,7 +39,7 @@ def test_connect_outcomes(listener, monkeypatch):
 
     class Dropping(socket.socket):  # a firewall that drops: connect() runs out its time bound
         def connect(self, addr):
-            raise socket.timeout("timed out")
+            raise TimeoutError("timed out")
 
     class Unreachable(socket.socket):
         def connect(self, addr):

@@ -7,7 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from afddiag import baseline, cli as climod
+from afddiag import baseline
+from afddiag import cli as climod
 from afddiag.cli import cli, run
 from afddiag.collect import Inputs, Observation
 from afddiag.envvars import LaunchEnvError, parse_launch_env

@@ -377,8 +377,6 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     import merge_scaling  # the planted-fault fleet tests/test_merge.py judges
     from test_fleet_control_plane import _report as cp_report
 
-    import merge_scaling  # benchmarks/ (tests/test_merge.py puts it on the path)
-
     seen = Seen()
     fix = REPO / "tests" / "fixtures" / "lab-fleet"
     for run in ("fleet-faults", "fleet-link-down", "fleet-faults-control-plane"):  # the lab's recorded fleets
@@ -415,8 +413,8 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     forced = copy.deepcopy(b)
     forced["summary"]["gid_index_env"] = "1"
     seen.add(_merge(tmp_path, [a, forced])["gates"], "NCCL_IB_GID_INDEX forced")
-    from test_merge import _host
     from afddiag.gates import fleet as fg
+    from test_merge import _host
 
     units = [_host("a", gid_index=3, env={"NCCL_IB_GID_INDEX": "3"}),
              _host("c", gid_index=1, env={"NCCL_IB_GID_INDEX": "3"})]  # c forces 3 at its GID 1

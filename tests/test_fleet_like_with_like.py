@@ -4,8 +4,6 @@ and a host summary they quote is shortened by whole items, never mid-token."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from afddiag import cli

@@ -136,7 +136,7 @@ def sshfleet(tmp_path_factory):
                 lines.append(f'launch_env = "{d / (name + ".env")}"')
             lines.append("")
         (d / "fleet.toml").write_text("\n".join(lines))
-        push_inv = [l for l in lines[:9] if not l.startswith("afddiag")] + [
+        push_inv = [ln for ln in lines[:9] if not ln.startswith("afddiag")] + [
             "[[host]]", 'name = "pushed"', f'ssh = "root@127.0.0.1:{ports["pushed"]}"', 'role = "expert"',
             f'fabric_ip = "{fip["pushed"]}"', f'launch_env = "{d / "spark-b.env"}"', 'python = "/usr/bin/python3"',
             f'args = ["--snapshot", "{snap["pushed"]}"]', ""]
@@ -236,8 +236,8 @@ def test_fleet_table_plain(sshfleet, capsys):
     assert rc == 2
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["host", "role", "collected"]
-    assert any(l.startswith("slow ") and "ERROR" in l and "timed out after 4 s" in l for l in lines), out
-    assert any(l.startswith("FAIL   fleet.capacity   spark-b") for l in lines), out
+    assert any(ln.startswith("slow ") and "ERROR" in ln and "timed out after 4 s" in ln for ln in lines), out
+    assert any(ln.startswith("FAIL   fleet.capacity   spark-b") for ln in lines), out
     assert "3 host(s) reported, 4 without a report" in out
     assert err == ""  # --quiet
 

@@ -4,8 +4,19 @@ import pytest
 
 from afddiag.collect import Inputs, Observation
 from afddiag.envvars import parse_device_map, parse_env_file, parse_nccl_hca
-from afddiag.facts import (FabricFacts, Gid, GpuDevice, GpuFacts, Netdev, Port, QpFacts, QpResult, QpStep,
-                           RdmaDevice, UnderLoad)
+from afddiag.facts import (
+    FabricFacts,
+    Gid,
+    GpuDevice,
+    GpuFacts,
+    Netdev,
+    Port,
+    QpFacts,
+    QpResult,
+    QpStep,
+    RdmaDevice,
+    UnderLoad,
+)
 from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
 from afddiag.verdict import Verdict, exit_code
 

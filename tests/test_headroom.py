@@ -2,7 +2,6 @@
 memory against the role's planned reservation, on synthetic facts and through a snapshot replay."""
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner

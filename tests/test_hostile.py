@@ -602,11 +602,10 @@ def test_5_a_route_lookup_that_timed_out_is_error_not_no_route():
 
     r = route_from_get_json("10.0.0.9", {"error": "ip route get did not answer within 1 s", "failed": True}, "ip")
     assert r.failed
-    from afddiag.gates.fabric import route as route_gate
-    from afddiag.model.fabric import RouteFacts
-
     from afddiag.collect import Inputs, Observation
     from afddiag.gates import Context, resolve_fabric_ip
+    from afddiag.gates.fabric import route as route_gate
+    from afddiag.model.fabric import RouteFacts
     from afddiag.probes.sysfs import probe_fabric
 
     fab = probe_fabric(str(FAB))
@@ -633,8 +632,8 @@ def test_5_an_unreadable_infiniband_class_is_error_not_no_device(tmp_path, monke
     monkeypatch.setattr(sysfs.os, "listdir", denied)
     facts = sysfs.probe_fabric(str(FAB))
     assert facts.failed and "Permission denied" in facts.failed
-    from afddiag.gates.fabric import rdma_present  # noqa: F401 - the gate below reads facts.failed
     from afddiag.gates import probe_failed
+    from afddiag.gates.fabric import rdma_present  # noqa: F401 - the gate below reads facts.failed
 
     assert probe_failed("fabric.rdma-present", facts).verdict == "ERROR"
 

@@ -7,7 +7,6 @@ with ``error`` naming what the peer sent, never a raw exception name, and destro
 
 from __future__ import annotations
 
-import copy
 import json
 import socket
 import threading
@@ -113,7 +112,7 @@ def _hostile_client(port, *chunks, keep_open_s=0.0):
             if isinstance(c, dict):
                 try:
                     got += s.recv(65536)
-                except (socket.timeout, OSError):
+                except (TimeoutError, OSError):
                     pass
         time.sleep(keep_open_s)
         s.settimeout(0.5)

@@ -8,7 +8,6 @@ it fails instead (under CI the fixture first tries lab/setup.sh itself), as test
 
 from __future__ import annotations
 
-
 import pytest
 
 import labboot

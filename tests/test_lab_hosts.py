@@ -147,7 +147,7 @@ def test_fleet_over_ssh_reaches_every_namespace_host(hostlab):
         assert rep["inputs"]["launch_env"].endswith(f"{h}.env")
         assert rep["device_map"] == RAILS[h]  # its own addresses only, though all five devices are visible
         # the host's own namespace: its netdevs, not the others'
-        assert set((rep["facts"]["fabric"].get("netdevs") or {})) >= {"m0", "f0"}
+        assert set(rep["facts"]["fabric"].get("netdevs") or {}) >= {"m0", "f0"}
     assert fr["reports"]["coord"]["inputs"]["role"] == "coordinator"
 
 

@@ -63,7 +63,7 @@ def ptx_of(kind: str) -> str:
 @pytest.mark.parametrize("kind", KINDS)
 def test_ptx_header(kind):
     lines = ptx_of(kind).splitlines()
-    directives = [l for l in lines if l.startswith(".")]
+    directives = [ln for ln in lines if ln.startswith(".")]
     assert re.fullmatch(r"\.version \d+\.\d+", directives[0])
     assert re.fullmatch(r"\.target sm_\d+", directives[1])
     assert directives[2] == ".address_size 64"
@@ -98,8 +98,8 @@ def test_modules_hold_the_entries_the_probe_looks_up():
         assert load.ENTRY[kind] in entries(mods[load.MODULE_OF[kind]])
     # one header a module
     for text in mods.values():
-        assert sum(l.startswith(".version") for l in text.splitlines()) == 1
-        assert sum(l.startswith(".target") for l in text.splitlines()) == 1
+        assert sum(ln.startswith(".version") for ln in text.splitlines()) == 1
+        assert sum(ln.startswith(".target") for ln in text.splitlines()) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -448,7 +448,7 @@ class FakeCuda:
             self.errors.append(f"{name}: {len(params)} args for {len(decl)} params")
             return 1
         args = []
-        for (t, _), addr in zip(decl, params):
+        for (t, _), addr in zip(decl, params, strict=True):
             c = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32}[t]
             args.append(c.from_address(addr).value)
             if t == "u64" and args[-1] not in self.mem:
@@ -503,7 +503,7 @@ def test_simulated_gpu_gives_all_four_figures_and_releases_everything(fake):
     assert [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n] == [
         load.ENTRY[k] for k in load.KERNEL_ORDER
     ]
-    for name, grid, block, args in lib.launches:
+    for _name, _grid, block, _args in lib.launches:
         assert block == load.BLOCK
     assert set(r) >= {"clock_sm_mhz", "power_mw", "utilization_pct", "clocks_event_reasons", "pstate",
                       "achieved", "samples", "elapsed_s", "notes"}

@@ -8,10 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from afddiag.cli import cli
-from afddiag.gates import fabric
+from afddiag.gates import Context, fabric, resolve_fabric_ip
 from afddiag.model.fabric import memreg_facts
 from afddiag.model.run import Inputs, Observation
-from afddiag.gates import Context, resolve_fabric_ip
 from afddiag.playbook import Playbook, PlaybookError, load, parse
 
 SPARK_DEVS = ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"]
@@ -128,8 +127,8 @@ def _gate(args):
 def test_replay_and_capture_round_trip(tmp_path, readings, role, verdict):
     """memreg.json replays from a folder and from a capture bundle with the same verdict."""
     from afddiag.capture import collect_bundle, write_bundle
-    from test_capture import case_sources
     from conftest import CASES
+    from test_capture import case_sources
 
     case = CASES / "fabric" / "12-cx7-single-port-healthy"
     files, _, _ = collect_bundle(case_sources(case, memreg=lambda: readings))

@@ -5,8 +5,16 @@ import struct
 
 import pytest
 
-from afddiag.probes.netlink import (NLMSG_DONE, NLMSG_ERROR, RDMA_NLDEV_ATTR_DEV_INDEX, RDMA_NLDEV_ATTR_DEV_NAME,
-                                    netdev_addresses, parse_ip_addr_json, parse_nldev_dump, parse_rdma_dev_json)
+from afddiag.probes.netlink import (
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    RDMA_NLDEV_ATTR_DEV_INDEX,
+    RDMA_NLDEV_ATTR_DEV_NAME,
+    netdev_addresses,
+    parse_ip_addr_json,
+    parse_nldev_dump,
+    parse_rdma_dev_json,
+)
 
 
 def attr(t, payload):

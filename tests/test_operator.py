@@ -105,7 +105,7 @@ def test_report_at_80_columns_cuts_nothing():
 
 def test_fleet_table_at_80_columns_cuts_nothing():
     paths = []
-    for i, c in enumerate((C01, C02)):
+    for c in (C01, C02):
         out = subprocess.run([sys.executable, "-m", "afddiag", "fabric", "--json", "--no-history", "--no-qp",
                               "--snapshot", c], capture_output=True, text=True, cwd=REPO).stdout
         paths.append(out)

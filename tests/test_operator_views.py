@@ -8,8 +8,6 @@ import sys
 
 from conftest import CASES, REPO
 
-from afddiag.cli import run
-
 C07 = str(CASES / "fabric" / "07-ipv6-only-no-ipv4-gid")  # fabric.rocev2-ipv4 FAIL FIX_ADDRESS (drains)
 C01 = str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device")  # first-device FAIL SET_ENV (no drain)
 
@@ -176,7 +174,7 @@ def _whole(text: str, remedy: str) -> None:
 def test_every_case_report_fits_80_columns_and_splits_no_command():
     from afddiag.report import write_table
 
-    for c, rep in _reports_of_every_case():
+    for _case, rep in _reports_of_every_case():
         buf = io.StringIO()
         write_table(rep, buf, width=80)
         text = buf.getvalue()
@@ -225,9 +223,9 @@ def test_gid_table_catalog_and_merge_fit_80_columns(tmp_path):
     from afddiag.catalog import listing, load
     from afddiag.cli import _gather_fabric, make_inputs
     from afddiag.endpoint import resolve_fabric_ip
-    from conftest import fleet_table
     from afddiag.gates.fabric import engine_device_for
     from afddiag.gidtable import gid_rows, legend, write_gid_table
+    from conftest import fleet_table
 
     obs = _gather_fabric(make_inputs(snapshot=C01, fabric_ip="192.168.100.10"))
     fip = resolve_fabric_ip(obs.fabric, "192.168.100.10").ip

@@ -43,7 +43,6 @@ from afddiag.probes.qp import (
     mtu_enum_to_bytes,
     probe_qp,
 )
-
 from conftest import case_dirs, load_case
 
 # ---------------------------------------------------------------- FabricFacts from a case snapshot

@@ -24,7 +24,7 @@ import pytest
 
 from afddiag import cli
 from afddiag.model import to_jsonable
-from afddiag.model.pair import (BandwidthRun, PairFacts, PortCounters, RailQp, counter_kind, pair_facts)
+from afddiag.model.pair import BandwidthRun, PairFacts, PortCounters, RailQp, counter_kind, pair_facts
 from afddiag.model.run import Inputs, Observation
 from afddiag.playbook import Playbook, PlaybookError, parse
 from afddiag.probes import counters as cmod
@@ -58,9 +58,9 @@ def _pair(gbps=95.0, speed=200_000, counters=None, error=None, verified=True, st
 
 
 def _judge(p, source="live", **pb):
+    from afddiag.endpoint import FabricIp
     from afddiag.gates import Context
     from afddiag.gates.rail import port_counters, rail_bandwidth
-    from afddiag.endpoint import FabricIp
 
     inputs = Inputs(playbook=Playbook(name="expert" if pb else "generic", **pb), families=frozenset({"fabric"}))
     ctx = Context(Observation("h", source, pair=p), inputs, FabricIp(None, "test", []))
@@ -266,7 +266,7 @@ def test_parse_rdma_statistic():
 
 # --- the protocol, end to end over TCP, with a fake verbs layer -----------------------------------------
 
-MRS: dict[int, "FakeMR"] = {}
+MRS: dict[int, FakeMR] = {}
 
 
 class FakeMR:
@@ -510,9 +510,9 @@ def test_server_side_of_a_client_that_vanished_is_bounded(fake_verbs):
 # --- replay, playbooks, CLI ---------------------------------------------------------------------------------
 
 def test_replay_of_a_saved_run_gives_the_same_verdicts(tmp_path, capsys):
-    from conftest import CASES
-
     import shutil
+
+    from conftest import CASES
 
     snap = tmp_path / "snap"
     shutil.copytree(CASES / "fabric" / "02-spark-map-set-healthy", snap)
@@ -594,9 +594,9 @@ def test_cli_bandwidth_without_a_device_reports_and_judges(capsys):
 
 
 def _lab_replay(tmp_path, name: str, *role_args: str) -> dict:
-    from conftest import REPO
-
     import shutil
+
+    from conftest import REPO
 
     snap = tmp_path / name
     snap.mkdir()

@@ -16,7 +16,7 @@ import pytest
 
 from afddiag import playbook as pbmod
 from afddiag.cli import run
-from afddiag.collect import Inputs, Observation, Progress, bounded, guarded, ProbeTimeout
+from afddiag.collect import Inputs, Observation, ProbeTimeout, Progress, bounded, guarded
 from afddiag.facts import FabricFacts, GpuDevice, GpuFacts, HostLimits, ImageFacts, QpFacts
 from afddiag.gates import Context, resolve_fabric_ip, run_gates
 from conftest import CASES, REPO

@@ -16,10 +16,21 @@ from click.testing import CliRunner
 from afddiag import diagnosis
 from afddiag.cli import cli, run
 from afddiag.collect import Inputs, Observation
-from afddiag.probes.load import attach_load
-from afddiag.facts import (FabricFacts, Gid, GpuDevice, GpuFacts, Netdev, Port, QpFacts, QpResult, QpStep,
-                           RdmaDevice, UnderLoad)
+from afddiag.facts import (
+    FabricFacts,
+    Gid,
+    GpuDevice,
+    GpuFacts,
+    Netdev,
+    Port,
+    QpFacts,
+    QpResult,
+    QpStep,
+    RdmaDevice,
+    UnderLoad,
+)
 from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
+from afddiag.probes.load import attach_load
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 from snapfix import busy_h200, derive, fabric_case, gpu_snapshot, h200_readings, healthy_h200, link_down
 

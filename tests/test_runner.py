@@ -18,11 +18,11 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from afddiag import runner
 from afddiag.cli import cli
 from afddiag.model import to_jsonable
 from afddiag.model.run import Inputs
 from afddiag.probes import registry
-from afddiag import runner
 from conftest import CASES, REPO, case_dirs, load_case
 from test_capture import case_args, case_sources
 

@@ -1,6 +1,7 @@
 """The sysfs fabric reader: EINVAL on empty slots, index order vs name order, partial trees."""
 
 import errno
+import json
 import shutil
 from pathlib import Path
 
@@ -8,8 +9,6 @@ from afddiag.facts import carriers, gid_for_ipv4, ipv4_from_gid, usable_rocev2
 from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
 from afddiag.probes.sysfs import probe_fabric, read_text
 from conftest import CASES
-
-import json
 
 CASE05 = CASES / "fabric" / "05-k8s-macvlan-slots-0-3-einval"
 CASE17 = CASES / "fabric" / "17-rxe-lab-index-order-vs-name-order"

@@ -33,7 +33,7 @@ def capture(output, load, timeout_s, fabric_ip, peers) -> int:
         try:
             ipaddress.IPv4Address(v)
         except ValueError:
-            raise click.UsageError(f"{v!r} is not an IPv4 address (give the dotted form, e.g. 10.9.0.2)")
+            raise click.UsageError(f"{v!r} is not an IPv4 address (give the dotted form, e.g. 10.9.0.2)") from None
     if not str(output).endswith((".tar.gz", ".tgz")):
         raise click.UsageError(f"--output {output}: give a name ending in .tar.gz")
     src = Sources()
@@ -42,7 +42,7 @@ def capture(output, load, timeout_s, fabric_ip, peers) -> int:
     except OSError as e:
         from afddiag.atomic import output_error
 
-        raise click.UsageError(output_error(f"--output {output}", e))
+        raise click.UsageError(output_error(f"--output {output}", e)) from e
     for n in notes:
         click.echo(f"afddiag capture: note: {n}", err=True)
     click.echo(f"afddiag capture: wrote {os.path.getsize(path)} bytes; replay with "

@@ -11,8 +11,19 @@ from typing import Any
 import click
 
 from afddiag import __version__
-from afddiag.fleet import (MAX_OUTPUT_MIB, HostResult, InventoryError, Progress, SshOptions, build_zipapp, collect,
-                           judge, load_inventory, load_reports, write_fleet_table)
+from afddiag.fleet import (
+    MAX_OUTPUT_MIB,
+    HostResult,
+    InventoryError,
+    Progress,
+    SshOptions,
+    build_zipapp,
+    collect,
+    judge,
+    load_inventory,
+    load_reports,
+    write_fleet_table,
+)
 
 
 def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = None,
@@ -25,7 +36,7 @@ def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = No
         try:
             write_page(html_path, fr, {h.name: h.report for h in hosts or [] if h.ok and h.report})
         except OSError as e:
-            raise click.UsageError(output_error(f"--html {html_path}", e))
+            raise click.UsageError(output_error(f"--html {html_path}", e)) from e
         click.echo(f"afddiag: fleet page written to {html_path}", err=True)
     if as_json:
         json.dump(fr, sys.stdout, indent=2, default=str)
@@ -64,12 +75,12 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
     try:
         inv = load_inventory(inventory_path)
     except InventoryError as e:
-        raise click.UsageError(str(e))
+        raise click.UsageError(str(e)) from e
     try:
         import asyncssh  # noqa: F401
     except ImportError:
         raise click.UsageError("afddiag fleet needs asyncssh on this machine (pip install 'asyncssh>=2.13'); "
-                               "or collect the reports another way and use `afddiag merge`")
+                               "or collect the reports another way and use `afddiag merge`") from None
     s = inv.settings
     opts = SshOptions(known_hosts=known_hosts or s.get("known_hosts"), identity=identity or s.get("identity"),
                       user=s.get("user"), concurrency=concurrency or int(s.get("concurrency", 16)),
@@ -114,7 +125,7 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, htm
     try:
         hosts = load_reports(list(files), notes)
     except InputError as e:
-        raise click.UsageError(f"merge input {e}")
+        raise click.UsageError(f"merge input {e}") from e
     for n in notes:  # a duplicate input is not a second host: say so, judge it once
         click.echo(f"afddiag merge: {n}", err=True)
     expect: dict[str, Any] = {}
@@ -122,7 +133,7 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, htm
         try:
             inv = load_inventory(inventory_path)
         except InventoryError as e:
-            raise click.UsageError(str(e))
+            raise click.UsageError(str(e)) from e
         expect.update(inv.expect)
         by_name = {h.name: h for h in inv.hosts}
         for h in hosts:

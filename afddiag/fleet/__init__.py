@@ -15,12 +15,35 @@ The package, along its seams (every public name is re-exported here, ``from afdd
 
 from __future__ import annotations
 
-from afddiag.fleet.inventory import (PEER_POLICIES, InvHost, Inventory, InventoryError, load_inventory, parse_target,
-                                     peers_for, remote_args)
-from afddiag.fleet.judge import (FLEET_SCHEMA, FLEET_SCHEMA_VERSION, MAX_MERGE_FILE_BYTES, judge, load_reports,
-                                 parse_report, write_fleet_table)
-from afddiag.fleet.ssh import (MAX_OUTPUT_MIB, VENDORED, ConnectTimeout, Progress, SshOptions, build_zipapp, collect,
-                               collect_async)
+from afddiag.fleet.inventory import (
+                                     PEER_POLICIES,
+                                     Inventory,
+                                     InventoryError,
+                                     InvHost,
+                                     load_inventory,
+                                     parse_target,
+                                     peers_for,
+                                     remote_args,
+)
+from afddiag.fleet.judge import (
+                                     FLEET_SCHEMA,
+                                     FLEET_SCHEMA_VERSION,
+                                     MAX_MERGE_FILE_BYTES,
+                                     judge,
+                                     load_reports,
+                                     parse_report,
+                                     write_fleet_table,
+)
+from afddiag.fleet.ssh import (
+                                     MAX_OUTPUT_MIB,
+                                     VENDORED,
+                                     ConnectTimeout,
+                                     Progress,
+                                     SshOptions,
+                                     build_zipapp,
+                                     collect,
+                                     collect_async,
+)
 from afddiag.gates.fleet import HostResult
 from afddiag.verdict import Verdict
 

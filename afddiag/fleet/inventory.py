@@ -145,11 +145,11 @@ def load_inventory(path: str) -> Inventory:
     try:
         data = tomllib.loads(read_text(path))
     except FileNotFoundError as e:
-        raise InventoryError(f"inventory {path}: {e.strerror}: give the fleet's inventory file")
+        raise InventoryError(f"inventory {path}: {e.strerror}: give the fleet's inventory file") from e
     except InputError as e:
-        raise InventoryError(f"inventory {e}")
+        raise InventoryError(f"inventory {e}") from e
     except tomllib.TOMLDecodeError as e:
-        raise InventoryError(f"inventory {path}: not TOML ({e})")
+        raise InventoryError(f"inventory {path}: not TOML ({e})") from e
     extra = set(data) - {"fleet", "expect", "host"}
     if extra:
         raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} (known: fleet, expect, host)")

@@ -57,10 +57,10 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
     content) gets ``#2``, ``#3`` appended to its name. Files are read
     through :mod:`afddiag.reader`: a device, FIFO, a file over :data:`MAX_MERGE_FILE_BYTES` or JSON
     nested deeper than its cap raises :class:`afddiag.reader.InputError` (the CLI's usage error)."""
-    from afddiag.reader import DepthError, InputError, parse_json, read_bytes
-
     import hashlib
     import json
+
+    from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 
     out: list[HostResult] = []
     names: dict[str, int] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from afddiag.fleet.inventory import InvHost, Inventory, parse_target, remote_args
+from afddiag.fleet.inventory import Inventory, InvHost, parse_target, remote_args
 from afddiag.fleet.judge import parse_report
 from afddiag.gates.fleet import HostResult
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
 from afddiag import catalog
+from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
 from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import ERROR, SKIP, Verdict
 
@@ -133,7 +133,7 @@ def run_gates(ctx: Context, families: set[str]) -> list[Verdict]:
     """Run the registered gates of ``families`` that the role's playbook runs; a gate that raises
     gives ERROR, never a traceback."""
     out: list[Verdict] = []
-    for gate_id, family, fn in registry(families):
+    for gate_id, _family, fn in registry(families):
         if not ctx.playbook.runs(gate_id):
             continue
         try:

@@ -7,12 +7,29 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.catalog import remedy
-from afddiag.envvars import (GID_INDEX_VARS, MAP_VAR, NCCL_HCA_VAR, WATCHED, format_device_map, parse_device_map,
-                              parse_nccl_hca)
+from afddiag.envvars import (
+    GID_INDEX_VARS,
+    MAP_VAR,
+    NCCL_HCA_VAR,
+    WATCHED,
+    format_device_map,
+    parse_device_map,
+    parse_nccl_hca,
+)
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, gate, not_probed, probe_failed
 from afddiag.model import to_jsonable
-from afddiag.model.fabric import (ROCE_V2, Entry, FabricFacts, carriers, errno_words, ipv4_entries, is_link_local_v4,
-                                  order_known, rocev2_carriers, usable_rocev2)
-from afddiag.gates import Context, PROBE_FAILED_REMEDY, declared, gate, not_probed, probe_failed
+from afddiag.model.fabric import (
+    ROCE_V2,
+    Entry,
+    FabricFacts,
+    carriers,
+    errno_words,
+    ipv4_entries,
+    is_link_local_v4,
+    order_known,
+    rocev2_carriers,
+    usable_rocev2,
+)
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 

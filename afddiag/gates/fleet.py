@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afddiag.catalog import remedy
-from afddiag.gates import declared, gate
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, parse_device_map
+from afddiag.gates import declared, gate
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 COORDINATOR = "coordinator"
@@ -160,7 +160,6 @@ def _minority(values: dict[str, Any]) -> tuple[Any, list[str]]:
 
 
 from afddiag.summary import as_int as _int  # noqa: E402 - one reading of an integer, with the summary
-
 
 # ---------------------------------------------------------------- fleet.capacity
 

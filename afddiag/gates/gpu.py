@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from afddiag.catalog import remedy
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, gate, probe_failed
 from afddiag.model import to_jsonable
 from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names, is_own_process
-from afddiag.gates import Context, PROBE_FAILED_REMEDY, declared, gate, probe_failed
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -178,6 +178,7 @@ def present(ctx: Context, gate_id: str) -> Verdict:
 
 
 from afddiag.expect import SM_LABEL  # noqa: E402,F401 - image label holding the exported SM count
+
 ARCH_LABEL = "afd.cuda_arch_list"  # image label; else the image's TORCH_CUDA_ARCH_LIST
 
 
@@ -199,7 +200,7 @@ def sm_count(ctx: Context, gate_id: str) -> Verdict:
             # the GPU already FAILs gpu.present; a fatal Xid is gpu.errors')
             return Verdict(gate_id, WARN, f"the image is expected to run on {want} SMs ({src}), but no GPU is seen "
                            f"({g.why or 'none listed'}): nothing to check it against",
-                           "run on the GPU host, or see gpu.present for why no GPU is listed", 
+                           "run on the GPU host, or see gpu.present for why no GPU is listed",
                            {"expected": want, "expected_from": src}, action="RERUN")
         return v
     g = ctx.obs.gpu
@@ -865,7 +866,7 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _, _ in results), key=order.index)
     summary = "; ".join(s for v, s, _ in results if v == worst)
-    facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results)}
+    facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results, strict=True)}
     facts["host_meminfo_kb"] = g.host_meminfo_kb
     if lost and worst in (PASS, SKIP):  # nothing wrong on the readable GPUs: the lost one is gpu.errors'
         return _lost_not_judged(gate_id, lost_why, summary if worst == PASS else "", facts)

@@ -4,10 +4,10 @@ process needs from the host (locked-memory limit, RDMA device nodes)."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
+from afddiag.expect import CAPACITY_KEYS, OTHER_KEY  # noqa: E402,F401 - one table, with the expectations
 from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
-from afddiag.expect import CAPACITY_KEYS, OTHER_KEY  # noqa: E402,F401 - one table, with the expectations
 ENGINE_DEFAULT_CAPACITY = 1024
 OTHER_SIDE = {"AFD_PREFILL_CAPACITY": "ranks'", "AFD_EXPERT_CAPACITY": "coordinator's"}
 NO_ENV = "no launch env file given (--launch-env FILE)"

@@ -12,7 +12,6 @@ from typing import Any
 
 from afddiag.model import ROCE_V1, ROCE_V2  # noqa: F401 - re-exported: one definition, import-free
 
-
 # What a verbs errno from ibv_modify_qp means on RoCE (the QP probe records the errno, gates say it).
 ERRNO_WORDS = {
     110: "address resolution timed out (no ARP reply from the peer on this port)",

@@ -23,7 +23,8 @@ import re
 import stat
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from afddiag.model.gpu import NOT_SUPPORTED, clocks_event_reason_names
 from afddiag.probes import cudadrv, nvml

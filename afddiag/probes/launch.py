@@ -13,7 +13,6 @@ import shutil
 import subprocess
 
 from afddiag import proc
-
 from afddiag.model.host import DeviceNode, HostLimits, ImageFacts
 
 

@@ -44,7 +44,8 @@ import json
 import math
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from afddiag.probes import cudadrv, nvml
 from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA, Cuda, CudaError
@@ -54,13 +55,45 @@ from afddiag.probes.gpu import (
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     uuid_from_bytes,
 )
-from afddiag.probes.load_plan import (BUDGET_WEIGHTS, FREE_FRACTION, KERNEL_ORDER, MAX_BUFFER_BYTES, MAX_LAUNCHES,
-                                      MAX_LOOP_ITERS, MIN_BUFFER_BYTES, Plan, launch_args, pick_iterations,
-                                      plan_sizes, split_budget, summarize_samples, work_per_iteration)
-from afddiag.probes.load_ptx import (BLOCK, COPY_LOAD, COPY_STORE, COPY_UNROLL, ENTRY, FP32_CHAINS, FP32_UNROLL,
-                                     GEMV_K, GEMV_ROWS_PER_BLOCK, GEMV_UNROLL, MMA_CHAINS, MMA_FLOP, MMA_MIN_CC,
-                                     MMA_UNROLL, MODULE_OF, PARAMS, module_sources, ptx_copy, ptx_fp32, ptx_gemv,
-                                     ptx_mma)
+from afddiag.probes.load_plan import (
+    BUDGET_WEIGHTS,
+    FREE_FRACTION,
+    KERNEL_ORDER,
+    MAX_BUFFER_BYTES,
+    MAX_LAUNCHES,
+    MAX_LOOP_ITERS,
+    MIN_BUFFER_BYTES,
+    Plan,
+    launch_args,
+    pick_iterations,
+    plan_sizes,
+    split_budget,
+    summarize_samples,
+    work_per_iteration,
+)
+from afddiag.probes.load_ptx import (
+    BLOCK,
+    COPY_LOAD,
+    COPY_STORE,
+    COPY_UNROLL,
+    ENTRY,
+    FP32_CHAINS,
+    FP32_UNROLL,
+    GEMV_K,
+    GEMV_ROWS_PER_BLOCK,
+    GEMV_UNROLL,
+    MMA_CHAINS,
+    MMA_FLOP,
+    MMA_MIN_CC,
+    MMA_UNROLL,
+    MODULE_OF,
+    PARAMS,
+    module_sources,
+    ptx_copy,
+    ptx_fp32,
+    ptx_gemv,
+    ptx_mma,
+)
 
 # --- timing and sampling ------------------------------------------------------------------------
 
@@ -172,9 +205,7 @@ def _nvml_sampler(st: _State) -> None:
             st.device["clock_sm_max_mhz"] = nv.nvmlDeviceGetMaxClockInfo(handle, clock_sm)
         except Exception as e:  # noqa: BLE001
             st.note(f"NVML: nvmlDeviceGetMaxClockInfo failed: {e}")
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nv, "nvmlDeviceGetCurrentClocksThrottleReasons"
-        )
+        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
         reads: dict[str, Callable[[], Any]] = {
             "clock_sm_mhz": lambda: nv.nvmlDeviceGetClockInfo(handle, clock_sm),
             "power_mw": lambda: nv.nvmlDeviceGetPowerUsage(handle),
@@ -228,7 +259,7 @@ def _launcher(cu: Cuda, fn: Any, kind: str, grid: int) -> Callable[[tuple[int, .
     def launch(args: tuple[int, ...]) -> None:
         if len(args) != len(types):
             raise CudaError(f"{ENTRY[kind]}: {len(args)} arguments for {len(types)} parameters")
-        vals = [ctypes_of[t](a) for t, a in zip(types, args)]
+        vals = [ctypes_of[t](a) for t, a in zip(types, args, strict=True)]
         params = (_VP * len(vals))(*[ctypes.addressof(v) for v in vals])
         cu("cuLaunchKernel", fn, grid, 1, 1, BLOCK, 1, 1, 0, None, params, None)
 

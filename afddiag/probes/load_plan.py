@@ -12,8 +12,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from afddiag.probes.load_ptx import (BLOCK, COPY_UNROLL, FP32_CHAINS, FP32_UNROLL, GEMV_K, GEMV_ROWS_PER_BLOCK,
-                                     MMA_CHAINS, MMA_FLOP, MMA_UNROLL)
+from afddiag.probes.load_ptx import (
+    BLOCK,
+    COPY_UNROLL,
+    FP32_CHAINS,
+    FP32_UNROLL,
+    GEMV_K,
+    GEMV_ROWS_PER_BLOCK,
+    MMA_CHAINS,
+    MMA_FLOP,
+    MMA_UNROLL,
+)
 
 # --- limits -------------------------------------------------------------------------------------
 

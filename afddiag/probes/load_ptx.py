@@ -40,7 +40,7 @@ MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16 per warp
 
 def _f32(x: float) -> str:
     """A PTX single-precision immediate (``0f3F800000`` = 1.0)."""
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+    return f"0f{struct.unpack('<I', struct.pack('<f', x))[0]:08X}"
 
 
 def _header(version: str, target: str) -> list[str]:
@@ -330,4 +330,4 @@ def module_sources() -> dict[str, str]:
 
 def _body_only(ptx: str) -> str:
     """A kernel's PTX without its module header (to append it to another kernel's module)."""
-    return "\n".join(l for l in ptx.splitlines() if not l.startswith((".version", ".target", ".address_size", "//")))
+    return "\n".join(ln for ln in ptx.splitlines() if not ln.startswith((".version", ".target", ".address_size", "//")))

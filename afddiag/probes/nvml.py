@@ -8,7 +8,8 @@ and keeps its own time bound (each runs NVML in a worker thread it waits on).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 LIBNVML = "libnvidia-ml.so.1"
 

@@ -51,9 +51,18 @@ from typing import Any
 from afddiag.facts import FabricFacts
 from afddiag.model import to_jsonable
 from afddiag.model.pair import BandwidthRun, PairFacts, PairPhase, PortCounters, RailQp  # noqa: F401
-from afddiag.probes.qp import (AH_HOP_LIMIT, RTR_MAX_DEST_RD_ATOMIC, RTR_MIN_RNR_TIMER, RTS_MAX_RD_ATOMIC,
-                               RTS_RETRY_CNT, RTS_RNR_RETRY, RTS_TIMEOUT, _err_code, _import_pyverbs,
-                               mtu_enum_to_bytes)
+from afddiag.probes.qp import (
+    AH_HOP_LIMIT,
+    RTR_MAX_DEST_RD_ATOMIC,
+    RTR_MIN_RNR_TIMER,
+    RTS_MAX_RD_ATOMIC,
+    RTS_RETRY_CNT,
+    RTS_RNR_RETRY,
+    RTS_TIMEOUT,
+    _err_code,
+    _import_pyverbs,
+    mtu_enum_to_bytes,
+)
 
 DEFAULT_PORT = 18515  # ibv_rc_pingpong's
 DEFAULT_SIZES = (64, 512, 1024, 4096, 65536)
@@ -140,7 +149,7 @@ class _Chan:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 raise PairError("timed out waiting for the peer's control message") from None
             if not chunk:
                 raise PairError("the peer closed the TCP connection"
@@ -259,7 +268,8 @@ class _Rdma:
             from afddiag.probes.qp import decode_errno
 
             err = _err_code(exc)
-            raise PairError(f"QP →{to} failed: errno {err} ({decode_errno(err)})" if err else f"QP →{to}: {exc}")
+            why = f"QP →{to} failed: errno {err} ({decode_errno(err)})" if err else f"QP →{to}: {exc}"
+            raise PairError(why) from exc
 
     def post_recv(self, offset: int, size: int, wr_id: int = 0) -> None:
         sge = self.wr.SGE(self.mr.buf + offset, size, self.mr.lkey)
@@ -353,7 +363,7 @@ def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: Pa
         except PairError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise PairError(f"open {dev} / create PD, CQ, MR, QP failed: {exc}")
+            raise PairError(f"open {dev} / create PD, CQ, MR, QP failed: {exc}") from exc
     except PairError as e:
         facts.local_error = str(e)
         raise
@@ -404,7 +414,7 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
         lsock.settimeout(max(0.1, deadline - time.monotonic()))
         try:
             conn, peer = lsock.accept()
-        except socket.timeout:
+        except TimeoutError:
             raise PairError(f"no client within {timeout_s:g} s on port {port}") from None
         facts.peer = peer[0]
         ch = _Chan(conn, deadline)
@@ -525,10 +535,10 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
     try:
         bw.stage = "setup"
         cq, mr, qps, psns = r.bandwidth_objects(spec.qps, spec.depth, spec.qps * spec.size)
-        for i, (qp, psn) in enumerate(zip(qps, psns)):
+        for i, (qp, psn) in enumerate(zip(qps, psns, strict=True)):
             r.connect({**hello, "qpn": int(peers[i]["qpn"]), "psn": int(peers[i]["psn"])}, qp, psn)
             bw.per_qp.append(RailQp(i, qp.qp_num, int(peers[i]["qpn"])))
-        ch.send({"qps": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns)], "addr": mr.buf, "rkey": mr.rkey,
+        ch.send({"qps": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns, strict=True)], "addr": mr.buf, "rkey": mr.rkey,
                  "len": mr.length})
         bw.stage = "run"
         done = ch.recv()  # the client's end of run (bounded by the session deadline)
@@ -543,7 +553,7 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
         ch.send({"ok": ok, "counters": to_jsonable(local)})
         got = bandwidth_from_client(done)
         bw.seconds, bw.bytes, bw.gbps, bw.error = got.seconds, got.bytes, got.gbps, got.error
-        for q, g in zip(bw.per_qp, got.per_qp):
+        for q, g in zip(bw.per_qp, got.per_qp, strict=False):  # the client's answer may be short
             q.writes, q.bytes, q.gbps = g.writes, g.bytes, g.gbps
         bw.verified = ok
         peer = _peer_counters(done.get("counters"))
@@ -586,7 +596,7 @@ def _client_bandwidth(r: _Rdma, ch: _Chan, peer: dict[str, Any], facts: PairFact
     for i in range(spec.qps):
         mr.write(_pattern(spec.size, seeds[i]), spec.size, i * spec.size)
     ch.send({"op": "bandwidth", "seconds": spec.seconds, "size": spec.size, "qps": spec.qps, "depth": spec.depth,
-             "peers": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns)]})
+             "peers": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns, strict=True)]})
     rep = ch.recv()
     if rep.get("error"):
         bw.error = f"the server refused the bandwidth run: {str(rep['error'])[:300]}"
@@ -595,7 +605,7 @@ def _client_bandwidth(r: _Rdma, ch: _Chan, peer: dict[str, Any], facts: PairFact
     theirs = _qp_list(rep.get("qps"), spec.qps, "the server")
     _num(rep, "addr", 0, (1 << 64) - 1, "the server's bandwidth answer")
     _num(rep, "rkey", 0, (1 << 32) - 1, "the server's bandwidth answer")
-    for i, (qp, psn) in enumerate(zip(qps, psns)):
+    for i, (qp, psn) in enumerate(zip(qps, psns, strict=True)):
         r.connect({**peer, "qpn": int(theirs[i]["qpn"]), "psn": int(theirs[i]["psn"])}, qp, psn)
         bw.per_qp.append(RailQp(i, qp.qp_num, int(theirs[i]["qpn"])))
     bw.stage = "run"

@@ -34,7 +34,7 @@ def connect_once(peer: str, port: int, source: str | None, timeout_s: float) -> 
                 return out
         s.connect((peer, port))
         out.update(ok=True, outcome="connected")
-    except socket.timeout:
+    except TimeoutError:
         out.update(outcome="timeout", error=f"no answer within {timeout_s:g} s")
     except OSError as e:
         kind = {errno.ECONNREFUSED: "refused", errno.EHOSTUNREACH: "unreachable", errno.ENETUNREACH: "unreachable",

@@ -500,7 +500,6 @@ def _parsed(r: dict, artifact: str, parse, source_key: str, notes: list[str]):
 
 def _fabric_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     from afddiag.model.fabric import FabricFacts
-
     from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
     from afddiag.probes.sysfs import probe_fabric
 
@@ -659,7 +658,6 @@ def _route_read(run: Run, progress: Any) -> dict[str, Any]:
 
 def _route_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     from afddiag.model.fabric import RouteFacts
-
     from afddiag.probes.route import lookup_policy, read_sysctls, route_from_get_json, routes_from_table
 
     facts = RouteFacts(fabric_ip=run.fabric_ip())

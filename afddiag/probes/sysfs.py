@@ -12,7 +12,6 @@ import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:

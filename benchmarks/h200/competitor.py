@@ -1,7 +1,10 @@
 """A competing GPU job for the busy-GPU recordings (issue 12): torch bf16 8192^3 matmuls back to back
 for argv[1] seconds; prints "running" once started and its average TFLOP/s every ~5 s."""
-import sys, time
+import sys
+import time
+
 import torch
+
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

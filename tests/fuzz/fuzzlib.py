@@ -31,8 +31,9 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,8 +154,15 @@ def target_env(data: bytes) -> None:
     """A snapshot ``env`` and a ``--launch-env`` file: the lenient parser never raises, the strict one
     raises only LaunchEnvError (one line naming the file and line); the values feed the fabric gates."""
     from afddiag.collect import Inputs, Observation
-    from afddiag.envvars import (LaunchEnvError, MAP_VAR, NCCL_HCA_VAR, parse_device_map, parse_env_file,
-                                 parse_launch_env, parse_nccl_hca)
+    from afddiag.envvars import (
+        MAP_VAR,
+        NCCL_HCA_VAR,
+        LaunchEnvError,
+        parse_device_map,
+        parse_env_file,
+        parse_launch_env,
+        parse_nccl_hca,
+    )
     from afddiag.facts import QpFacts
     from afddiag.probes.sysfs import probe_fabric
 
@@ -182,11 +190,9 @@ def target_env(data: bytes) -> None:
 
 def target_gpu(data: bytes) -> None:
     """``gpu.json``: facts from anything JSON (never raises), then every GPU gate judges them."""
-    from afddiag.collect import Observation
-    from afddiag.facts import gpu_facts_from_readings
-
     from afddiag import playbook
-    from afddiag.collect import Inputs
+    from afddiag.collect import Inputs, Observation
+    from afddiag.facts import gpu_facts_from_readings
 
     raw = _json_or_none(data)
     facts = gpu_facts_from_readings(raw)
@@ -425,7 +431,7 @@ def target_inventory(data: bytes) -> None:
             load_inventory(str(inv))
         except InventoryError as e:
             if str(inv) not in str(e) or "\n" in str(e):
-                raise Finding(f"inventory error not one line naming the file: {e!r}")
+                raise Finding(f"inventory error not one line naming the file: {e!r}") from e
         rep = Path(tmp) / "r.json"
         rep.write_text("[]")
         _cli_promise(["merge", "--json", "--inventory", str(inv), str(rep)])
