@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import os
 import random
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 import types
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gates/gpu.py", "afddiag/gates/host.py",
@@ -346,7 +345,7 @@ def main() -> int:
         for s in sites:
             by_file.setdefault(s.file, []).append(s)
         chosen: list[Site] = []
-        for f, ss in by_file.items():
+        for ss in by_file.values():
             chosen += rng.sample(ss, max(1, round(a.limit * len(ss) / len(sites))))
         sites = sorted(chosen, key=lambda s: (TARGETS.index(s.file), s.index))
     equivalent = load_equivalent(REPO / "benchmarks" / "mutation_equivalent.txt")

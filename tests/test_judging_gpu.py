@@ -31,7 +31,8 @@ def xids(*events: dict) -> object:
     (74, "RESET_GPU"), (95, "RESET_GPU"), (110, "RESET_GPU"), (119, "RESET_GPU"), (120, "RESET_GPU"),
     (121, "RESET_GPU"), (136, "RESET_GPU"), (140, "RESET_GPU"), (143, "RESET_GPU"), (79, "REBOOT")])
 def test_fatal_xid_fails_with_the_catalogs_resolution(xid, action):
-    v = judge("gpu.errors", xids({"xid": xid, "pci": "0000:3b:00", "text": f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1"}))
+    v = judge("gpu.errors",
+              xids({"xid": xid, "pci": "0000:3b:00", "text": f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1"}))
     assert (v.verdict, v.action) == (FAIL, action)
     assert v.summary.startswith(f"Xid {xid} (") and v.summary.endswith(") on 0000:3b:00")
 
@@ -107,8 +108,8 @@ def dev(**kw) -> GpuDevice:
 
 @pytest.mark.parametrize("volatile, aggregate, verdict", [(0, 0, PASS), (1, 0, FAIL), (0, 1, WARN), (None, None, PASS)])
 def test_uncorrected_ecc_edges(volatile, aggregate, verdict):
-    v = judge("gpu.errors", gpu(dev(ecc={"volatile": {"uncorrected": volatile}, "aggregate": {"uncorrected": aggregate}}),
-                                xid_events=[]))
+    ecc = {"volatile": {"uncorrected": volatile}, "aggregate": {"uncorrected": aggregate}}
+    v = judge("gpu.errors", gpu(dev(ecc=ecc), xid_events=[]))
     assert v.verdict == verdict
     if verdict == FAIL:
         assert v.action == "RESET_GPU" and "1 uncorrected ECC error(s) since the last driver load" in v.summary
@@ -165,7 +166,8 @@ def test_not_probed_and_no_gpu_are_skips():
 def test_a_failed_load_probe_is_error_of_the_slow_state_only():
     obs = gpu(load_failed="the load kernel did not return in 60 s")
     v = judge("gpu.slow-state", obs)
-    assert (v.verdict, v.action) == (ERROR, "RERUN") and v.facts == {"probe_failed": "the load kernel did not return in 60 s"}
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    assert v.facts == {"probe_failed": "the load kernel did not return in 60 s"}
     assert judge("gpu.errors", obs).verdict != ERROR
 
 
