@@ -80,96 +80,16 @@ def from_under_load(ul: dict[str, Any]) -> dict[str, Any]:
 FLOOR_FRACTION = 0.8  # a figure below 80 % of the reference table's for the model is no healthy baseline
 
 
-def refusals(readings: dict[str, Any]) -> list[str]:
-    """Why the GPU probe's readings (with the load probe's ``under_load``) must not
-    become this host's healthy baseline; [] when they may:
-
-    - no GPU was seen, or no GPU gave load figures;
-    - the GPU is busy with another job (gpu.slow-state's evidence: other compute processes in NVML,
-      utilization just before the load probe);
-    - a GPU gate FAILs on them (clock events, Xid/ECC errors, the slow state against the reference table);
-    - a figure is below :data:`FLOOR_FRACTION` of the reference table's for the model.
-
-    Pure: judges the readings with the GPU gates, touches nothing."""
-    from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.gates import Context
-    from afddiag.gates import gpu as gates_gpu
-    from afddiag.model.gpu import gpu_facts_from_readings
-    from afddiag.model.run import Inputs, Observation
-    from afddiag.verdict import FAIL
-
-    facts = gpu_facts_from_readings(readings)
-    if not facts.devices:
-        return [f"no GPU seen ({facts.why or 'NVML and CUDA list none'}): a baseline without a GPU compares nothing"]
-    out: list[str] = []
-    loaded = [d for d in facts.devices if d.under_load is not None]
-    if not loaded:
-        whys = "; ".join(sorted({d.load_why for d in facts.devices if d.load_why})) or "no figures"
-        return [f"the load probe gave no figures ({whys})"]
-    for d in facts.devices:
-        busy = gates_gpu.gpu_busy(d, facts)
-        if busy:
-            out.append(f"GPU {d.index} {d.name or '?'} is busy ({'; '.join(busy)}): its figures are a share of the GPU")
-    ctx = Context(Observation("baseline", "baseline record", gpu=facts), Inputs(), resolve_fabric_ip(None, None))
-    for gid, fn in gates_gpu.GATES:
-        if gid in ("gpu.slow-state", "gpu.clock-events", "gpu.errors"):
-            v = fn(ctx)
-            if v.verdict == FAIL:
-                out.append(f"{gid} FAILs: {v.summary}")
-    for d in loaded:
-        ref = REFERENCE.get(d.name or "") or {}
-        fig = from_under_load({"clock_sm_mhz": d.under_load.clock_sm_mhz, "power_mw": d.under_load.power_mw,
-                               "achieved": {k: getattr(d.under_load, k) for k in
-                                            ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")}})
-        for k, v in fig.items():
-            r = ref.get(k)
-            if k != "power_mw_under_load" and isinstance(r, (int, float)) and v < FLOOR_FRACTION * r:
-                out.append(f"GPU {d.index} {d.name}: {k} {v:g} is below the reference table's floor "
-                           f"{FLOOR_FRACTION * r:g} ({FLOOR_FRACTION:.0%} of {r:g} for this model)")
-    return list(dict.fromkeys(out))
-
-
 CPU_FIGURES = ("loop_mops", "loop_mops_on_cpu", "loop_samples_mops", "loop_on_cpu", "under_load_mhz", "max_mhz")
-
-
-def cpu_refusals(cpu: dict[str, Any] | None) -> list[str]:
-    """Why the CPU probe's facts (:func:`afddiag.probes.cpu.read_cpu`) must not become this host's
-    CPU baseline; [] when they may (or when there are none to record):
-
-    - the loop ran on a busy host (:func:`afddiag.gates.host.cpu_contention`: samples that lost their
-      core, samples that disagree, a load average at the CPU count): a noisy rate compared later
-      makes every healthy run look fast or slow;
-    - host.cpu-clock FAILs on them (the clock under load stuck low, nothing explaining it): judged
-      by the gate itself (generic playbook, no baseline), so the two never disagree.
-
-    Pure: judges the facts with the host gates, touches nothing."""
-    from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.gates import Context
-    from afddiag.gates import host as gates_host
-    from afddiag.model.run import Inputs, Observation
-    from afddiag.verdict import FAIL
-
-    if not cpu or cpu.get("why") or cpu.get("failed") or not isinstance(cpu.get("loop_mops"), (int, float)):
-        return []
-    out = []
-    busy = gates_host.cpu_contention(cpu)
-    if busy:
-        out.append(f"CPU loop {cpu['loop_mops']:g} Mop/s measured on a busy host ({'; '.join(busy)}): "
-                   "record it when the host is idle")
-    ctx = Context(Observation("baseline", "baseline record", cpu=cpu), Inputs(), resolve_fabric_ip(None, None))
-    v = gates_host.cpu_clock(ctx)
-    if v.verdict == FAIL:
-        out.append(f"{v.id} FAILs: {v.summary}")
-    return out
 
 
 def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
            path: str | os.PathLike | None = None, forced: list[str] | None = None,
            cpu_forced: list[str] | None = None) -> Path:
     """Write the healthy figures of every GPU that has under-load readings (keyed by UUID) and the
-    CPU's, with kernel/driver/BIOS versions. ``forced``: every refusal (:func:`refusals` and
-    :func:`cpu_refusals`) overridden by ``--force`` (recorded as ``forced``/``forced_over``, and named
-    wherever the baseline is used); ``cpu_forced``: those of them that are :func:`cpu_refusals`
+    CPU's, with kernel/driver/BIOS versions. ``forced``: every refusal (:mod:`afddiag.gates.refusals`)
+    overridden by ``--force`` (recorded as ``forced``/``forced_over``, and named
+    wherever the baseline is used); ``cpu_forced``: those of them that are the CPU's
     (recorded on the CPU figures as ``forced_over``, which host.cpu-clock names).
     Returns the path. Raises OSError when it cannot write, ValueError when there is nothing to record."""
     gpus = {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from afddiag.exitcodes import CatalogError  # defined there so the CLI catches it without loading this module
+from afddiag.textlayout import wrap
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,13 +28,11 @@ else:  # pragma: no cover - Python 3.10
 
 def listing(width: int | None = None) -> list[str]:
     """``afddiag catalog``'s lines: each gate id padded to the longest, then its title; with ``width``
-    (a terminal's columns) the title wraps between words under itself (:func:`afddiag.render.wrap`)."""
+    (a terminal's columns) the title wraps between words under itself (:func:`afddiag.textlayout.wrap`)."""
     gates = load()["gates"]
     pad = max(len(g) for g in gates) + 1
     if width is None or width < pad + 20:
         return [f"{gid:<{pad}}{g['title']}" for gid, g in gates.items()]
-    from afddiag.render import wrap
-
     return [ln for gid, g in gates.items() for ln in wrap(g["title"], width, f"{gid:<{pad}}", " " * pad)]
 
 

@@ -663,6 +663,7 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     records anyway and marks the record forced."""
     from afddiag import baseline as bl
     from afddiag import runner
+    from afddiag.gates.refusals import cpu_refusals, gpu_refusals
     from afddiag.model.run import Inputs
 
     # the runner's GPU (with the load probe) and CPU probes, each under its time bound
@@ -676,8 +677,8 @@ def baseline_record(baseline_path, budget_s, force) -> int:
         return 3
     readings = (obs.gpu.readings if obs.gpu else None) or {}
     cpu_fig = {k: cpu[k] for k in bl.CPU_FIGURES if cpu.get(k) is not None}
-    cpu_refused = bl.cpu_refusals(cpu)
-    refused = bl.refusals(readings) + cpu_refused
+    cpu_refused = cpu_refusals(cpu)
+    refused = gpu_refusals(readings) + cpu_refused
     if refused and not force:
         click.echo("afddiag baseline record: not recorded: these figures are no healthy baseline:", err=True)
         for why in refused:

@@ -18,7 +18,9 @@ from typing import Any
 
 from afddiag import catalog
 from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
+from afddiag.expect import Expectations, resolve
 from afddiag.model.run import Inputs, Observation
+from afddiag.playbook import Playbook
 from afddiag.verdict import ERROR, SKIP, Verdict
 
 
@@ -29,22 +31,18 @@ class Context:
     obs: Observation
     inputs: Inputs
     fabric_ip: FabricIp
-    expectations: Any = None  # afddiag.expect.Expectations; resolved on first use when not given
+    expectations: Expectations | None = None  # resolved on first use when not given
 
     @property
-    def expect(self):
+    def expect(self) -> Expectations:
         """What the gates judge against, each value with its source (:func:`afddiag.expect.resolve`)."""
         if self.expectations is None:
-            from afddiag.expect import resolve
-
             self.expectations = resolve(self.inputs, self.obs)
         return self.expectations
 
     @property
-    def playbook(self):
+    def playbook(self) -> Playbook:
         """The role's playbook (generic when none was given)."""
-        from afddiag.playbook import Playbook
-
         return self.inputs.playbook or Playbook()
 
     def requires(self, what: str) -> bool:
