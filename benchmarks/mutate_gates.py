@@ -276,9 +276,10 @@ def run_mutant(root: Path, site: Site, src: str, tests: list[str], timeout: floa
 
             modname = site.file[:-3].replace("/", ".").removesuffix(".__init__")
             _patch(importlib.import_module(modname), src, str(path))
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            if not os.environ.get("MUTATE_SHOW_OUTPUT"):  # set it to see a run's pytest output
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)
+                os.dup2(devnull, 2)
             rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-m", "not lab and not gpu", *tests])
             os._exit(int(rc))
         except BaseException:  # noqa: BLE001
@@ -375,8 +376,11 @@ def main() -> int:
     bound: dict[str, float] = {}
     for f in sorted({s.file for s in sites}, key=TARGETS.index):
         src = (root / f).read_text()
-        outcome, secs = run_mutant(root, Site(f, -1, 0, "<module>", "none", "unmutated"), src, tests_for(f),
-                                   a.timeout)
+        for _attempt in range(2):  # once more: a timing test can fail on a loaded machine
+            outcome, secs = run_mutant(root, Site(f, -1, 0, "<module>", "none", "unmutated"), src, tests_for(f),
+                                       a.timeout)
+            if outcome == "survived":
+                break
         print(f"unmutated {f}: {outcome} in {secs:.0f} s", flush=True)
         if outcome != "survived":
             raise SystemExit(f"{f}: its tests fail without a mutation ({outcome}); fix them first")
