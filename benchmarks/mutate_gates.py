@@ -45,8 +45,8 @@ from pathlib import Path
 import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gates/gpu.py", "afddiag/gates/host.py",
-           "afddiag/gates/launch.py", "afddiag/gates/fleet.py", "afddiag/diagnosis.py"]
+TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gates/rail.py", "afddiag/gates/gpu.py",
+           "afddiag/gates/host.py", "afddiag/gates/launch.py", "afddiag/gates/fleet.py", "afddiag/diagnosis.py"]
 # test files that exercise each module (judging and unit tests; the slow end-to-end ones — SSH, browser,
 # signals, fuzz, QEMU lab — are left to the full suite). The new tests/test_judging_*.py are added when present.
 TESTS = {
@@ -55,6 +55,9 @@ TESTS = {
                   "test_link_speed.py", "test_policy_route.py", "test_mem_registration.py", "test_pair_unit.py",
                   "test_emitted_actions.py", "test_root_causes.py", "test_launch.py", "test_edges.py",
                   "test_cases.py", "test_runner.py", "test_named_expectations.py", "test_reliability.py"],
+    "rail.py": ["test_judging_rail.py", "test_judging_fabric.py", "test_rail_bandwidth.py", "test_link_speed.py",
+                "test_pair_unit.py", "test_emitted_actions.py", "test_root_causes.py", "test_gates.py", "test_cases.py",
+                "test_reliability.py"],
     "gpu.py": ["test_judging_gpu.py", "test_gates.py", "test_gpu_fixtures.py", "test_gpu_review.py",
                "test_xid_no_gpu.py", "test_headroom.py", "test_memory_plan.py", "test_health.py",
                "test_emitted_actions.py", "test_root_causes.py", "test_h200_busy_replay.py",
@@ -246,6 +249,9 @@ def _patch(mod: types.ModuleType, src: str, path: str) -> None:
                     move_fn(getattr(old, a), getattr(new, a))
             return
         if isinstance(old, types.FunctionType) and isinstance(new, types.FunctionType):
+            if hasattr(old, "__wrapped__") and hasattr(new, "__wrapped__"):  # @gate(...): the judging function
+                move_fn(old.__wrapped__, new.__wrapped__)
+                return
             old.__code__ = new.__code__
             old.__defaults__, old.__kwdefaults__ = new.__defaults__, new.__kwdefaults__
 
