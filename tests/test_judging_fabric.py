@@ -1,0 +1,311 @@
+"""Fabric gates pinned on facts as the sysfs, QP and route probes record them: every verdict and typed
+action of fabric.rdma-present, fabric.link, fabric.mtu, fabric.rocev2-ipv4, fabric.first-device,
+fabric.qp-rtr, fabric.route and fabric.arp, the RoCE MTU edge, the ARP sysctl edges, and the
+preambles (probe failed, not captured, no device, fabric IP ambiguous)."""
+
+from __future__ import annotations
+
+import pytest
+
+from afddiag.envvars import MAP_VAR
+from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice, RouteFacts, \
+    RouteResult
+from afddiag.playbook import Playbook
+from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN
+from fakes import judge, observation
+
+FE80 = "fe80:0000:0000:0000:0817:58ff:fe65:b049"
+RDMA = Playbook(name="expert", requires=["rdma"])
+
+
+def v4gid(ip: str) -> str:
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+def dev(name, index, ip=None, netdev=None, state="ACTIVE", phys="LinkUp", gtype="RoCE v2", gid_index=3):
+    gids = [Gid(0, FE80, "RoCE v2", netdev)]
+    if ip:
+        gids.append(Gid(gid_index, v4gid(ip), gtype, netdev, ip))
+    return RdmaDevice(name, index, ports=[Port(1, state, phys, "Ethernet", "200 Gb/sec (2X NDR)", gids)])
+
+
+def fabric(*devices, netdevs=None, order="netlink (RDMA_NLDEV_CMD_GET)", **kw) -> FabricFacts:
+    """Two rails by default: mlx5_0 (enp0, no IPv4) enumerates first; mlx5_1 carries 10.0.0.1 on enp1."""
+    devs = list(devices) or [dev("mlx5_0", 0, netdev="enp0"), dev("mlx5_1", 1, "10.0.0.1", "enp1")]
+    nds = netdevs if netdevs is not None else {"enp0": Netdev("enp0", 9000, "up"),
+                                               "enp1": Netdev("enp1", 9000, "up", ["10.0.0.1/24"])}
+    return FabricFacts(devices=devs, netdevs=nds, order_source=order, addresses_source="test", **kw)
+
+
+def fab(gate_id, f=None, env=None, **kw):
+    obs = observation(fabric=f if f is not None else fabric(), env=env if env is not None else {},
+                      qp=kw.pop("qp", None), route=kw.pop("route", None))
+    return judge(gate_id, obs, **kw)
+
+
+# ---------------------------------------------------------------- preambles
+
+@pytest.mark.parametrize("gate_id", ["fabric.rdma-present", "fabric.link", "fabric.mtu", "fabric.first-device",
+                                     "fabric.arp", "fabric.link-speed"])
+def test_a_failed_fabric_probe_is_error(gate_id):
+    v = fab(gate_id, FabricFacts(failed="reading /sys/class/infiniband timed out after 10 s"))
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    assert v.summary == "not judged: reading /sys/class/infiniband timed out after 10 s"
+
+
+def test_rdma_present_every_verdict():
+    v = fab("fabric.rdma-present")
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "2 RDMA device(s) in enumeration order (netlink (RDMA_NLDEV_CMD_GET)): mlx5_0, mlx5_1"
+    none = FabricFacts(notes=["no /sys/class/infiniband"])
+    v = fab("fabric.rdma-present", none)
+    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary == "no RDMA device on this host (no /sys/class/infiniband)"
+    v = fab("fabric.rdma-present", none, playbook=RDMA)
+    assert (v.verdict, v.action) == (FAIL, "LOAD_DRIVER") and v.summary.endswith("; role expert requires one")
+    v = fab("fabric.rdma-present", FabricFacts(captured=False, notes=["no sys/ in the snapshot"]), playbook=RDMA)
+    assert (v.verdict, v.action) == (FAIL, "RERUN") and "the fabric was not looked at" in v.summary
+    v = fab("fabric.rdma-present", FabricFacts(captured=False, notes=["no sys/ in the snapshot"]))
+    assert (v.verdict, v.summary) == (SKIP, "fabric not captured: no sys/ in the snapshot")
+
+
+def test_no_device_but_a_named_fabric_ip_or_peer():
+    none = FabricFacts(notes=["no /sys/class/infiniband"])
+    v = fab("fabric.link", none, fabric_ip="10.0.0.1")
+    assert (v.verdict, v.action) == (WARN, "RERUN")
+    assert v.summary.startswith("fabric IP 10.0.0.1 given, but no RDMA device on this host")
+    v = fab("fabric.link", none, peers=["10.0.0.2"])
+    assert v.verdict == WARN and v.summary.startswith("peer(s) 10.0.0.2 given")
+    v = fab("fabric.link", none, playbook=RDMA)
+    assert (v.verdict, v.action) == (FAIL, "LOAD_DRIVER")
+    v = fab("fabric.link", none)
+    assert (v.verdict, v.summary) == (SKIP, "no RDMA device on this host")
+
+
+def test_an_ambiguous_fabric_ip_warns_and_no_fabric_ip_skips():
+    two = fabric(dev("mlx5_0", 0, "10.0.0.1", "enp0"), dev("mlx5_1", 1, "10.1.0.1", "enp1"),
+                 netdevs={"enp0": Netdev("enp0", 9000, "up", ["10.0.0.1/24"]),
+                          "enp1": Netdev("enp1", 9000, "up", ["10.1.0.1/24"])})
+    v = fab("fabric.mtu", two)
+    assert (v.verdict, v.action) == (WARN, "RERUN")
+    assert v.summary.startswith("fabric IP ambiguous: 2 IPv4 addresses have a RoCE v2 GID")
+    v = fab("fabric.mtu", fabric(dev("mlx5_0", 0, netdev="enp0")))
+    assert v.verdict == SKIP and v.summary.startswith("no fabric IP")
+    v = fab("fabric.mtu", fabric(), fabric_ip="10.9.9.9")
+    assert v.verdict == SKIP and v.summary.startswith("fabric IP 10.9.9.9: no port carries it")
+
+
+# ---------------------------------------------------------------- fabric.link and fabric.mtu
+
+def test_link_every_verdict():
+    v = fab("fabric.link")
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "mlx5_1 port 1 (fabric IP 10.0.0.1, enp1): ACTIVE, LinkUp, 200 Gb/sec (2X NDR)"
+    v = fab("fabric.link", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", state="DOWN", phys="Disabled")))
+    assert (v.verdict, v.action) == (FAIL, "FIX_LINK") and v.summary.endswith("port DOWN, physical Disabled")
+    v = fab("fabric.link", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", phys="Polling")))
+    assert v.verdict == FAIL
+    v = fab("fabric.link", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", phys=None)))
+    assert v.verdict == PASS  # physical state not read: the logical state says ACTIVE
+    down = {"enp1": Netdev("enp1", 9000, "lowerlayerdown", ["10.0.0.1/24"])}
+    v = fab("fabric.link", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"), netdevs=down))
+    assert (v.verdict, v.summary.split(": ")[-1]) == (FAIL, "netdev enp1 is lowerlayerdown")
+    unread = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", state=None))
+    v = fab("fabric.link", unread)
+    assert (v.verdict, v.action) == (SKIP, "NONE") and "port state not read" in v.summary
+    v = fab("fabric.link", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", state=None), netdevs=down))
+    assert v.verdict == FAIL  # an unread state but a netdev that is down
+
+
+@pytest.mark.parametrize("netdev_mtu, verdict", [(4192, PASS), (4191, WARN), (9000, PASS), (1500, WARN)])
+def test_mtu_edge(netdev_mtu, verdict):
+    f = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"), netdevs={"enp1": Netdev("enp1", netdev_mtu, "up", ["10.0.0.1/24"])})
+    v = fab("fabric.mtu", f)
+    assert (v.verdict, v.action) == (verdict, "SET_MTU" if verdict == WARN else "NONE")
+    v = fab("fabric.mtu", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"),
+                                 netdevs={"enp1": Netdev("enp1", None, "up", ["10.0.0.1/24"])}))
+    assert (v.verdict, v.summary) == (SKIP, "enp1: netdev MTU not read")
+
+
+# ---------------------------------------------------------------- fabric.rocev2-ipv4
+
+def test_rocev2_ipv4_every_verdict():
+    v = fab("fabric.rocev2-ipv4")
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "fabric IP 10.0.0.1: mlx5_1 port 1 GID 3 (RoCE v2, enp1) on an ACTIVE port"
+    # the given address is no RoCE address of this host, which has one: the launcher names the wrong one
+    v = fab("fabric.rocev2-ipv4", fabric_ip="192.168.1.5")
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert v.summary == ("fabric IP 192.168.1.5: no GID carries it (no netdev on this host holds it); this host's "
+                         "IPv4 RoCE v2 addresses: 10.0.0.1 (enp1, mlx5_1 GID 3)")
+    # only RoCE v1: the HCA's mode
+    v1 = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", gtype="IB/RoCE v1"))
+    v = fab("fabric.rocev2-ipv4", v1, fabric_ip="10.0.0.1")
+    assert (v.verdict, v.action) == (FAIL, "HW_INSPECTION") and "only as RoCE v1" in v.summary
+    v = fab("fabric.rocev2-ipv4", v1)
+    assert (v.verdict, v.action) == (FAIL, "HW_INSPECTION") and v.summary.startswith("no IPv4 RoCE v2 GID: only")
+    # an unread GID type is no v1
+    v = fab("fabric.rocev2-ipv4", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", gtype=None)), fabric_ip="10.0.0.1")
+    assert (v.verdict, v.action) == (SKIP, "NONE") and "cannot tell RoCE v2 from v1" in v.summary
+    # the port that carries it is down: the link's fault, named by fabric.link
+    down = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1", state="DOWN"))
+    v = fab("fabric.rocev2-ipv4", down, fabric_ip="10.0.0.1")
+    assert v.verdict == PASS and "(fabric.link judges the link)" in v.summary
+    v = fab("fabric.rocev2-ipv4", down)  # the only candidate address is the fabric IP, its port down or not
+    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary.endswith("its port is DOWN (fabric.link judges the link)")
+    # no IPv4-mapped GID at all
+    v = fab("fabric.rocev2-ipv4", fabric(dev("mlx5_0", 0, netdev="enp0")))
+    assert (v.verdict, v.action) == (FAIL, "FIX_ADDRESS")
+    assert v.summary.endswith("no GID on any device is IPv4-mapped (only fe80/IPv6 entries)")
+
+
+def test_rocev2_ipv4_address_on_a_netdev_no_port_is_bound_to():
+    f = fabric(netdevs={"enp0": Netdev("enp0", 9000, "up"), "enp1": Netdev("enp1", 9000, "up", ["10.0.0.1/24"]),
+                        "eno1": Netdev("eno1", 1500, "up", ["192.168.1.5/24"])})
+    v = fab("fabric.rocev2-ipv4", f, fabric_ip="192.168.1.5")
+    assert v.verdict == FAIL and "(it is on netdev eno1, which no RDMA port is bound to)" in v.summary
+    # a GID for it whose netdev no longer holds the address
+    stray = fabric(dev("mlx5_1", 0, "10.0.0.9", "enp1"), netdevs={"enp1": Netdev("enp1", 9000, "up", ["10.0.0.1/24"])})
+    v = fab("fabric.rocev2-ipv4", stray, fabric_ip="10.0.0.9")
+    assert (v.verdict, v.action) == (FAIL, "FIX_ADDRESS")
+    assert v.summary == "fabric IP 10.0.0.9: GID present (mlx5_1 port 1 GID 3 (RoCE v2, enp1)) but netdev enp1 does " \
+                        "not hold the address"
+
+
+# ---------------------------------------------------------------- fabric.first-device
+
+def test_first_device_every_verdict():
+    v = fab("fabric.first-device")  # mlx5_0 enumerates first, mlx5_1 carries the fabric IP
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert v.summary == (f"mlx5_0 (first enumerated device, {MAP_VAR} not set) does not carry fabric IP 10.0.0.1 "
+                         "(fabric IP 10.0.0.1 is on mlx5_1 GID 3)")
+    assert v.remedy == f"export {MAP_VAR}=10.0.0.1=mlx5_1 on this host's launcher"
+    v = fab("fabric.first-device", env={MAP_VAR: "10.0.0.1=mlx5_1"})
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == f"mlx5_1 ({MAP_VAR} names it for 10.0.0.1) carries fabric IP 10.0.0.1"
+    v = fab("fabric.first-device", env={MAP_VAR: "10.0.0.1=mlx5_9"})
+    assert v.verdict == FAIL and "mlx5_9" in v.summary and "is not an RDMA device on this host" in v.summary
+    # the order unknown: never guessed from names
+    v = fab("fabric.first-device", fabric(order="name (device index unknown)"))
+    assert (v.verdict, v.action) == (WARN, "SET_ENV") and v.summary.startswith("order unknown")
+    one = fabric(dev("mlx5_1", None, "10.0.0.1", "enp1"), order="name (device index unknown)")
+    v = fab("fabric.first-device", one)
+    assert v.verdict == PASS and v.summary.startswith("every RDMA device carries fabric IP 10.0.0.1")
+
+
+def test_first_device_with_an_ambiguous_fabric_ip():
+    nds = {"enp0": Netdev("enp0", 9000, "up", ["10.0.0.1/24"]), "enp1": Netdev("enp1", 9000, "up", ["10.1.0.1/24"])}
+    two = fabric(dev("mlx5_0", 0, "10.0.0.1", "enp0"), dev("mlx5_1", 1, "10.1.0.1", "enp1"), netdevs=nds)
+    v = fab("fabric.first-device", two)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and v.summary.endswith("the engine's device carries 10.0.0.1")
+    v = fab("fabric.first-device", two, env={MAP_VAR: "10.0.0.1=mlx5_1,10.1.0.1=mlx5_0"})
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert v.summary.startswith("fabric IP ambiguous (10.0.0.1, 10.1.0.1), and the device the engine opens carries none")
+
+
+# ---------------------------------------------------------------- fabric.qp-rtr
+
+def qp(*results, **kw) -> QpFacts:
+    return QpFacts(ran=True, results=list(results), **kw)
+
+
+def walk(reached="RTR", errno=None, target="10.0.0.2", device="mlx5_1", error=None):
+    steps = [QpStep("INIT", True)] + ([QpStep("RTR", reached in ("RTR", "RTS"), errno)] if reached != "RESET" else [])
+    return QpResult(device, 1, 3, v4gid("10.0.0.1"), "fabric IP", target, steps=steps, reached=reached, errno=errno,
+                    error=error)
+
+
+QPMAP = {MAP_VAR: "10.0.0.1=mlx5_1"}
+
+
+def test_qp_rtr_every_verdict():
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk()))
+    assert (v.verdict, v.action) == (PASS, "NONE") and "RC QP reached RTR toward 10.0.0.2 from GID index 3" in v.summary
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk(target="loopback")))
+    assert v.verdict == PASS and "loopback only, a weaker test" in v.summary
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", -22)))
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV") and "RC QP INIT→RTR toward 10.0.0.2 failed: errno 22" in v.summary
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", 110)))
+    assert (v.verdict, v.action) == (FAIL, "FIX_ROUTE")
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", -95)))
+    assert (v.verdict, v.action) == (SKIP, "NONE") and "this device cannot run the RC QP walk" in v.summary
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", None, error="timed out after 5 s")))
+    assert (v.verdict, v.action) == (ERROR, "RERUN") and v.summary.startswith("not judged: mlx5_1 QP walk toward")
+    v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk(device="mlx5_0")))
+    assert (v.verdict, v.action) == (ERROR, "RERUN") and v.summary == "mlx5_1: no QP result for the device the engine opens"
+    v = fab("fabric.qp-rtr", env={MAP_VAR: "10.0.0.1=mlx5_7"}, qp=qp(walk()))
+    assert v.verdict == FAIL and "is not an RDMA device on this host: the engine cannot open it" in v.summary
+
+
+def test_qp_rtr_not_run():
+    v = fab("fabric.qp-rtr", qp=QpFacts(ran=False, why="pyverbs is not installed"))
+    assert (v.verdict, v.summary) == (SKIP, "QP test not run: pyverbs is not installed")
+    assert "pyverbs" in v.remedy
+    v = fab("fabric.qp-rtr", qp=QpFacts(ran=False, why="--no-qp"))
+    assert (v.verdict, v.remedy) == (SKIP, "nothing to do")
+    v = fab("fabric.qp-rtr", qp=QpFacts(failed="ibv_open_device timed out"))
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+
+
+# ---------------------------------------------------------------- fabric.route
+
+def routes(*rs, **kw) -> RouteFacts:
+    return RouteFacts(routes=list(rs), routes_captured=True, **kw)
+
+
+def test_route_every_verdict():
+    peers = {"peers": ["10.0.0.2"]}
+    v = fab("fabric.route", route=routes(RouteResult("10.0.0.2", "enp1", "10.0.0.1")), **peers)
+    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary == "route to 10.0.0.2 leaves by enp1 (mlx5_1 GID 3)"
+    v = fab("fabric.route", route=routes(RouteResult("10.0.0.2", "enp1", via="10.0.0.254")), **peers)
+    assert v.summary.endswith("; routed: 10.0.0.2 via 10.0.0.254")
+    v = fab("fabric.route", route=routes(RouteResult("10.0.0.2", "eno1", via="192.168.1.1")), **peers)
+    assert (v.verdict, v.action) == (FAIL, "FIX_ROUTE")
+    assert v.summary == ("route to peer 10.0.0.2 leaves by eno1 via 192.168.1.1, not enp1 (the netdev of mlx5_1 GID 3 "
+                         "carrying 10.0.0.1)")
+    v = fab("fabric.route", route=routes(RouteResult("10.0.0.2", error="Network is unreachable")), **peers)
+    assert v.verdict == FAIL and v.summary == "no route to peer 10.0.0.2 from 10.0.0.1: Network is unreachable"
+    v = fab("fabric.route", route=routes(RouteResult("10.0.0.2", error="ip timed out", failed=True)), **peers)
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    v = fab("fabric.route", route=RouteFacts(failed="ip route get timed out"), **peers)
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    v = fab("fabric.route", route=RouteFacts(notes=["routes not captured in this snapshot"]), **peers)
+    assert (v.verdict, v.summary) == (SKIP, "routes not captured in this snapshot")
+    v = fab("fabric.route", **peers)
+    assert (v.verdict, v.summary) == (SKIP, "routes not captured: route probe not run")
+    v = fab("fabric.route")
+    assert v.verdict == SKIP and v.summary.startswith("no peer given")
+
+
+# ---------------------------------------------------------------- fabric.arp
+
+def arp_fabric():
+    nds = {"enp0": Netdev("enp0", 9000, "up", ["10.0.0.1/24"]), "enp1": Netdev("enp1", 9000, "up", ["10.0.0.2/24"])}
+    return fabric(dev("mlx5_0", 0, "10.0.0.1", "enp0"), dev("mlx5_1", 1, "10.0.0.2", "enp1"), netdevs=nds)
+
+
+def sysctls(ai=1, aa=2, rp=2) -> RouteFacts:
+    eff = {"arp_ignore": ai, "arp_announce": aa, "rp_filter": rp}
+    return RouteFacts(effective={"enp0": eff, "enp1": dict(eff)}, sysctl_captured=True)
+
+
+@pytest.mark.parametrize("kw, verdict", [
+    ({}, PASS), ({"ai": 0}, FAIL), ({"ai": 2}, PASS), ({"aa": 0}, FAIL), ({"aa": 1}, WARN),
+    ({"rp": 1}, WARN), ({"rp": 0}, PASS)])
+def test_arp_sysctl_edges_on_two_rails_of_one_subnet(kw, verdict):
+    v = fab("fabric.arp", arp_fabric(), route=sysctls(**kw), fabric_ip="10.0.0.1")
+    assert (v.verdict, v.action) == (verdict, "NONE" if verdict == PASS else "SET_SYSCTL")
+    assert v.summary.startswith("several rails on one subnet (enp0 and enp1 on 10.0.0.0/24)")
+
+
+def test_arp_one_rail_per_subnet_and_not_captured():
+    v = fab("fabric.arp", route=sysctls(ai=0))
+    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary.startswith("one RDMA netdev per subnet (10.0.0.0/24: enp1)")
+    v = fab("fabric.arp")
+    assert v.verdict == SKIP and "but not judged: ARP sysctls not captured (route probe not run)" in v.summary
+    v = fab("fabric.arp", arp_fabric(), fabric_ip="10.0.0.1")
+    assert v.verdict == SKIP and "enp0 and enp1 share 10.0.0.0/24, but the ARP sysctls were not captured" in v.summary
+    v = fab("fabric.arp", arp_fabric(), route=RouteFacts(failed="sysctl read timed out"), fabric_ip="10.0.0.1")
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    v = fab("fabric.arp", fabric(dev("mlx5_0", 0, netdev="enp0")))
+    assert v.verdict == SKIP and v.summary.startswith("no IPv4 address on any RDMA netdev")
