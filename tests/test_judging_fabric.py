@@ -8,8 +8,18 @@ from __future__ import annotations
 import pytest
 
 from afddiag.envvars import MAP_VAR
-from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice, RouteFacts, \
-    RouteResult
+from afddiag.model.fabric import (
+    FabricFacts,
+    Gid,
+    Netdev,
+    Port,
+    QpFacts,
+    QpResult,
+    QpStep,
+    RdmaDevice,
+    RouteFacts,
+    RouteResult,
+)
 from afddiag.playbook import Playbook
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN
 from fakes import judge, observation
@@ -60,7 +70,8 @@ def test_rdma_present_every_verdict():
     assert v.summary == "2 RDMA device(s) in enumeration order (netlink (RDMA_NLDEV_CMD_GET)): mlx5_0, mlx5_1"
     none = FabricFacts(notes=["no /sys/class/infiniband"])
     v = fab("fabric.rdma-present", none)
-    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary == "no RDMA device on this host (no /sys/class/infiniband)"
+    assert (v.verdict, v.action) == (SKIP, "NONE")
+    assert v.summary == "no RDMA device on this host (no /sys/class/infiniband)"
     v = fab("fabric.rdma-present", none, playbook=RDMA)
     assert (v.verdict, v.action) == (FAIL, "LOAD_DRIVER") and v.summary.endswith("; role expert requires one")
     v = fab("fabric.rdma-present", FabricFacts(captured=False, notes=["no sys/ in the snapshot"]), playbook=RDMA)
@@ -119,7 +130,8 @@ def test_link_every_verdict():
 
 @pytest.mark.parametrize("netdev_mtu, verdict", [(4192, PASS), (4191, WARN), (9000, PASS), (1500, WARN)])
 def test_mtu_edge(netdev_mtu, verdict):
-    f = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"), netdevs={"enp1": Netdev("enp1", netdev_mtu, "up", ["10.0.0.1/24"])})
+    f = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"),
+               netdevs={"enp1": Netdev("enp1", netdev_mtu, "up", ["10.0.0.1/24"])})
     v = fab("fabric.mtu", f)
     assert (v.verdict, v.action) == (verdict, "SET_MTU" if verdict == WARN else "NONE")
     v = fab("fabric.mtu", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"),
@@ -152,7 +164,8 @@ def test_rocev2_ipv4_every_verdict():
     v = fab("fabric.rocev2-ipv4", down, fabric_ip="10.0.0.1")
     assert v.verdict == PASS and "(fabric.link judges the link)" in v.summary
     v = fab("fabric.rocev2-ipv4", down)  # the only candidate address is the fabric IP, its port down or not
-    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary.endswith("its port is DOWN (fabric.link judges the link)")
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary.endswith("its port is DOWN (fabric.link judges the link)")
     # no IPv4-mapped GID at all
     v = fab("fabric.rocev2-ipv4", fabric(dev("mlx5_0", 0, netdev="enp0")))
     assert (v.verdict, v.action) == (FAIL, "FIX_ADDRESS")
@@ -200,7 +213,8 @@ def test_first_device_with_an_ambiguous_fabric_ip():
     assert (v.verdict, v.action) == (WARN, "RERUN") and v.summary.endswith("the engine's device carries 10.0.0.1")
     v = fab("fabric.first-device", two, env={MAP_VAR: "10.0.0.1=mlx5_1,10.1.0.1=mlx5_0"})
     assert (v.verdict, v.action) == (FAIL, "SET_ENV")
-    assert v.summary.startswith("fabric IP ambiguous (10.0.0.1, 10.1.0.1), and the device the engine opens carries none")
+    assert v.summary.startswith("fabric IP ambiguous (10.0.0.1, 10.1.0.1), and the device the engine opens "
+                                "carries none")
 
 
 # ---------------------------------------------------------------- fabric.qp-rtr
@@ -232,7 +246,8 @@ def test_qp_rtr_every_verdict():
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", None, error="timed out after 5 s")))
     assert (v.verdict, v.action) == (ERROR, "RERUN") and v.summary.startswith("not judged: mlx5_1 QP walk toward")
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk(device="mlx5_0")))
-    assert (v.verdict, v.action) == (ERROR, "RERUN") and v.summary == "mlx5_1: no QP result for the device the engine opens"
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    assert v.summary == "mlx5_1: no QP result for the device the engine opens"
     v = fab("fabric.qp-rtr", env={MAP_VAR: "10.0.0.1=mlx5_7"}, qp=qp(walk()))
     assert v.verdict == FAIL and "is not an RDMA device on this host: the engine cannot open it" in v.summary
 
@@ -300,7 +315,8 @@ def test_arp_sysctl_edges_on_two_rails_of_one_subnet(kw, verdict):
 
 def test_arp_one_rail_per_subnet_and_not_captured():
     v = fab("fabric.arp", route=sysctls(ai=0))
-    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary.startswith("one RDMA netdev per subnet (10.0.0.0/24: enp1)")
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary.startswith("one RDMA netdev per subnet (10.0.0.0/24: enp1)")
     v = fab("fabric.arp")
     assert v.verdict == SKIP and "but not judged: ARP sysctls not captured (route probe not run)" in v.summary
     v = fab("fabric.arp", arp_fabric(), fabric_ip="10.0.0.1")
