@@ -98,3 +98,46 @@ def output_error(what: str, e: OSError) -> str:
     if e.errno == errno.ENOSPC:
         return f"{what}: no space left on the device: free space or give another place"
     return f"{what}: {e.strerror or e}: give a writable place"
+
+
+# --- reading a secret (a pair key) -----------------------------------------------------------------
+
+
+class SecretFileError(ValueError):
+    """A secret file afddiag will not read; the message is one line naming the path, why and the fix."""
+
+
+def read_secret(path: str | os.PathLike, max_bytes: int = 4096) -> bytes:
+    """The bytes of a secret file (``--pair-key``), read only when it is a regular file (a link is
+    never followed: ``O_NOFOLLOW``; ``O_NONBLOCK`` so a FIFO cannot hang the open) owned by root or
+    the invoking user (effective uid) that group and others can neither read nor write (ssh's rule for
+    a private key), at most ``max_bytes``. Raises :class:`SecretFileError` otherwise."""
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SecretFileError(f"{p}: is a symbolic link (afddiag never reads a secret through one): give the "
+                                  "file itself") from None
+        raise SecretFileError(f"{p}: {e.strerror or e}: give a readable key file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretFileError(f"{p}: is {target_kind(st)}, not a regular file: give a key file")
+        me = os.geteuid()
+        if st.st_uid not in (0, me):
+            raise SecretFileError(f"{p}: is owned by uid {st.st_uid}, not by root or you (uid {me}): another user "
+                                  f"could have written it; chown {'root' if me == 0 else me} it")
+        if st.st_mode & 0o077:
+            raise SecretFileError(f"{p}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others at it: chmod 600 it")
+        data = b""
+        while len(data) <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > max_bytes:
+            raise SecretFileError(f"{p}: is over {max_bytes} bytes: not a key file")
+        return data
+    finally:
+        os.close(fd)

@@ -70,7 +70,8 @@ def common(f):
 def fabric_opts(f):
     f = click.option("--fabric-ip", callback=_ipv4, help="The launcher's fabric IPv4 address.")(f)
     f = click.option("--peer", "peers", multiple=True, callback=_ipv4,
-                     help="A peer's fabric IPv4 address to aim the QP test at (repeatable).")(f)
+                     help="A peer's fabric IPv4 address to aim the QP test at (repeatable); with `fabric --serve`: "
+                     "the one client the pair server accepts.")(f)
     f = click.option("--no-qp", is_flag=True, help="Skip the QP walk (fabric.qp-rtr says SKIP).")(f)
     f = click.option("--qp-timeout", type=click.FloatRange(0.1, 120), default=None,
                      help="Time bound of one device's QP walk, seconds (default: the playbook's qp_s, 5 s).")(f)
@@ -310,7 +311,9 @@ def cli() -> None:
 @common
 @fabric_opts
 @launch_opts
-@click.option("--serve", is_flag=True, help="Pair test, server side: serve one pair session on --port, then exit.")
+@click.option("--serve", is_flag=True, help="Pair test, server side: serve one pair session on --port to the client "
+              "named by --peer (its fabric IP), then exit; any other connection is refused, listed in the result, "
+              "and the server keeps listening.")
 @click.option("--pair", "pair_target", metavar="HOST[:PORT]",
               help="Pair test, client side: RC QPs to a `--serve` host, RDMA SEND and WRITE from 64 B past the path "
                    "MTU; prints latency (µs) and bandwidth (GB/s).")
@@ -318,6 +321,10 @@ def cli() -> None:
               help="TCP port of the pair test's handshake.")
 @click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="Time bound of the pair session (and of --serve's wait for a client), seconds.")
+@click.option("--pair-key", "pair_key_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Pair test on a shared fabric: a key both hosts hold (at least 16 bytes; a regular file owned by "
+              "root or you, mode 0600) for an HMAC-SHA256 challenge-response each way; give the same file to "
+              "--serve and --pair.")
 @click.option("--bandwidth", "bw_seconds", type=click.FloatRange(0.5, 600), is_flag=False, flag_value=5.0, default=None,
               metavar="[SECONDS]", help="With --pair: the bandwidth run instead of the short phases: RDMA WRITEs kept "
               "queued on several RC QPs for SECONDS (default 5) over this rail, judged in Gb/s (1e9 bits/s of payload) "
@@ -330,7 +337,8 @@ def cli() -> None:
               help="Bandwidth run: RDMA WRITEs kept outstanding per QP.")
 @click.option("--gids", is_flag=True, help="Print the GID table instead (show_gids: DEV PORT INDEX GID IPv4 VER "
               "NETDEV, enumeration order, marking the device the engine opens and the fabric IP's GID); no gates.")
-def fabric(serve, pair_target, pair_port, pair_timeout, bw_seconds, bw_size, bw_qps, bw_depth, gids, **kw) -> int:
+def fabric(serve, pair_target, pair_port, pair_timeout, pair_key_path, bw_seconds, bw_size, bw_qps, bw_depth, gids,
+           **kw) -> int:
     """RDMA devices, GIDs, the device the engine opens, and a QP walk to RTR.
 
     With --serve / --pair HOST[:PORT]: the host-to-host pair test instead (exit 0 when every phase
@@ -363,11 +371,33 @@ def fabric(serve, pair_target, pair_port, pair_timeout, bw_seconds, bw_size, bw_
             raise click.UsageError(f"--bandwidth {bw_seconds:g} s needs --pair-timeout of at least {bw_seconds + 20:g} s "
                                    f"(set up, run, drain, the peer's check); got {pair_timeout:g}")
     if serve or pair_target:
-        return _pair(serve, pair_target, pair_port, pair_timeout, kw, bw)
+        return _pair(serve, pair_target, pair_port, pair_timeout, kw, bw, *_pair_peer(serve, kw, pair_key_path))
+    if pair_key_path:
+        raise click.UsageError("--pair-key is for the pair test: give it with --serve or --pair")
     return _run("fabric", **kw)
 
 
-def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict, bandwidth=None) -> int:
+def _pair_peer(serve: bool, kw: dict, key_path: str | None) -> tuple[str | None, bytes | None]:
+    """The pair test's peer rule from the options: ``(--peer for --serve, the pair key's bytes)``.
+    --serve needs exactly one --peer (the client it accepts); a key file that is unsafe or too short is
+    a usage error naming it."""
+    peers = kw.get("peers") or ()
+    if serve and len(peers) != 1:
+        raise click.UsageError("--serve accepts one client: give its fabric IP as --peer (exactly one)" if peers else
+                               "--serve needs --peer IP: the client's fabric IP (the server accepts that client only)")
+    key = None
+    if key_path:
+        from afddiag.probes.pair import load_key
+
+        try:
+            key = load_key(key_path)
+        except ValueError as e:
+            raise click.UsageError(f"--pair-key {e}") from None
+    return (peers[0] if serve else None), key
+
+
+def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict, bandwidth=None,
+          peer: str | None = None, key: bytes | None = None) -> int:
     """The pair test's CLI: run one side, print text (or JSON with --json). The short phases: exit 0
     when every phase verified, 2 otherwise. A bandwidth run (client with --bandwidth, or a server whose
     client asked for one): its facts go through the registry's pair entry and are judged with the
@@ -388,14 +418,15 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
     fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"}), probe_timeout_s=kw.get("timeout_s")),
                          only={"fabric"}).fabric
     if serve:
-        facts = pairmod.serve(port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab)
+        facts = pairmod.serve(port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab, peer=peer or "",
+                              key=key)
     else:
         try:
             host, port = pairmod.parse_hostport(target, port)
         except ValueError as e:
             raise click.UsageError(f"--pair {e}") from e
         facts = pairmod.pair(host, port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab,
-                             bandwidth=bandwidth)
+                             bandwidth=bandwidth, key=key)
     as_json = kw.get("as_json") or kw.get("fmt") == "json"
     if facts.bandwidth is None:
         if as_json:

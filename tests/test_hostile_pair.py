@@ -40,7 +40,7 @@ class FakeRail:
     def __init__(self):
         self.qp = _Obj(qp_num=33)
         self.mr = _Obj(buf=8192, rkey=9, length=131072, read=lambda n, off=0: b"\0" * n, write=lambda *a: None)
-        self.psn, self.mtu_enum, self.connected = 3, 5, []
+        self.psn, self.mtu_enum, self.connected, self.released = 3, 5, [], []
         self.e = _Obj(IBV_WC_RECV=128)
 
     def connect(self, peer, qp=None, psn=None):
@@ -59,6 +59,10 @@ class FakeRail:
 
     def poll(self, n, deadline):
         raise pm.PairError("fake rail: no completions")
+
+    def release(self, *objs):
+        self.released.extend(objs)
+        return True
 
     def close(self):
         return True
@@ -81,16 +85,17 @@ def _free_port():
 
 def _serve(port, timeout_s=4.0):
     box = {}
-    t = threading.Thread(target=lambda: box.update(f=pm.serve(port, bind="127.0.0.1", timeout_s=timeout_s,
+    t = threading.Thread(target=lambda: box.update(f=pm.serve(port, bind="127.0.0.1", timeout_s=timeout_s, peer="127.0.0.1",
                                                                 fabric=FabricFacts())), daemon=True)
     t.start()
     return t, box
 
 
-def _connect(port):
+def _connect(port, source=None):
     for _ in range(100):
         try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
+            return socket.create_connection(("127.0.0.1", port), timeout=5,
+                                            source_address=(source, 0) if source else None)
         except ConnectionRefusedError:
             time.sleep(0.02)
     raise AssertionError("serve did not listen")
@@ -100,10 +105,17 @@ def _line(d):
     return json.dumps(d).encode() + b"\n"
 
 
-def _hostile_client(port, *chunks, keep_open_s=0.0):
-    """Connect to a serve and send ``chunks`` (bytes, or a dict sent as one line after reading the
-    server's previous line); return what the server said."""
-    s = _connect(port)
+def _hostile_client(port, *chunks, keep_open_s=0.0, source=None):
+    """Connect to a serve (from ``source``, an address on loopback, when given) and send ``chunks``
+    (bytes, or a dict sent as one line after reading the server's previous line); return what the
+    server said."""
+    return _hostile_session(port, *chunks, keep_open_s=keep_open_s, source=source)[0]
+
+
+def _hostile_session(port, *chunks, keep_open_s=0.0, source=None):
+    """As :func:`_hostile_client`; returns (what the server said, this connection's local port)."""
+    s = _connect(port, source)
+    local = s.getsockname()[1]
     got = b""
     s.settimeout(5)
     try:
@@ -126,51 +138,137 @@ def _hostile_client(port, *chunks, keep_open_s=0.0):
             got += chunk
     finally:
         s.close()
-    return got
+    return got, local
 
 
-def _ended(t, box, bound_s):
+def _ended(t, box, bound_s, error=True):
     t.join(bound_s)
     assert not t.is_alive(), "serve did not end within its bound"
     f = box["f"]
-    assert f.error and f.destroyed, f
-    assert not f.error.startswith(("KeyError", "TypeError", "ValueError", "AttributeError", "OverflowError",
-                                   "JSONDecodeError", "IndexError")), f.error
+    assert (bool(f.error) == error) and f.destroyed, f
+    assert not (f.error or "").startswith(("KeyError", "TypeError", "ValueError", "AttributeError", "OverflowError",
+                                           "JSONDecodeError", "IndexError")), f.error
     return f
 
 
 # --- a hostile client against `afddiag fabric --serve` ---------------------------------------------
 
-@pytest.mark.parametrize("chunks,words", [
-    ((b"GET / HTTP/1.0\r\n\r\n",), "not JSON"),
-    ((b"[1, 2]\n",), "not an object"),
-    ((b'{"qpn": 1, "psn": 1, "gid": "' + GID.encode() + b'", "mtu": NaN, "addr": 0, "rkey": 0}\n',), "not JSON"),
-    ((b"\x00\xff\xfe\n",), "not JSON"),
-    ((_line({k: v for k, v in HELLO.items() if k != "qpn"}),), "qpn (missing)"),
-    ((_line({**HELLO, "mtu": 1e308}),), "mtu"),
-    ((_line({**HELLO, "qpn": -1}),), "qpn"),
-    ((_line({**HELLO, "qpn": 1 << 40}),), "qpn"),
-    ((_line({**HELLO, "gid": {"x": 1}}),), "gid"),
-    ((_line({**HELLO, "proto": "two"}),), "proto"),
-    ((b'{"qpn": 1, "psn"',), "in the middle of a control message"),
-    ((b"[" * 100000 + b"\n",), "not JSON"),
-], ids=["http", "array", "nan", "binary", "no-qpn", "float-mtu", "negative-qpn", "huge-qpn", "gid-object",
-        "proto-text", "closed-mid-line", "deep"])
-def test_serve_refuses_a_garbage_handshake_naming_it(fake_rail, chunks, words):
+GARBAGE_HANDSHAKES = [  # (what a connection sends, then closes; words of its recorded reason; told why)
+    ((b"GET / HTTP/1.0\r\n\r\n",), "not JSON", True),
+    ((b"[1, 2]\n",), "not an object", True),
+    ((b'{"qpn": 1, "psn": 1, "gid": "' + GID.encode() + b'", "mtu": NaN, "addr": 0, "rkey": 0}\n',), "not JSON", True),
+    ((b"\x00\xff\xfe\n",), "not JSON", True),
+    ((_line({k: v for k, v in HELLO.items() if k != "qpn"}),), "qpn (missing)", True),
+    ((_line({**HELLO, "mtu": 1e308}),), "mtu", True),
+    ((_line({**HELLO, "qpn": -1}),), "qpn", True),
+    ((_line({**HELLO, "qpn": 1 << 40}),), "qpn", True),
+    ((_line({**HELLO, "gid": {"x": 1}}),), "gid", True),
+    ((_line({**HELLO, "proto": "two"}),), "proto", True),
+    ((_line({**HELLO, "nonce": "00" * 32}),), "started without --pair-key", True),
+    ((b'{"qpn": 1, "psn"',), "in the middle of its handshake", False),
+    ((b"[" * 10000 + b"\n",), "not JSON", True),
+    ((b"",), "without a handshake", False),
+    ((b"x" * (pm.ADMIT_MAX_LINE + 10),), f"over {pm.ADMIT_MAX_LINE} bytes without a line end", False),
+]
+
+
+def test_serve_refuses_each_garbage_handshake_naming_it_and_keeps_listening(fake_rail):
+    """One server: every garbage handshake (HTTP, an array, NaN, binary, missing or out-of-range fields,
+    a pair-key nonce the server has no key for, a line cut at close, deep nesting, a port scan's
+    connect-and-close, a long line) is refused and recorded with its reason, the client is told why,
+    and the next connection is still served."""
     port = _free_port()
-    t, box = _serve(port)
-    _hostile_client(port, *chunks)
-    f = _ended(t, box, 8)
-    assert words in f.error, f.error
+    t, box = _serve(port, timeout_s=30)
+    told = {}
+    for chunks, words, answered in GARBAGE_HANDSHAKES:
+        got, local = _hostile_session(port, *chunks)
+        told[local] = (words, answered, got)
+    got, _ = _hostile_session(port, HELLO, _line({"op": "bye"}))
+    f = _ended(t, box, 35, error=False)
+    assert f.peer_qp_num == HELLO["qpn"] and b'"rts"' in got  # the good client was served after all of them
+    by_port = {c.port: c for c in f.refused}
+    assert f.refused_total == len(GARBAGE_HANDSHAKES) == len(by_port)
+    for local, (words, answered, said) in told.items():
+        c = by_port[local]
+        assert words in c.reason and c.address == "127.0.0.1" and c.at.endswith("Z"), (words, c)
+        if answered:
+            assert json.loads(said.splitlines()[0])["error"], (words, said)
+    text = pm.format_pair(f)
+    assert f"refused {len(GARBAGE_HANDSHAKES)} other connection(s)" in text and "accepts 127.0.0.1 only" in text
 
 
-def test_serve_refuses_a_huge_line_without_holding_it(fake_rail):
+def test_serve_refuses_a_client_on_another_address_and_serves_the_expected_one(fake_rail):
+    """A swapped cable: a client arrives from 127.0.0.2 while the server expects 127.0.0.1. It is told
+    and refused, the refusal names its address, and the expected client is still served."""
+    port = _free_port()
+    t, box = _serve(port, timeout_s=10)
+    said, local = _hostile_session(port, HELLO, source="127.0.0.2")
+    assert b"expects another client" in said and b"127.0.0.2" in said
+    _hostile_client(port, HELLO, _line({"op": "bye"}))
+    f = _ended(t, box, 12, error=False)
+    assert [(c.address, c.port) for c in f.refused] == [("127.0.0.2", local)]
+    assert "not the expected peer 127.0.0.1" in f.refused[0].reason and f.peer == "127.0.0.1"
+
+
+def test_serve_names_the_stranger_when_the_expected_client_never_comes(fake_rail):
+    port = _free_port()
+    t, box = _serve(port, timeout_s=1.5)
+    _hostile_client(port, HELLO, source="127.0.0.2")
+    f = _ended(t, box, 5)
+    assert "no client from 127.0.0.1 (--peer)" in f.error and "127.0.0.2: not the expected peer" in f.error
+    assert "swapped cable" in f.error
+
+
+def test_a_port_scan_does_not_take_the_session_and_the_facts_stay_bounded(fake_rail):
+    port = _free_port()
+    t, box = _serve(port, timeout_s=30)
+    for _ in range(pm.REFUSED_KEPT + 8):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    time.sleep(0.3)  # the last closes reach the server before the client below
+    _hostile_client(port, HELLO, _line({"op": "bye"}))
+    f = _ended(t, box, 35, error=False)
+    assert f.refused_total == pm.REFUSED_KEPT + 8 and len(f.refused) == pm.REFUSED_KEPT
+    assert all("without a handshake" in c.reason for c in f.refused)
+
+
+def test_a_silent_connection_does_not_hold_the_door(fake_rail):
+    """A connection from the expected address that says nothing is not served first: the client that
+    speaks is admitted while it waits, and the silent one is recorded."""
+    port = _free_port()
+    t, box = _serve(port, timeout_s=10)
+    silent = _connect(port)
+    try:
+        time.sleep(0.2)
+        _hostile_client(port, HELLO, _line({"op": "bye"}))
+        f = _ended(t, box, 12, error=False)
+    finally:
+        silent.close()
+    assert f.refused_total == 1 and "admitted first" in f.refused[0].reason
+
+
+def test_a_silent_connection_is_refused_after_the_admission_bound(fake_rail, monkeypatch):
+    monkeypatch.setattr(pm, "ADMIT_S", 0.5)
+    port = _free_port()
+    t, box = _serve(port, timeout_s=10)
+    silent = _connect(port)
+    try:
+        time.sleep(1.0)
+        _hostile_client(port, HELLO, _line({"op": "bye"}))
+        f = _ended(t, box, 12, error=False)
+    finally:
+        silent.close()
+    assert f.refused_total == 1 and "sent no afddiag handshake within 0.5 s" in f.refused[0].reason
+
+
+def test_serve_refuses_a_huge_line_in_the_session_without_holding_it(fake_rail):
+    """After a good handshake the session's lines may be longer (up to MAX_MESSAGE), never unbounded."""
     port = _free_port()
     t, box = _serve(port, timeout_s=20)
     s = _connect(port)
     sent = 0
     try:
         s.settimeout(5)
+        s.sendall(_line(HELLO))
         while sent < 8 * pm.MAX_MESSAGE:
             s.sendall(b"x" * 65536)
             sent += 65536
@@ -182,16 +280,19 @@ def test_serve_refuses_a_huge_line_without_holding_it(fake_rail):
     assert f"over {pm.MAX_MESSAGE} bytes" in f.error, f.error
 
 
-def test_serve_with_a_silent_client_ends_within_its_bound(fake_rail):
+@pytest.mark.parametrize("first", [b"", _line(HELLO), _line(HELLO) + b'{"op": "wri'],
+                         ids=["before-hello", "after-hello", "mid-line"])
+def test_serve_with_a_silent_client_ends_within_its_bound(fake_rail, first):
     port = _free_port()
     t0 = time.monotonic()
     t, box = _serve(port, timeout_s=1.5)
     s = _connect(port)
     try:
+        s.sendall(first)
         f = _ended(t, box, 6)
     finally:
         s.close()
-    assert "timed out" in f.error and time.monotonic() - t0 < 6
+    assert ("timed out" in f.error or "time (--pair-timeout) ran out" in f.error) and time.monotonic() - t0 < 6
 
 
 @pytest.mark.parametrize("op,words", [

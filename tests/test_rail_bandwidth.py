@@ -376,7 +376,8 @@ def _free_port() -> int:
 
 def _serve_thread(port, timeout_s=20.0):
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("facts", pm.serve(port, bind="127.0.0.1", timeout_s=timeout_s)),
+    t = threading.Thread(target=lambda: out.setdefault("facts", pm.serve(port, bind="127.0.0.1", timeout_s=timeout_s,
+                                                                     peer="127.0.0.1")),
                          daemon=True)
     t.start()
     return t, out

@@ -150,6 +150,25 @@ class BandwidthRun:
     counters: list[PortCounters] = field(default_factory=list)  # "local", and "peer" when it reported
 
 
+#: Refused connections a pair server's facts list (the rest are counted in ``refused_total``): a port
+#: scan of every port must not grow a report.
+REFUSED_KEPT = 32
+
+
+@dataclass
+class RefusedConnection:
+    """A TCP connection the pair server refused before any session (``afddiag fabric --serve``): who
+    (``address``:``port``, as the socket saw it), when (``at``: UTC, ISO 8601; ``after_s``: seconds
+    after the server started) and why (not the expected ``--peer``, no or a wrong pair key, no
+    afddiag handshake: a port scan, a swapped cable, a client of the wrong rail)."""
+
+    address: str
+    port: int
+    at: str
+    after_s: float
+    reason: str
+
+
 @dataclass
 class PairFacts:
     """The pair test's result on one side (``mode`` "phases": the short SEND/WRITE phases;
@@ -178,6 +197,12 @@ class PairFacts:
     failed: str | None = None  # a saved result that could not be read (its gates say ERROR)
     local_error: str | None = None  # the test stopped on this host before contacting the peer (no RDMA
     # device/GID carries the fabric IP here, pyverbs missing, the device would not open): the peer is not at fault
+    expected_peer: str | None = None  # the server: the one client address it accepts (--peer)
+    pair_key: bool = False  # both sides proved the shared key (HMAC-SHA256 challenge-response, --pair-key)
+    refused: list[RefusedConnection] = field(default_factory=list)  # the server: the first REFUSED_KEPT refused
+    refused_total: int = 0  # every connection the server refused (the list keeps the first ones)
+    registered_bytes_peak: int = 0  # the server: most bytes of memory registered (MRs) at once in the session
+    qps_peak: int = 0  # the server: most QPs held at once in the session
 
 
 # --- JSON (a saved `afddiag fabric --pair ... --json`) → facts; never raises --------------------------
@@ -272,7 +297,15 @@ def pair_facts(r: Any) -> PairFacts | None:
                   elapsed_s=_f(r.get("elapsed_s")) or 0.0, destroyed=r.get("destroyed") is not False,
                   notes=_strs(r.get("notes")), mode=_s(r.get("mode")) or "phases", netdev=_s(r.get("netdev")),
                   link_speed_mbps=_i(r.get("link_speed_mbps")), bandwidth=bandwidth_run(r.get("bandwidth")),
-                  local_error=_s(r.get("local_error")))
+                  local_error=_s(r.get("local_error")), expected_peer=_s(r.get("expected_peer")),
+                  pair_key=r.get("pair_key") is True, refused_total=max(0, _i(r.get("refused_total")) or 0),
+                  registered_bytes_peak=max(0, _i(r.get("registered_bytes_peak")) or 0),
+                  qps_peak=max(0, _i(r.get("qps_peak")) or 0))
+    for c in _l(r.get("refused"))[:REFUSED_KEPT]:
+        if isinstance(c, dict):
+            f.refused.append(RefusedConnection(address=_s(c.get("address")) or "unknown", port=_i(c.get("port")) or 0,
+                                               at=_s(c.get("at")) or "unknown", after_s=_f(c.get("after_s")) or 0.0,
+                                               reason=_s(c.get("reason")) or "not recorded"))
     raw_bw = r.get("bandwidth")
     if raw_bw is not None and not isinstance(raw_bw, dict):
         f.failed = (f"the saved pair-test result's bandwidth is a JSON {_json_kind(raw_bw)}, not the bandwidth run's object: save the "

@@ -39,9 +39,14 @@ Command-line equivalent (roughly): ``ibv_rc_pingpong -d <dev> -g <gid-index> -s 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import json
 import os
 import random
+import secrets
+import selectors
 import socket
 import statistics
 import time
@@ -50,7 +55,7 @@ from typing import Any
 
 from afddiag.facts import FabricFacts
 from afddiag.model import to_jsonable
-from afddiag.model.pair import BandwidthRun, PairFacts, PairPhase, PortCounters, RailQp  # noqa: F401
+from afddiag.model.pair import REFUSED_KEPT, BandwidthRun, PairFacts, PairPhase, PortCounters, RailQp, RefusedConnection
 from afddiag.probes.qp import (
     AH_HOP_LIMIT,
     RTR_MAX_DEST_RD_ATOMIC,
@@ -69,7 +74,8 @@ DEFAULT_SIZES = (64, 512, 1024, 4096, 65536)
 LAT_ITERS = 20
 BW_COUNT = 16
 QUEUE_DEPTH = 32
-PROTO = 2  # handshake protocol: 1 = phases only (no "proto" key); 2 adds "modes"/"mode" and the bandwidth run
+PROTO = 3  # handshake protocol: 1 = phases only (no "proto" key); 2 adds "modes"/"mode" and the bandwidth run;
+# 3 adds the server's refusal line ({"error"}) and the pair key's challenge-response ("nonce", "challenge", "auth", "mac")
 MODES = ("phases", "bandwidth")
 # The bandwidth run: payload Gb/s = 1e9 bits/s.
 BW_SECONDS = 5.0  # per rail
@@ -80,6 +86,25 @@ BW_LIMITS = {"seconds": (0.5, 600.0), "size": (4096, 64 << 20), "qps": (1, 64), 
 BW_MAX_BUFFER = 256 << 20  # qps x size on each side, bytes
 BW_STALL_S = 10.0  # no completion for this long while WRITEs are outstanding: the run stops
 BW_DRAIN_S = 15.0  # after the run (or an error), outstanding WRITEs get this long to complete
+# What one server session may hold at once: the handshake QP and its buffer (2 x 64 KiB), plus one
+# bandwidth run's QPs and buffer (freed when the run ends; one run per session).
+SESSION_MAX_QPS = 1 + int(BW_LIMITS["qps"][1])
+SESSION_MAX_REGISTERED = 2 * max(DEFAULT_SIZES) + BW_MAX_BUFFER  # bytes of registered memory (MRs)
+# Admission (before any session): the server accepts a session from the expected address only, after
+# its handshake line (and, with a pair key, its proof); a connection has ADMIT_S to get there.
+ADMIT_S = 10.0
+ADMIT_MAX_LINE = 16 << 10  # bytes: a handshake or proof line longer than this is refused
+ADMIT_PENDING = 8  # connections being admitted at once; one more is refused at once
+# The pair key (--pair-key FILE): HMAC-SHA256 over a label and both sides' nonces, each side proving it.
+KEY_MIN_BYTES = 16
+KEY_MAX_BYTES = 4096
+NONCE_HEX = 64  # 32 random bytes, hex
+AUTH_CLIENT = b"afddiag pair key: client proof\0"
+AUTH_SERVER = b"afddiag pair key: server proof\0"
+# Waiting for completions: spin this long (a latency phase's next completion comes within it), then
+# sleep, growing to POLL_SLEEP_MAX_S: a peer that never sends costs about nothing.
+POLL_SPIN_S = 0.002
+POLL_SLEEP_MAX_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -127,26 +152,48 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _parse_line(line: bytes) -> dict[str, Any]:
+    """One control line as a JSON object; :class:`PairError` naming what the peer sent otherwise
+    (garbage, NaN/Infinity, nesting too deep, not an object)."""
+    try:
+        msg = json.loads(line, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise PairError(f"the peer's control message is not JSON ({str(e)[:80]}): {line[:60]!r}: not an afddiag "
+                        "pair test, or a different protocol; check the host and port") from None
+    if not isinstance(msg, dict):
+        raise PairError(f"the peer's control message is a JSON {type(msg).__name__}, not an object: "
+                        f"{line[:60]!r}")
+    return msg
+
+
 class _Chan:
-    """JSON lines over a TCP socket, every read bounded by the session deadline and by
-    :data:`MAX_MESSAGE` bytes per line; each line must be a JSON object (garbage, NaN/Infinity,
+    """JSON lines over a TCP socket, every read and write bounded by the session deadline and every
+    line by :data:`MAX_MESSAGE` bytes; each line must be a JSON object (garbage, NaN/Infinity,
     a truncated line at close are :class:`PairError` naming what the peer sent)."""
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self.sock, self.deadline, self.buf = sock, deadline, b""
+    def __init__(self, sock: socket.socket, deadline: float, buf: bytes = b"") -> None:
+        self.sock, self.deadline, self.buf = sock, deadline, buf
+
+    def _left(self, what: str) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise PairError(f"timed out {what}")
+        return left
 
     def send(self, obj: dict[str, Any]) -> None:
-        self.sock.sendall(json.dumps(obj).encode() + b"\n")
+        self.sock.settimeout(self._left("before sending a control message to the peer"))
+        try:
+            self.sock.sendall(json.dumps(obj).encode() + b"\n")
+        except TimeoutError:
+            raise PairError("timed out sending a control message: the peer does not read") from None
 
     def recv(self) -> dict[str, Any]:
+        self._left("waiting for the peer's control message")  # a peer that floods lines still ends at the deadline
         while b"\n" not in self.buf:
             if len(self.buf) > MAX_MESSAGE:
                 raise PairError(f"the peer sent a control message over {MAX_MESSAGE} bytes (no line end): not an "
                                 "afddiag pair test; check the host and port")
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise PairError("timed out waiting for the peer's control message")
-            self.sock.settimeout(left)
+            self.sock.settimeout(self._left("waiting for the peer's control message"))
             try:
                 chunk = self.sock.recv(65536)
             except TimeoutError:
@@ -156,15 +203,7 @@ class _Chan:
                                 + (f" in the middle of a control message ({len(self.buf)} bytes)" if self.buf else ""))
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        try:
-            msg = json.loads(line, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as e:
-            raise PairError(f"the peer's control message is not JSON ({str(e)[:80]}): {line[:60]!r}: not an afddiag "
-                            "pair test, or a different protocol; check the host and port") from None
-        if not isinstance(msg, dict):
-            raise PairError(f"the peer's control message is a JSON {type(msg).__name__}, not an object: "
-                            f"{line[:60]!r}")
-        return msg
+        return _parse_line(line)
 
 
 def _num(msg: dict[str, Any], key: str, lo: int, hi: int, what: str) -> int:
@@ -307,8 +346,11 @@ class _Rdma:
         return cq, mr, out, [random.randrange(1 << 24) for _ in out]
 
     def poll(self, n: int, deadline: float) -> list[Any]:
-        """``n`` completions (any kind), in order; raises PairError on a bad status or the deadline."""
+        """``n`` completions (any kind), in order; raises PairError on a bad status or the deadline.
+        An empty CQ is polled in a spin for :data:`POLL_SPIN_S`, then between sleeps that grow to
+        :data:`POLL_SLEEP_MAX_S` (:func:`idle_wait`): a peer that never sends costs no core."""
         out: list[Any] = []
+        idle_since: float | None = None
         while len(out) < n:
             got, wcs = self.cq.poll(num_entries=n - len(out))
             for wc in wcs[:got]:
@@ -316,11 +358,28 @@ class _Rdma:
                     raise PairError(f"work completion status {wc.status} ({_wc_status(wc.status)}) on wr_id "
                                     f"{wc.wr_id}")
                 out.append(wc)
-            if got == 0:
-                if time.monotonic() > deadline:
-                    raise PairError(f"timed out waiting for {n - len(out)} of {n} completion(s)")
-                os.sched_yield()
+            if got:
+                idle_since = None
+                continue
+            now = time.monotonic()
+            if now > deadline:
+                raise PairError(f"timed out waiting for {n - len(out)} of {n} completion(s)")
+            idle_since = now if idle_since is None else idle_since
+            idle_wait(now - idle_since, deadline - now)
         return out
+
+    def release(self, *objs: Any) -> bool:
+        """Destroy ``objs`` (a bandwidth run's QPs, then its MR and CQ) now, before the session ends;
+        False when one would not close (``close`` then tries it again)."""
+        ok = True
+        for obj in objs:
+            try:
+                obj.close()
+            except Exception:  # noqa: BLE001
+                ok = False
+                continue
+            self.created = [c for c in self.created if c is not obj]
+        return ok
 
     def close(self) -> bool:
         ok = True
@@ -331,6 +390,16 @@ class _Rdma:
                 ok = False
         self.created.clear()
         return ok
+
+
+def idle_wait(idle_s: float, left_s: float) -> None:
+    """One wait of a completion poll that found nothing for ``idle_s`` seconds: a yield within
+    :data:`POLL_SPIN_S`, then a sleep of a tenth of the idle time, at most :data:`POLL_SLEEP_MAX_S`
+    and never past the deadline (``left_s``)."""
+    if idle_s < POLL_SPIN_S:
+        os.sched_yield()
+    else:
+        time.sleep(max(0.0, min(POLL_SLEEP_MAX_S, idle_s / 10, left_s)))
 
 
 WC_STATUS = {1: "local length error", 4: "local protection error", 5: "flushed", 10: "remote access error",
@@ -396,79 +465,296 @@ def _hello(r: _Rdma, facts: PairFacts, mode: str | None = None) -> dict[str, Any
     return h
 
 
+@dataclass
+class SessionBudget:
+    """What one server session holds at once: registered memory (bytes, every MR) and QPs, each
+    capped (:data:`SESSION_MAX_REGISTERED`, :data:`SESSION_MAX_QPS`); the peaks go to the facts."""
+
+    max_bytes: int = SESSION_MAX_REGISTERED
+    max_qps: int = SESSION_MAX_QPS
+    bytes: int = 0
+    qps: int = 0
+    peak_bytes: int = 0
+    peak_qps: int = 0
+
+    def take(self, nbytes: int, nqps: int, what: str) -> None:
+        """Count ``nbytes`` and ``nqps`` more; :class:`PairError` (nothing counted) past a cap."""
+        if self.bytes + nbytes > self.max_bytes or self.qps + nqps > self.max_qps:
+            raise PairError(f"{what} ({nbytes} bytes registered, {nqps} QPs) would hold {self.bytes + nbytes} bytes "
+                            f"and {self.qps + nqps} QPs in this session: the caps are {self.max_bytes} bytes and "
+                            f"{self.max_qps} QPs")
+        self.bytes, self.qps = self.bytes + nbytes, self.qps + nqps
+        self.peak_bytes, self.peak_qps = max(self.peak_bytes, self.bytes), max(self.peak_qps, self.qps)
+
+    def give(self, nbytes: int, nqps: int) -> None:
+        self.bytes, self.qps = max(0, self.bytes - nbytes), max(0, self.qps - nqps)
+
+
+def load_key(path: str) -> bytes:
+    """The pair key in ``path`` (``--pair-key``): its bytes, surrounding whitespace stripped, at least
+    :data:`KEY_MIN_BYTES`. The file is read by :func:`afddiag.atomic.read_secret` (regular, no link,
+    owned by root or you, mode 0600 or stricter). Raises ValueError with one line naming the file."""
+    from afddiag.atomic import read_secret
+
+    key = read_secret(path, KEY_MAX_BYTES).strip()
+    if len(key) < KEY_MIN_BYTES:
+        raise ValueError(f"{path}: holds {len(key)} bytes, a pair key needs at least {KEY_MIN_BYTES}: write one "
+                         f"with `head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}` and copy it to both hosts")
+    return key
+
+
+def _mac(key: bytes, label: bytes, first_nonce: str, second_nonce: str) -> str:
+    """HMAC-SHA256 (hex) of ``label`` and two nonces (hex text): a side's proof that it holds ``key``;
+    the label keeps the server's proof from serving as a client's."""
+    return hmac.new(key, label + bytes.fromhex(first_nonce) + bytes.fromhex(second_nonce), hashlib.sha256).hexdigest()
+
+
+def _nonce(msg: dict[str, Any], key: str, what: str) -> str:
+    """``msg[key]`` as a nonce (:data:`NONCE_HEX` lowercase hex digits); :class:`PairError` otherwise."""
+    v = msg.get(key)
+    if not isinstance(v, str) or len(v) != NONCE_HEX or set(v) - set("0123456789abcdef"):
+        raise PairError(f"{what}: {key} {str(v)[:80]!r} is not {NONCE_HEX} hex digits")
+    return v
+
+
+def _expected_address(peer: str) -> ipaddress.IPv4Address:
+    """``peer`` (``--peer``) as an IPv4 address; :class:`PairError` otherwise."""
+    try:
+        return ipaddress.IPv4Address(peer)
+    except ValueError:
+        raise PairError(f"--peer {peer[:80]!r} is not an IPv4 address: give the client's fabric IP") from None
+
+
+@dataclass
+class _Pending:
+    """A connection being admitted: its address, when it came (monotonic), what it sent so far, and
+    with a pair key the hello and nonces of the challenge it was sent."""
+
+    sock: socket.socket
+    addr: tuple[str, int]
+    since: float
+    buf: bytes = b""
+    hello: dict[str, Any] | None = None
+    server_nonce: str | None = None
+
+
+@dataclass
+class _Admitted:
+    """The connection admitted to the session: its socket, the client's hello, what it sent after,
+    and (with a pair key) both nonces."""
+
+    sock: socket.socket
+    addr: tuple[str, int]
+    hello: dict[str, Any]
+    rest: bytes
+    client_nonce: str | None = None
+    server_nonce: str | None = None
+
+
+class _Admission:
+    """The server's door: accepts TCP connections on ``lsock`` until one from ``expected`` sends a
+    valid handshake (and, with ``key``, proves it: HMAC-SHA256 challenge-response). Every other
+    connection is refused, recorded in ``facts.refused`` (who, when, why) and the door stays open.
+    Connections are read without blocking (a selector), each for at most :data:`ADMIT_S`; waiting
+    costs no CPU."""
+
+    def __init__(self, lsock: socket.socket, expected: ipaddress.IPv4Address,
+                 key: bytes | None, facts: PairFacts, t0: float, deadline: float) -> None:
+        self.lsock, self.expected, self.key, self.facts = lsock, expected, key, facts
+        self.t0, self.deadline = t0, deadline
+        self.pending: dict[socket.socket, _Pending] = {}
+        self.sel = selectors.DefaultSelector()
+
+    def run(self) -> _Admitted:
+        """The admitted connection; :class:`PairError` at the deadline (naming what was refused)."""
+        self.lsock.setblocking(False)
+        self.sel.register(self.lsock, selectors.EVENT_READ)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= self.deadline:
+                    for p in list(self.pending.values()):
+                        self._refuse(p, "was still in its handshake when the server's time (--pair-timeout) ran out")
+                    raise PairError(self._nobody())
+                for p in [p for p in self.pending.values() if now - p.since >= ADMIT_S]:
+                    self._refuse(p, f"sent no {'proof of the pair key' if p.hello else 'afddiag handshake'} within "
+                                    f"{ADMIT_S:g} s")
+                wake = min([self.deadline] + [p.since + ADMIT_S for p in self.pending.values()])
+                for sk, _ in self.sel.select(timeout=max(0.0, wake - now)):
+                    p = self.pending.get(sk.fileobj)  # type: ignore[call-overload]
+                    got = self._accept() if sk.fileobj is self.lsock else self._read(p) if p else None
+                    if got is not None:
+                        return got
+        finally:
+            for p in list(self.pending.values()):
+                self._refuse(p, "another connection from the expected peer was admitted first")
+            self.sel.close()
+
+    def _nobody(self) -> str:
+        f = self.facts
+        msg = (f"no client from {self.expected} (--peer) {'proved the pair key ' if self.key else ''}within "
+               f"{self.deadline - self.t0:g} s on port {self.lsock.getsockname()[1]}")
+        if f.refused_total:
+            seen = "; ".join(f"{c.address}: {c.reason}" for c in f.refused[:3])
+            msg += (f"; refused {f.refused_total} connection(s): {seen}"
+                    + (" (a client on another address: a swapped cable, another rail, or the wrong --peer)"
+                       if any(c.address != str(self.expected) for c in f.refused) else ""))
+        return msg
+
+    def _record(self, addr: tuple[str, int], reason: str) -> None:
+        f = self.facts
+        f.refused_total += 1
+        if len(f.refused) < REFUSED_KEPT:
+            f.refused.append(RefusedConnection(address=str(addr[0])[:64], port=int(addr[1]),
+                                               at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                               after_s=round(time.monotonic() - self.t0, 3), reason=reason[:300]))
+
+    @staticmethod
+    def _tell(sock: socket.socket, why: str) -> None:
+        """One refusal line to the peer, if its socket takes it at once (never waits)."""
+        try:
+            sock.send(json.dumps({"error": why}).encode() + b"\n", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+
+    def _refuse(self, p: _Pending, reason: str, tell: str | None = None) -> None:
+        self._record(p.addr, reason)
+        if tell:
+            self._tell(p.sock, tell)
+        self.pending.pop(p.sock, None)
+        try:
+            self.sel.unregister(p.sock)
+        except (KeyError, ValueError):
+            pass
+        p.sock.close()
+
+    def _accept(self) -> _Admitted | None:
+        try:
+            sock, addr = self.lsock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return None
+        if addr[0] != str(self.expected):
+            self._record(addr, f"not the expected peer {self.expected} (--peer)")
+            self._tell(sock, f"this server expects another client (its --peer), not {addr[0]}: check the cabling "
+                             "and which rail you are on")
+            sock.close()
+            return None
+        if len(self.pending) >= ADMIT_PENDING:
+            self._record(addr, f"{ADMIT_PENDING} connections were already being admitted")
+            sock.close()
+            return None
+        sock.setblocking(False)
+        self.pending[sock] = _Pending(sock, addr, time.monotonic())
+        self.sel.register(sock, selectors.EVENT_READ)
+        return None
+
+    def _read(self, p: _Pending) -> _Admitted | None:
+        try:
+            chunk = p.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            self._refuse(p, f"the connection failed before its handshake: {e.strerror or e}")
+            return None
+        if not chunk:
+            self._refuse(p, "closed the connection " + ("in the middle of its handshake" if p.buf or p.hello else
+                                                        "without a handshake (a port scan?)"))
+            return None
+        p.buf += chunk
+        while b"\n" in p.buf:
+            line, _, p.buf = p.buf.partition(b"\n")
+            try:
+                got = self._line(p, line)
+            except PairError as e:
+                self._refuse(p, str(e), tell=str(e))
+                return None
+            if got is not None:
+                return got
+        if len(p.buf) > ADMIT_MAX_LINE:
+            self._refuse(p, f"sent over {ADMIT_MAX_LINE} bytes without a line end: not an afddiag handshake")
+        return None
+
+    def _line(self, p: _Pending, line: bytes) -> _Admitted | None:
+        """One line of a pending connection: its hello (then, with a key, the challenge goes out) or
+        its proof. The admitted connection, None while it is not yet; PairError: refuse it."""
+        msg = _parse_line(line)
+        if p.hello is None:
+            hello = _peer_hello(msg, "the client's handshake", buffer=False)
+            if self.key is None:
+                if "nonce" in hello:
+                    raise PairError("the client asks for the pair key; this server was started without --pair-key: "
+                                    "give both sides the same --pair-key FILE")
+                return self._admitted(p, hello)
+            if "nonce" not in hello:
+                raise PairError("the client gave no pair-key proof; this server needs one: give the client "
+                                "--pair-key FILE (the server's key)")
+            _nonce(hello, "nonce", "the client's handshake")
+            p.hello, p.server_nonce = hello, secrets.token_hex(NONCE_HEX // 2)
+            challenge = json.dumps({"op": "challenge", "nonce": p.server_nonce}).encode() + b"\n"
+            try:
+                sent = p.sock.send(challenge, socket.MSG_DONTWAIT)
+            except OSError as e:
+                raise PairError(f"the challenge could not be sent: {e.strerror or e}") from None
+            if sent != len(challenge):
+                raise PairError("the challenge could not be sent whole: the client does not read")
+            return None
+        if msg.get("op") != "auth" or not isinstance(msg.get("mac"), str):
+            raise PairError(f"expected the client's proof of the pair key, got {line[:60]!r}")
+        assert p.server_nonce is not None and self.key is not None
+        want = _mac(self.key, AUTH_CLIENT, p.server_nonce, p.hello["nonce"])
+        if not hmac.compare_digest(msg["mac"].encode("utf-8", "replace"), want.encode()):
+            raise PairError("the client's proof does not match this server's pair key (a different --pair-key file)")
+        return self._admitted(p, p.hello)
+
+    def _admitted(self, p: _Pending, hello: dict[str, Any]) -> _Admitted:
+        self.pending.pop(p.sock, None)
+        self.sel.unregister(p.sock)
+        p.sock.setblocking(True)
+        return _Admitted(p.sock, p.addr, hello, p.buf, hello.get("nonce"), p.server_nonce)
+
+
 def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | None = None,
-          timeout_s: float = 60.0, fabric: FabricFacts | None = None) -> PairFacts:
-    """Serve one pair session: listen on TCP ``bind`` (default: the fabric IP) ``port``, accept one
-    client within ``timeout_s``, follow its phases, tear down. Returns the server's facts."""
+          timeout_s: float = 60.0, fabric: FabricFacts | None = None, *, peer: str,
+          key: bytes | None = None) -> PairFacts:
+    """Serve one pair session: listen on TCP ``bind`` (default: the fabric IP) ``port``, admit the
+    client at ``peer`` (an IP address: ``--peer``) that sends an afddiag handshake and, with ``key``
+    (the pair key's bytes), proves the key, then follow its phases or its one bandwidth run, tear
+    down. Any other connection is refused and recorded (``facts.refused``), and the server keeps
+    listening. Ends by ``timeout_s`` whatever the client does; holds at most
+    :data:`SESSION_MAX_REGISTERED` bytes registered and :data:`SESSION_MAX_QPS` QPs at once.
+    Returns the server's facts."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    facts = PairFacts(role="server")
+    facts = PairFacts(role="server", expected_peer=peer[:64])
+    budget = SessionBudget()
     r: _Rdma | None = None
     lsock = conn = None
     try:
-        r = _open(fabric, fabric_ip, max(DEFAULT_SIZES) * 2, facts)
+        expected = _expected_address(peer)
+        facts.expected_peer = str(expected)
+        big = max(DEFAULT_SIZES)
+        budget.take(big * 2, 1, "the handshake QP and buffer")
+        r = _open(fabric, fabric_ip, big * 2, facts)
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         lsock.bind((bind or facts.fabric_ip or "0.0.0.0", port))
-        lsock.listen(1)
-        lsock.settimeout(max(0.1, deadline - time.monotonic()))
+        lsock.listen(ADMIT_PENDING)
+        door = _Admission(lsock, expected, key, facts, t0, deadline)
         try:
-            conn, peer = lsock.accept()
-        except TimeoutError:
-            raise PairError(f"no client within {timeout_s:g} s on port {port}") from None
-        facts.peer = peer[0]
-        ch = _Chan(conn, deadline)
-        hello = _peer_hello(ch.recv(), "the client's handshake", buffer=False)
-        ch.send(_hello(r, facts))
-        facts.peer_qp_num, facts.peer_gid = hello["qpn"], hello["gid"]
-        facts.path_mtu = mtu_enum_to_bytes(r.connect(hello))
-        ch.send({"op": "rts"})
-        while True:
-            msg = ch.recv()
-            op = msg.get("op")
-            if op == "bye":
-                break
-            if op == "bandwidth":
-                _serve_bandwidth(r, ch, msg, hello, facts, deadline)
-                continue
-            if op not in ("send_pingpong", "send_stream", "write", "check_write"):
-                raise PairError(f"unknown control message {str(msg)[:200]}")
-            size = _num(msg, "size", 1, max(DEFAULT_SIZES), f"the client's {op}")
-            n = _num(msg, "n", 0, QUEUE_DEPTH if op == "send_stream" else 100000, f"the client's {op}") \
-                if op.startswith("send") else 0
-            if op == "send_pingpong":
-                big = max(DEFAULT_SIZES)
-                r.post_recv(0, size)
-                ch.send({"ready": True})
-                bad = outstanding = 0
-                for i in range(n):
-                    while True:  # the next message; our earlier echo's completion may come first
-                        wc = r.poll(1, deadline)[0]
-                        if wc.opcode & r.e.IBV_WC_RECV:
-                            break
-                        outstanding -= 1
-                    got = r.mr.read(size, 0)
-                    bad += got != _pattern(size, i) or wc.byte_len != size
-                    r.mr.write(got, size, big)  # the client sends the next only after this echo arrived
-                    if i + 1 < n:
-                        r.post_recv(0, size)
-                    r.post_send(big, size)
-                    outstanding += 1
-                if outstanding:
-                    r.poll(outstanding, deadline)
-                ch.send({"ok": bad == 0, "bad": bad})
-            elif op == "send_stream":
-                for _ in range(n):
-                    r.post_recv(0, size)
-                ch.send({"ready": True})
-                wcs = r.poll(n, deadline)
-                ok = all(wc.byte_len == size for wc in wcs) and r.mr.read(size, 0) == _pattern(size, 7)
-                ch.send({"ok": ok, "received": len(wcs)})
-            elif op == "write":
-                ch.send({"ready": True})
-            elif op == "check_write":
-                seed = _num(msg, "seed", 0, 255, "the client's check_write")
-                ch.send({"ok": r.mr.read(size, 0) == _pattern(size, seed)})
+            got = door.run()
+        finally:
+            lsock.close()  # one session: later connections are refused by the kernel
+            lsock = None
+        conn = got.sock
+        facts.peer = str(got.addr[0])
+        ch = _Chan(conn, deadline, got.rest)
+        hello_out = _hello(r, facts)
+        if key is not None:
+            assert got.client_nonce is not None and got.server_nonce is not None
+            hello_out["mac"] = _mac(key, AUTH_SERVER, got.client_nonce, got.server_nonce)
+            facts.pair_key = True
+        ch.send(hello_out)
+        _session(r, ch, got.hello, facts, deadline, budget)
     except PairError as e:
         facts.error = str(e)
     except Exception as e:  # noqa: BLE001 - never raise
@@ -478,8 +764,68 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
             if s is not None:
                 s.close()
         facts.destroyed = r.close() if r else True
+        facts.registered_bytes_peak, facts.qps_peak = budget.peak_bytes, budget.peak_qps
         facts.elapsed_s = round(time.monotonic() - t0, 3)
     return facts
+
+
+def _session(r: _Rdma, ch: _Chan, hello: dict[str, Any], facts: PairFacts, deadline: float,
+             budget: SessionBudget) -> None:
+    """The server's session with the admitted client: RTS toward its QP, then each control message
+    (the phases, one bandwidth run) until ``bye``. Raises :class:`PairError`."""
+    facts.peer_qp_num, facts.peer_gid = hello["qpn"], hello["gid"]
+    facts.path_mtu = mtu_enum_to_bytes(r.connect(hello))
+    ch.send({"op": "rts"})
+    while True:
+        msg = ch.recv()
+        op = msg.get("op")
+        if op == "bye":
+            break
+        if op == "bandwidth":
+            if facts.bandwidth is not None:
+                ch.send({"error": "one bandwidth run per session: start another session for the next"})
+                raise PairError("the client asked for a second bandwidth run in one session (one per session): "
+                                "refused, the session ends")
+            _serve_bandwidth(r, ch, msg, hello, facts, deadline, budget)
+            continue
+        if op not in ("send_pingpong", "send_stream", "write", "check_write"):
+            raise PairError(f"unknown control message {str(msg)[:200]}")
+        size = _num(msg, "size", 1, max(DEFAULT_SIZES), f"the client's {op}")
+        n = _num(msg, "n", 0, QUEUE_DEPTH if op == "send_stream" else 100000, f"the client's {op}") \
+            if op.startswith("send") else 0
+        if op == "send_pingpong":
+            big = max(DEFAULT_SIZES)
+            r.post_recv(0, size)
+            ch.send({"ready": True})
+            bad = outstanding = 0
+            for i in range(n):
+                while True:  # the next message; our earlier echo's completion may come first
+                    wc = r.poll(1, deadline)[0]
+                    if wc.opcode & r.e.IBV_WC_RECV:
+                        break
+                    outstanding -= 1
+                got = r.mr.read(size, 0)
+                bad += got != _pattern(size, i) or wc.byte_len != size
+                r.mr.write(got, size, big)  # the client sends the next only after this echo arrived
+                if i + 1 < n:
+                    r.post_recv(0, size)
+                r.post_send(big, size)
+                outstanding += 1
+            if outstanding:
+                r.poll(outstanding, deadline)
+            ch.send({"ok": bad == 0, "bad": bad})
+        elif op == "send_stream":
+            for _ in range(n):
+                r.post_recv(0, size)
+            ch.send({"ready": True})
+            wcs = r.poll(n, deadline)
+            ok = all(wc.byte_len == size for wc in wcs) and r.mr.read(size, 0) == _pattern(size, 7)
+            ch.send({"ok": ok, "received": len(wcs)})
+        elif op == "write":
+            ch.send({"ready": True})
+        elif op == "check_write":
+            seed = _num(msg, "seed", 0, 255, "the client's check_write")
+            ch.send({"ok": r.mr.read(size, 0) == _pattern(size, seed)})
 
 
 def _read_counters(facts: PairFacts) -> dict[str, Any]:
@@ -507,11 +853,12 @@ def _peer_counters(raw: Any) -> PortCounters | None:
 
 
 def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, Any], facts: PairFacts,
-                     deadline: float) -> None:
-    """The server's half of the bandwidth run: check the client's ask, create its QPs and MR, bring
-    each QP to RTS toward the client's QP, answer with their numbers, the buffer address and rkey; wait
-    for the client's end of run; check the buffer (each QP's slot holds its pattern); answer with the
-    check and this port's counter deltas. The client's figures and counters are kept in ``facts``."""
+                     deadline: float, budget: SessionBudget) -> None:
+    """The server's half of the bandwidth run: check the client's ask (and the session's caps,
+    ``budget``), create its QPs and MR, bring each QP to RTS toward the client's QP, answer with their
+    numbers, the buffer address and rkey; wait for the client's end of run; check the buffer (each QP's
+    slot holds its pattern); answer with the check and this port's counter deltas; destroy the run's
+    QPs, MR and CQ. The client's figures and counters are kept in ``facts``."""
     try:
         spec = BandwidthSpec(float(msg.get("seconds", 0)), int(msg.get("size", 0)), int(msg.get("qps", 0)),
                              int(msg.get("depth", 0)))
@@ -526,15 +873,22 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
             peers = _qp_list(msg.get("peers"), spec.qps, "the client")
         except PairError as e:
             why = str(e)
+    if why is None:
+        try:
+            budget.take(spec.qps * spec.size, spec.qps, "the bandwidth run")
+        except PairError as e:
+            why = str(e)
     if why:
         bw.error = f"refused the client's bandwidth run: {why}"
         ch.send({"error": why})
         return
     before = _read_counters(facts)
     local: PortCounters | None = None
+    made: tuple[Any, ...] = ()
     try:
         bw.stage = "setup"
         cq, mr, qps, psns = r.bandwidth_objects(spec.qps, spec.depth, spec.qps * spec.size)
+        made = (*qps, mr, cq)
         for i, (qp, psn) in enumerate(zip(qps, psns, strict=True)):
             r.connect({**hello, "qpn": int(peers[i]["qpn"]), "psn": int(peers[i]["psn"])}, qp, psn)
             bw.per_qp.append(RailQp(i, qp.qp_num, int(peers[i]["qpn"])))
@@ -565,6 +919,9 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
     finally:
         if local is None:  # what this port saw up to the failure
             bw.counters = [_local_delta(facts, before)]
+        if made and not r.release(*made):  # before anything else this session does
+            facts.notes.append("a bandwidth-run QP, MR or CQ would not close after the run (tried again at the end)")
+        budget.give(spec.qps * spec.size, spec.qps)
 
 
 def bandwidth_from_client(done: dict[str, Any]) -> BandwidthRun:
@@ -709,7 +1066,8 @@ def _write_for(r: _Rdma, bw: BandwidthRun, cq: Any, mr: Any, qps: list[Any], rem
 
 def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, sizes: tuple[int, ...] = DEFAULT_SIZES,
          lat_iters: int = LAT_ITERS, bw_count: int = BW_COUNT, timeout_s: float = 60.0,
-         fabric: FabricFacts | None = None, bandwidth: BandwidthSpec | None = None) -> PairFacts:
+         fabric: FabricFacts | None = None, bandwidth: BandwidthSpec | None = None,
+         key: bytes | None = None) -> PairFacts:
     """Connect to a ``serve`` on ``host:port`` and run SEND ping-pong, SEND stream and WRITE phases
     at each of ``sizes`` (bytes, at most 64 KiB). Returns the client's facts (latency in µs,
     bandwidth in GB/s per phase); ``error`` says where it stopped. Bounded by ``timeout_s``.
@@ -717,7 +1075,11 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
     With ``bandwidth``: the bandwidth run instead of the phases (``facts.bandwidth``: Gb/s = 1e9
     bits/s of payload, per QP, the server's buffer check, both ports' counter deltas). A server whose
     afddiag does not know the mode is told goodbye and named in ``error``; the session still ends
-    within ``timeout_s``."""
+    within ``timeout_s``.
+
+    With ``key`` (the pair key's bytes, ``--pair-key``): the client proves the key to the server and
+    the server proves it back (:func:`_client_handshake`) before anything else; a server without the
+    key, or with another, is an ``error``."""
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     facts = PairFacts(role="client", peer=f"{host}:{port}")
@@ -744,8 +1106,7 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
             except OSError as e:
                 raise PairError(f"cannot reach {host}:{port} over TCP: {e.strerror or e}") from None
         ch = _Chan(sock, deadline)
-        ch.send(_hello(r, facts, "bandwidth" if bandwidth else "phases"))
-        peer = _peer_hello(ch.recv(), "the server's handshake")
+        peer = _client_handshake(ch, _hello(r, facts, "bandwidth" if bandwidth else "phases"), key, facts)
         facts.peer_qp_num, facts.peer_gid = peer["qpn"], peer["gid"]
         facts.path_mtu = mtu_enum_to_bytes(r.connect(peer))
         if ch.recv().get("op") != "rts":
@@ -771,6 +1132,43 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
         facts.destroyed = r.close() if r else True
         facts.elapsed_s = round(time.monotonic() - t0, 3)
     return facts
+
+
+def _refusal(msg: dict[str, Any], facts: PairFacts) -> None:
+    """:class:`PairError` when the server's line is its refusal (``{"error": ...}``)."""
+    if "error" in msg:
+        from afddiag.termsafe import clean
+
+        raise PairError(f"the server at {facts.peer} refused this client: "
+                        f"{clean(str(msg['error'])[:300], keep_newlines=False)}")
+
+
+def _client_handshake(ch: _Chan, hello: dict[str, Any], key: bytes | None, facts: PairFacts) -> dict[str, Any]:
+    """Send the client's ``hello``; with ``key``, answer the server's challenge and check the server's
+    proof. Returns the server's handshake (checked by :func:`_peer_hello`); :class:`PairError` names a
+    refusal, a server without the key or with another, or a bad line."""
+    nonce = secrets.token_hex(NONCE_HEX // 2) if key is not None else None
+    ch.send({**hello, "nonce": nonce} if nonce else hello)
+    msg = ch.recv()
+    _refusal(msg, facts)
+    if key is None or nonce is None:
+        if msg.get("op") == "challenge":
+            raise PairError(f"the server at {facts.peer} asks for a pair key: give --pair-key FILE (the server's key)")
+        return _peer_hello(msg, "the server's handshake")
+    if msg.get("op") != "challenge":
+        raise PairError(f"the server at {facts.peer} did not ask for the pair key: it was started without "
+                        "--pair-key (it would take any client) or is not afddiag; give both sides the same --pair-key")
+    server_nonce = _nonce(msg, "nonce", "the server's challenge")
+    ch.send({"op": "auth", "mac": _mac(key, AUTH_CLIENT, server_nonce, nonce)})
+    msg = ch.recv()
+    _refusal(msg, facts)
+    proof = msg.get("mac")
+    if not isinstance(proof, str) or not hmac.compare_digest(proof.encode("utf-8", "replace"),
+                                                             _mac(key, AUTH_SERVER, nonce, server_nonce).encode()):
+        raise PairError(f"the server at {facts.peer} did not prove the pair key: not the server you meant, or "
+                        "another key")
+    facts.pair_key = True
+    return _peer_hello(msg, "the server's handshake")
 
 
 def _client_phases(r: Any, ch: Any, peer: dict, facts: PairFacts, sizes: tuple[int, ...], big: int, lat_iters: int,
@@ -858,6 +1256,14 @@ def format_pair(f: PairFacts) -> str:
     if f.local_error:
         head += f": stopped on this host before contacting the peer: {f.local_error}"
     lines = [head]
+    if f.role == "server" and (f.expected_peer or f.refused_total):
+        lines.append(f"  accepts {w(f.expected_peer, 'no peer named')} only"
+                     f"{' (pair key proved)' if f.pair_key else ''}; refused {f.refused_total} other connection(s)"
+                     + (f", the first {len(f.refused)} below" if f.refused_total > len(f.refused) else ""))
+        for rc in f.refused:
+            lines.append(f"    refused {rc.address}:{rc.port} at {rc.at} (+{rc.after_s:g} s): {rc.reason}")
+    elif f.pair_key:
+        lines.append("  pair key proved both ways")
     for p in f.phases:
         lines.append(f"  {p.op:<5} {p.size:>6} B  rtt median {p.rtt_us_median} µs (min {p.rtt_us_min})  "
                      f"bw {p.bw_gbps} GB/s  {'verified' if p.verified else 'NOT verified'}"
