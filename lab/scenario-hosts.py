@@ -124,9 +124,9 @@ def _incident() -> dict:
             "incident-map": run_cli("incident-map", args, own_map("spark-a"))}
 
 
-def _serve(name: str, ip: str, port: int) -> dict:
+def _serve(name: str, ip: str, port: int, peer: str) -> dict:
     return run_cli(name, ["fabric", "--serve", "--json", "--timeout", "60", "--fabric-ip", ip, "--port", str(port),
-                          "--pair-timeout", "240"])
+                          "--pair-timeout", "240", "--peer", peer])
 
 
 def _pair(name: str, server_ip: str, client_ip: str, port: int) -> dict:
@@ -142,7 +142,7 @@ def pair_across(results: dict, outdir: str, tag: str, server: tuple[str, str], c
     before = hw_counters()
     t = time.monotonic()
     s_out, c_out = os.path.join(outdir, f"{tag}-server.json"), os.path.join(outdir, f"{tag}-client.json")
-    s_pid = fork_in_netns(server[0], s_out, _serve, f"{tag}-server", server[1], port)
+    s_pid = fork_in_netns(server[0], s_out, _serve, f"{tag}-server", server[1], port, client[1])
     c_pid = fork_in_netns(client[0], c_out, _pair, f"{tag}-client", server[1], client[1], port)
     results["scenarios"][f"{tag}-client"] = join_forked(c_pid, c_out, 300)
     results["scenarios"][f"{tag}-server"] = join_forked(s_pid, s_out, 60)

@@ -77,9 +77,9 @@ def set_arp(netdevs: list[str]) -> None:
     log(f"arp sysctls set on {netdevs}")
 
 
-def serve_forked(outdir: str, name: str, ip: str, port: int, timeout_s: int, netns: str | None) -> int:
+def serve_forked(outdir: str, name: str, ip: str, port: int, timeout_s: int, netns: str | None, peer: str) -> int:
     """Fork; the child (optionally moved into ``netns`` with setns) serves one pair session on
-    ``ip:port`` and writes OUTDIR/<name>.json; returns the child's pid."""
+    ``ip:port`` to the client at ``peer`` and writes OUTDIR/<name>.json; returns the child's pid."""
     pid = os.fork()
     if pid:
         return pid
@@ -92,7 +92,7 @@ def serve_forked(outdir: str, name: str, ip: str, port: int, timeout_s: int, net
                 raise OSError(ctypes.get_errno(), f"setns({netns})")
             os.close(fd)
         res = run_cli(name, ["fabric", "--serve", "--json", "--timeout", "60", "--fabric-ip", ip, "--port", str(port),
-                             "--pair-timeout", str(timeout_s)])
+                             "--pair-timeout", str(timeout_s), "--peer", peer])
         rc = 0
         with open(os.path.join(outdir, f"{name}.json"), "w") as f:
             json.dump(res, f, indent=2)
@@ -108,7 +108,7 @@ def serve_forked(outdir: str, name: str, ip: str, port: int, timeout_s: int, net
 def pair_run(results: dict, outdir: str, tag: str, server_ip: str, client_ip: str, port: int, timeout_s: int,
              netns: str | None) -> None:
     """One pair session: forked server, in-process client; results under scenarios pair-<tag>-{server,client}."""
-    child = serve_forked(outdir, f"pair-{tag}-server", server_ip, port, timeout_s, netns)
+    child = serve_forked(outdir, f"pair-{tag}-server", server_ip, port, timeout_s, netns, client_ip)
     results["scenarios"][f"pair-{tag}-client"] = run_cli(f"pair-{tag}-client", [
         "fabric", "--pair", f"{server_ip}:{port}", "--json", "--timeout", "60", "--fabric-ip", client_ip,
         "--pair-timeout", str(timeout_s)])

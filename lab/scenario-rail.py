@@ -64,8 +64,8 @@ def build() -> None:
 
 
 def _serve(name: str, ip: str, timeout_s: int) -> dict:
-    return run_cli(name, ["fabric", "--serve", "--fabric-ip", ip, "--port", str(PORT), "--pair-timeout", str(timeout_s)]
-                   + COMMON)
+    return run_cli(name, ["fabric", "--serve", "--fabric-ip", ip, "--port", str(PORT), "--pair-timeout", str(timeout_s),
+                          "--peer", HOSTS["ra"][0]] + COMMON)
 
 
 def _client(name: str, server_ip: str, client_ip: str, seconds: float, timeout_s: int) -> dict:

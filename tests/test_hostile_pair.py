@@ -315,7 +315,7 @@ def test_serve_refuses_out_of_range_phase_requests(fake_rail, op, words):
     (b'{"op": "bandwidth", "seconds": 1e999, "size": 1048576, "qps": 1, "depth": 1, "peers": [{"qpn": 1, "psn": 1}]}\n',
      "seconds inf"),
     (b'{"op": "bandwidth", "seconds": 1, "size": 1e999, "qps": 1, "depth": 1, "peers": [{"qpn": 1, "psn": 1}]}\n',
-     "seconds -1"),
+     "size inf is not an integer"),
     (_line({"op": "bandwidth", "seconds": 1, "size": 1 << 20, "qps": 2, "depth": 1, "peers": [{"qpn": 1, "psn": 1}]}),
      "named 1 QPs for a run of 2"),
     (_line({"op": "bandwidth", "seconds": 1, "size": 1 << 20, "qps": 1, "depth": 1, "peers": ["x"]}),
@@ -323,7 +323,15 @@ def test_serve_refuses_out_of_range_phase_requests(fake_rail, op, words):
     (_line({"op": "bandwidth", "seconds": 1, "size": 1 << 20, "qps": 1, "depth": 1, "peers": [{"qpn": "1", "psn": 1}]}),
      "qpn"),
     (_line({"op": "bandwidth", "seconds": -5, "size": 1 << 20, "qps": 1, "depth": 1, "peers": []}), "seconds -5"),
-], ids=["seconds-inf", "size-inf", "peer-count", "peer-text", "qpn-text", "negative-seconds"])
+    (_line({"op": "bandwidth", "seconds": 1, "size": 4096.5, "qps": 1, "depth": 1, "peers": []}),
+     "size 4096.5 is not an integer"),
+    (_line({"op": "bandwidth", "seconds": 1, "size": 1 << 20, "qps": 1 << 63, "depth": 1, "peers": []}),
+     "qps 9223372036854775808 is not an integer 1..64"),
+    (_line({"op": "bandwidth", "seconds": 1, "size": 64 << 20, "qps": 64, "depth": 1, "peers": []}),
+     "exceeds 268435456 bytes"),
+    (_line({"op": "bandwidth", "seconds": 1, "size": 1 << 20, "qps": 1}), "depth (missing)"),
+], ids=["seconds-inf", "size-inf", "peer-count", "peer-text", "qpn-text", "negative-seconds", "float-size",
+        "huge-qps", "over-the-buffer-cap", "no-depth"])
 def test_serve_refuses_an_absurd_bandwidth_ask_and_says_why_to_the_client(fake_rail, ask, words):
     port = _free_port()
     t, box = _serve(port, timeout_s=3)
@@ -333,6 +341,11 @@ def test_serve_refuses_an_absurd_bandwidth_ask_and_says_why_to_the_client(fake_r
     f = box["f"]
     assert f.bandwidth is not None and words in (f.bandwidth.error or ""), f.bandwidth
     assert b'"error"' in got and f.destroyed
+    from afddiag.model import to_jsonable
+    from afddiag.model.pair import pair_facts
+
+    saved = json.loads(json.dumps(to_jsonable(f)))  # the refused ask's values live in its error, not as figures
+    assert to_jsonable(pair_facts(saved)) == saved
 
 
 def test_serve_keeps_a_liars_figures_as_its_claim_and_the_gate_does_not_judge_them(fake_rail):

@@ -329,6 +329,9 @@ class FakeRdma:
         self.bw_mr = FakeMR(buf_bytes)
         return self.cq, self.bw_mr, [FakeQP() for _ in range(qps)], [11] * qps
 
+    def release(self, *objs):
+        return True
+
     def post_send(self, offset, size, wr_id=0, rdma=None, qp=None, mr=None):
         self.posted += 1
         if self.hang_after is not None and self.posted > self.hang_after:
@@ -494,7 +497,7 @@ def test_server_side_of_a_client_that_vanished_is_bounded(fake_verbs):
     f.write(json.dumps({"qpn": 1, "psn": 1, "gid": "::1", "mtu": 3, "proto": 2, "mode": "bandwidth"}).encode() + b"\n")
     f.flush()
     hello = json.loads(f.readline())
-    assert hello["modes"] == ["phases", "bandwidth"] and hello["proto"] == 2
+    assert hello["modes"] == ["phases", "bandwidth"] and hello["proto"] == pm.PROTO  # a protocol-2 client is served
     assert json.loads(f.readline()) == {"op": "rts"}
     f.write(json.dumps({"op": "bandwidth", "seconds": 1, "size": 4096, "qps": 1, "depth": 1,
                         "peers": [{"qpn": 5, "psn": 1}]}).encode() + b"\n")

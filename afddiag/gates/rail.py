@@ -110,7 +110,7 @@ def _bandwidth_run(ctx: Context, gate_id: str):
     if (v := probe_failed(gate_id, p)) is not None:
         return v
     how = ("`afddiag fabric --pair <peer-fabric-ip> --bandwidth --fabric-ip <this rail's IP>` with `afddiag fabric "
-           "--serve --fabric-ip <its IP>` on the peer, one session per rail")
+           "--serve --fabric-ip <its IP> --peer <this rail's IP>` on the peer, one session per rail")
     if p is None:
         where = ("the snapshot holds no pair-test result" if ctx.obs.source.startswith("snapshot")
                  else "no bandwidth run in this command")

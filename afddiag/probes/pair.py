@@ -1,9 +1,10 @@
 """Host-to-host RDMA pair test: two RC QPs, one on each host, connected through a TCP handshake,
 moving RDMA SEND and RDMA WRITE messages from 64 bytes up to and past the path MTU.
 
-``afddiag fabric --serve [--port N]`` on one host and ``afddiag fabric --pair HOST[:PORT]`` on the
-other. The TCP connection carries the handshake (QP number, GID, PSN, buffer address and rkey,
-active MTU) and the control of each phase as JSON lines; the data moves over RDMA only:
+``afddiag fabric --serve --peer CLIENT_IP [--port N]`` on one host and ``afddiag fabric --pair
+HOST[:PORT]`` on the other. The TCP connection carries the handshake (QP number, GID, PSN, buffer
+address and rkey, active MTU) and the control of each phase as JSON lines; the data moves over RDMA
+only:
 
 - ``send`` ping-pong: the client SENDs a message of ``size`` bytes, the server receives it, checks
   its bytes and SENDs it back; the client checks the echo. Round-trip latency per message (µs).
@@ -24,6 +25,21 @@ QPs (default 4) on each side, each kept ``depth`` (8) signalled RDMA WRITEs of `
 its buffer holds that QP's pattern. Around it each side reads its port's counters
 (:mod:`afddiag.probes.counters`) and sends its deltas to the other, so both sides' facts hold both
 ports'. One rail (device/port, the fabric IP's GID) per session: run one session per ``--fabric-ip``.
+
+The server as a listener (:class:`_Admission`): it admits one session, from the ``--peer`` address
+only, once that client's hello is valid and (with ``--pair-key``) its proof is right; every other
+connection is refused with one ``{"error"}`` line and recorded in ``PairFacts.refused`` (address, port,
+UTC time, reason), and the server keeps listening until its deadline. Connections at the door are read
+without blocking (a selector, :data:`ADMIT_S` each). A session holds at most
+:data:`SESSION_MAX_REGISTERED` bytes registered and :data:`SESSION_MAX_QPS` QPs (one bandwidth run, its
+objects destroyed when it ends); waits for completions sleep after :data:`POLL_SPIN_S`; every read and
+write of the control channel ends at the session deadline.
+
+The pair key (protocol 3): the client's hello carries ``nonce`` (32 random bytes, hex); the server
+answers ``{"op": "challenge", nonce}``; the client sends ``{"op": "auth", mac}`` = HMAC-SHA256(key,
+"client proof" label + server nonce + client nonce); the server checks it (``hmac.compare_digest``)
+and its hello carries ``mac`` = HMAC-SHA256(key, "server proof" label + client nonce + server nonce),
+which the client checks. Fresh nonces per connection: a recorded proof opens nothing.
 
 Handshake protocol 2 (compatible): the client's first line says ``"proto": 2, "mode": "phases" |
 "bandwidth"``, the server's says ``"proto": 2, "modes": [...]``. A protocol-1 server (no ``modes``)
@@ -852,6 +868,20 @@ def _peer_counters(raw: Any) -> PortCounters | None:
     return pc
 
 
+def bandwidth_ask(msg: dict[str, Any]) -> tuple[BandwidthSpec, str | None]:
+    """The client's bandwidth ask as a :class:`BandwidthSpec` and None, or a spec of defaults and one
+    line naming the first value that is missing, of the wrong type (seconds: a number; size, QPs,
+    depth: integers) or out of :data:`BW_LIMITS` or the buffer cap."""
+    for k, (lo, hi) in BW_LIMITS.items():
+        v = msg.get(k)
+        kinds = (int, float) if k == "seconds" else (int,)
+        if isinstance(v, bool) or not isinstance(v, kinds) or not lo <= v <= hi:  # NaN fails the range
+            return BandwidthSpec(), (f"bandwidth {k} {str(v)[:40] if k in msg else '(missing)'} is not "
+                                     f"{'a number' if k == 'seconds' else 'an integer'} {lo:g}..{hi:g}")
+    spec = BandwidthSpec(float(msg["seconds"]), msg["size"], msg["qps"], msg["depth"])
+    return spec, spec.problem()
+
+
 def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, Any], facts: PairFacts,
                      deadline: float, budget: SessionBudget) -> None:
     """The server's half of the bandwidth run: check the client's ask (and the session's caps,
@@ -859,14 +889,10 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
     numbers, the buffer address and rkey; wait for the client's end of run; check the buffer (each QP's
     slot holds its pattern); answer with the check and this port's counter deltas; destroy the run's
     QPs, MR and CQ. The client's figures and counters are kept in ``facts``."""
-    try:
-        spec = BandwidthSpec(float(msg.get("seconds", 0)), int(msg.get("size", 0)), int(msg.get("qps", 0)),
-                             int(msg.get("depth", 0)))
-    except (TypeError, ValueError, OverflowError):  # garbage, or int(inf)
-        spec = BandwidthSpec(-1.0)
+    spec, why = bandwidth_ask(msg)
     facts.mode = "bandwidth"
-    bw = facts.bandwidth = BandwidthRun(seconds_asked=spec.seconds, size=spec.size, qps=spec.qps, depth=spec.depth)
-    why = spec.problem()
+    bw = facts.bandwidth = (BandwidthRun(seconds_asked=spec.seconds, size=spec.size, qps=spec.qps, depth=spec.depth)
+                            if why is None else BandwidthRun())  # a refused ask's values are in the error only
     peers: list[dict[str, int]] = []
     if why is None:
         try:

@@ -19,6 +19,9 @@ Targets:
   snapshot     a JSON list of edits to a whole real case folder (sysfs and its JSON/env files) →
                ``afddiag all --json --snapshot`` through the CLI in-process: exit 0-3 with a JSON
                report on stdout, or 64 with one line on stderr
+  pair_server  what a client sends to ``afddiag fabric --serve`` over loopback TCP (a fake RDMA rail):
+               the server ends by its deadline, names every bad field, frees and caps what a session
+               holds (``pairfuzz.py``)
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pairfuzz
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -448,6 +453,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "tar": target_tar,
     "nested": target_nested,
     "inventory": target_inventory,
+    "pair_server": pairfuzz.target_pair_server,
 }
 
 
@@ -482,6 +488,8 @@ def seeds(target: str) -> list[bytes]:
         out += [b"fleet = 5\n", b"host = 5\n", b'[expect]\nmtu = 4096.5\n[[host]]\nname = "a"\n',
                 b'[fleet]\nconcurrency = "abc"\n[[host]]\nname = "a"\n', b'[[host]]\nname = "\xff"\n',
                 b'[fleet]\ntimeout_s = 1e999\n[[host]]\nname = "a"\nfabric_ip = "1.2.3.4"\n']
+    elif target == "pair_server":
+        out += pairfuzz.seeds()
     else:
         out.append(b"[]")
     d = CORPUS / target
@@ -566,7 +574,7 @@ def mutate(target: str, data: bytes, rng: random.Random) -> bytes:
         raw = _json_or_none(data)
         if isinstance(raw, list):
             return json.dumps(_mutate_json(raw, rng)).encode()
-    if target in ("ip_addr", "rdma_dev", "gpu") and rng.random() < 0.7:
+    if target in ("ip_addr", "rdma_dev", "gpu", "pair_server") and rng.random() < 0.7:
         raw = _json_or_none(data)
         if raw is not None:
             return json.dumps(_mutate_json(raw, rng)).encode()
