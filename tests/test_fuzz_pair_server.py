@@ -26,8 +26,8 @@ SESSIONS = settings(max_examples=60, deadline=None, suppress_health_check=list(H
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
                     st.sampled_from([0, 1, 64, 4096, 65536, 1 << 20, 1 << 24, (1 << 24) - 1, 255, 256, 2**63]))
-anyjson = st.recursive(scalars, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c,
-                                                                                              max_size=3)), max_leaves=8)
+anyjson = st.recursive(scalars, lambda c: st.one_of(st.lists(c, max_size=3),
+                                                    st.dictionaries(st.text(max_size=6), c, max_size=3)), max_leaves=8)
 small = st.one_of(st.integers(0, 70), scalars)
 
 hello = st.fixed_dictionaries({k: st.one_of(st.just(v), anyjson) for k, v in pairfuzz.HELLO.items()})
@@ -36,7 +36,8 @@ message = st.one_of(
     st.fixed_dictionaries({"op": st.sampled_from(["send_pingpong", "send_stream"]),
                            "size": st.one_of(st.sampled_from([1, 64, 65536, 65537]), scalars), "n": small}),
     st.fixed_dictionaries({"op": st.sampled_from(["write", "check_write"]), "size": small, "seed": small}),
-    st.fixed_dictionaries({"op": st.just("bandwidth"), "seconds": st.one_of(st.sampled_from([0.5, 1, 600, 601]), scalars),
+    st.fixed_dictionaries({"op": st.just("bandwidth"),
+                           "seconds": st.one_of(st.sampled_from([0.5, 1, 600, 601]), scalars),
                            "size": st.one_of(st.sampled_from([4096, 1 << 20, 64 << 20]), scalars),
                            "qps": small, "depth": small, "peers": peers}),
     st.fixed_dictionaries({"op": st.just("bw_done"), "seconds": scalars, "bytes": scalars, "gbps": scalars,

@@ -106,7 +106,7 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
             if a.get(k) != b.get(k):
                 return _first_difference(a.get(k), b.get(k), f"{path}.{k}")
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             if x != y:
                 return _first_difference(x, y, f"{path}[{i}]")
     return f"{path or '.'}: {str(a)[:80]} became {str(b)[:80]}"
@@ -189,11 +189,10 @@ def _close_door(port: int, keyed: bool) -> None:
 
 def target_pair_server(data: bytes) -> None:
     """See the module docstring."""
-    from fuzzlib import Finding
-
     from afddiag.model import to_jsonable
     from afddiag.model.pair import REFUSED_KEPT, pair_facts
     from afddiag.probes import pair as pm
+    from fuzzlib import Finding
 
     keyed, items = _chunks(data)
     rails: list[FuzzRail] = []
