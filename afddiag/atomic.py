@@ -62,7 +62,7 @@ def atomic_write(path: str | os.PathLike, binary: bool = False, mode: int = 0o64
     when the folder cannot be written; the temporary file is removed on any error."""
     p, st = _classify(Path(path), device_ok)
     if st is not None and not stat.S_ISREG(st.st_mode):  # a character device the user named
-        with open(p, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "errors": "backslashreplace"})) as f:
+        with (open(p, "wb") if binary else open(p, "w", encoding="utf-8", errors="backslashreplace")) as f:
             yield f
         return
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent) if str(p.parent) else ".")

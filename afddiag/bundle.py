@@ -19,7 +19,8 @@ from pathlib import Path
 
 MAX_FILE_BYTES = 64 << 20  # one member (GPU readings with Xid events are ~100 KiB; sysfs files are bytes)
 MAX_TOTAL_BYTES = 256 << 20  # every member together, as extracted (a gzip bomb stops here)
-MAX_MEMBERS = 50_000  # a real capture holds ~2,000 (case 17: 2,086); 50,000 extract within the time bound on a loaded 2-core machine
+# a real capture holds ~2,000 (case 17: 2,086); 50,000 extract within the time bound on a loaded 2-core machine
+MAX_MEMBERS = 50_000
 
 BUNDLE_SUFFIXES = (".tar.gz", ".tgz")
 
@@ -79,7 +80,8 @@ def _member_path(name: str) -> list[str]:
 
 
 MAX_HEADER_BYTES = 1 << 20  # one tar header record: a GNU long name or pax header (real ones: < 1 KiB)
-MAX_DEPTH = 32  # path components of a member (a capture's deepest: top/sys/class/infiniband/d/ports/1/gid_attrs/types/0)
+# path components of a member (a capture's deepest: top/sys/class/infiniband/d/ports/1/gid_attrs/types/0)
+MAX_DEPTH = 32
 EXTRACT_TIMEOUT_S = 60.0  # the whole extraction (case 17, 2,086 members: 1.5-3 s on a loaded 2-core machine)
 
 

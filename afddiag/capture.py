@@ -24,7 +24,8 @@ from afddiag.probes.registry import ENV_ALLOW, ENV_ALLOW_PREFIX, Sources, env_al
 
 
 def collect_bundle(src: Sources | None = None, timeout_s: float = 10.0, load: bool = False,
-                   peers: tuple[str, ...] = (), fabric_ip: str | None = None) -> tuple[dict[str, bytes], str, list[str]]:
+                   peers: tuple[str, ...] = (),
+                   fabric_ip: str | None = None) -> tuple[dict[str, bytes], str, list[str]]:
     """Read everything the probes read from ``src`` (default this host) → (``{relative path: bytes}``,
     host name, notes): :func:`afddiag.runner.capture`. ``load`` runs the GPU load probe too;
     ``peers``/``fabric_ip`` add the routes to the peers. Each probe runs under ``timeout_s``; one

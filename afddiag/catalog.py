@@ -50,7 +50,8 @@ def load() -> dict[str, Any]:
         text = read_text("checks", "gates.toml")
     except (OSError, UnicodeError) as e:
         raise CatalogError(f"gate catalog checks/gates.toml unreadable ({getattr(e, 'strerror', None) or e}): "
-                           "reinstall afddiag (./scripts/setup.sh) or restore the file (git checkout checks/gates.toml)") from None
+                           "reinstall afddiag (./scripts/setup.sh) or restore the file "
+                           "(git checkout checks/gates.toml)") from None
     try:
         twin = json.loads(read_text("checks", TWIN))
         if twin.get("source_digest") == _digest(text):
@@ -127,7 +128,8 @@ def markdown() -> str:
             "Every remedy carries one action from this closed set (JSON `action` on each gate and diagnosis entry). "
             "`preflight --drain` and the Slurm hooks drain a node only for an action marked drain.", "",
             "| action | drain | meaning |", "| --- | --- | --- |"]
-    out += [f"| `{name}` | {'yes' if a.get('drain') else 'no'} | {a['meaning']} |" for name, a in cat["actions"].items()]
+    out += [f"| `{name}` | {'yes' if a.get('drain') else 'no'} | {a['meaning']} |"
+            for name, a in cat["actions"].items()]
     return "\n".join(out) + "\n"
 
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from afddiag.model import ROCE_V2
+from afddiag.model import ROCE_V1, ROCE_V2
 
 if TYPE_CHECKING:
     from afddiag.model.fabric import Entry, FabricFacts, RdmaDevice
@@ -109,8 +109,9 @@ def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> s
     and its fix, one line: no RDMA device; the address carried only as RoCE v1 GIDs (the HCA's RoCE
     mode is the fault: the address is there); carried by GIDs whose type was not read; IPv4-mapped
     GIDs whose netdev does not hold the address (a stale GID); else no IPv4 GID at all (put the
-    address on the RoCE netdev; with ``fabric_ip``, the addresses the map does name). Facts: the GID tables (``gid_attrs/types``, ``ndevs``) and addresses."""
-    from afddiag.model.fabric import ROCE_V1, ipv4_entries
+    address on the RoCE netdev; with ``fabric_ip``, the addresses the map does name). Facts: the GID
+    tables (``gid_attrs/types``, ``ndevs``) and addresses."""
+    from afddiag.model.fabric import ipv4_entries
 
     if not (fabric and fabric.devices):
         return "no RDMA device on this host: load the RDMA driver first (afddiag fabric says more)"
@@ -257,7 +258,8 @@ def pair_gid_with_hca(fabric: FabricFacts | None, fabric_ip: str | None, env: di
       with a note. Never prints half of a mismatched pair."""
     hca, gidx = "NCCL_IB_HCA", "NCCL_IB_GID_INDEX"
     env = env or {}
-    out, notes = list(to_print), []
+    out = list(to_print)
+    notes: list[str] = []
     names = [k for k, _ in out]
     if fabric is None:
         return out, notes

@@ -161,13 +161,14 @@ class LaunchEnvError(ValueError):
     """A launch env file that cannot be used: the message names the file, the line and the fix."""
 
 
-# What a shell sourcing the file takes literally: unquoted, anything but a blank and
+# What a shell sourcing the file does not take literally: unquoted, a blank and
 # ; | & < > ( ) $ ` \\ " ' * ? [ ] { } ~ ! (run, expanded, split or globbed); in double quotes
-# anything but $ ` \\ (which bash expands).
-_BARE_OK = re.compile(r"[^ \t|&;<>()$`\\\"'*?\[\]{}~!]*")
+# $ ` \\ (which bash expands).
+_BARE_BAD = re.compile(r"[ \t|&;<>()$`\\\"'*?\[\]{}~!]")
 _LINE_BREAKS = {"\r": "a carriage return (CRLF line end)", "\v": "a vertical tab", "\f": "a form feed",
                 "\x1c": "a file separator", "\x1d": "a group separator", "\x1e": "a record separator",
-                "\x85": "a NEL line break", "\u2028": "a U+2028 line separator", "\u2029": "a U+2029 paragraph separator"}
+                "\x85": "a NEL line break", "\u2028": "a U+2028 line separator",
+                "\u2029": "a U+2029 paragraph separator"}
 
 
 def _unquote(val: str, where: str) -> str:
@@ -181,7 +182,8 @@ def _unquote(val: str, where: str) -> str:
             raise LaunchEnvError(f"{where}: unterminated {q} quote: close it")
         rest = val[end + 1:]
         if rest and not (rest[:1] in (" ", "\t") and rest.strip().startswith("#")):
-            raise LaunchEnvError(f"{where}: text after the closing quote ({rest.strip()[:40]!r}): quote the whole value")
+            raise LaunchEnvError(f"{where}: text after the closing quote ({rest.strip()[:40]!r}): "
+                                 "quote the whole value")
         inner = val[1:end]
         if q == '"' and (bad := next((c for c in inner if c in "$`\\"), None)):
             raise LaunchEnvError(f"{where}: {bad!r} inside double quotes: the shell would expand it (command "
@@ -189,9 +191,8 @@ def _unquote(val: str, where: str) -> str:
         return inner
     bare, _, comment = val.partition(" #") if " #" in val else val.partition("\t#")
     bare = bare.rstrip(" \t")
-    m = _BARE_OK.match(bare)
-    if m.end() != len(bare):
-        c = bare[m.end()]
+    if (m := _BARE_BAD.search(bare)) is not None:
+        c = m.group()
         what = {"$": "'$' (command substitution or a variable)", "`": "a backtick (command substitution)",
                 " ": "a blank (the shell would run the rest as a command)", "\t": "a tab (the shell would run the rest "
                 "as a command)"}.get(c, f"the shell metacharacter {c!r}")
@@ -275,7 +276,10 @@ def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, s
         name = (aliases or {}).get(key, key)
         if name in first_line:
             line0, key0 = first_line[name]
-            same = f" (as {key0}, an alias of {name})" if key0 != key else (f" (alias of {name})" if name != key else "")
+            if key0 != key:
+                same = f" (as {key0}, an alias of {name})"
+            else:
+                same = f" (alias of {name})" if name != key else ""
             raise LaunchEnvError(f"{where}: duplicate key {key}, first set on line {line0}{same}: keep one")
         value = _unquote(val, where)
         _check_value(name, value, where)

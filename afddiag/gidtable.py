@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from afddiag.facts import ROCE_V1, ROCE_V2, FabricFacts
+from afddiag.model import ROCE_V1, ROCE_V2
+from afddiag.model.fabric import FabricFacts
 
 HEADER = ("DEV", "PORT", "INDEX", "GID", "IPv4", "VER", "NETDEV", "MARK")
 _VER = {ROCE_V2: "v2", ROCE_V1: "v1"}
@@ -119,6 +121,6 @@ def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out
         out.write("".join(ln + "\n" for ln in wrap(line, width, "", "    ")))
 
 
-def _aligned(cells: list[tuple[str, ...]]) -> list[str]:
+def _aligned(cells: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     return ["  ".join(v.ljust(widths[i]) for i, v in enumerate(c)).rstrip() for c in cells]

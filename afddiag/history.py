@@ -121,7 +121,8 @@ def insert_run(con: sqlite3.Connection, report: dict[str, Any], command: str) ->
         (time.time(), report.get("generated_at"), str(report.get("host") or ""), command,
          (report.get("inputs") or {}).get("role"), report.get("source"), report.get("exit_code"),
          json.dumps(report, separators=(",", ":"), default=str)))
-    rid = int(cur.lastrowid)
+    rid = cur.lastrowid
+    assert rid is not None  # an INSERT sets it
     con.executemany("INSERT OR REPLACE INTO verdicts (run_id, gate, verdict) VALUES (?,?,?)",
                     [(rid, g["id"], g["verdict"]) for g in report.get("gates") or []])
     return rid
@@ -408,7 +409,8 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
     if not summary["hosts"]:
         con.print(_none_recorded(summary))
     for h, hs in summary["hosts"].items():
-        t = Table(title=_host_line(h, hs), box=box.SIMPLE_HEAD, pad_edge=False)
+        title = _host_line(h, hs)
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
         t.add_column("gate", overflow="fold")
         t.add_column("verdict", no_wrap=True)
         t.add_column("since", overflow="fold")
@@ -421,6 +423,6 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
         if hs["gates"]:
             con.print(t)
         else:
-            con.print(Text(t.title, overflow="fold"))
+            con.print(Text(title, overflow="fold"))
         for line in _notes(hs, summary) + _drift_lines(hs.get("drift")):
             con.print(Text(line, overflow="fold"))

@@ -48,7 +48,8 @@ table{border-collapse:collapse;margin:4px 0 8px}
 th,td{border:1px solid #d0d7de;padding:2px 6px;text-align:left;vertical-align:top}
 th{background:#f6f8fa;font-weight:600}
 td.mono,span.mono{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:12px}
-.tag{display:inline-block;font-size:11px;padding:0 4px;border-radius:3px;margin-left:4px;background:#ddf4ff;color:#0969da}
+.tag{display:inline-block;font-size:11px;padding:0 4px;border-radius:3px;margin-left:4px;
+background:#ddf4ff;color:#0969da}
 .tag.fip{background:#fff1e5;color:#bc4c00}
 .muted{color:#6e7781}
 """
@@ -63,6 +64,11 @@ def _v(verdict: str | None) -> str:
     return f'<span class="v {v}">{_e(verdict or "?")}</span>'
 
 
+def _rank(verdict: object) -> int:
+    """Fix order of a verdict: FAIL 0, ERROR 1, WARN 2, anything else 3."""
+    return _ORDER.get(verdict, 3) if isinstance(verdict, str) else 3
+
+
 def host_faults(report: dict[str, Any]) -> list[dict[str, Any]]:
     """What a host needs fixed, in fix order: the report's ``diagnosis`` entries (gate, verdict,
     summary, remedy, explains) when it has them, else its FAIL and ERROR gates, then WARN."""
@@ -72,7 +78,7 @@ def host_faults(report: dict[str, Any]) -> list[dict[str, Any]]:
                  "remedy": d.get("remedy"), "action": d.get("action"), "drain": d.get("drain"),
                  "explains": d.get("explains") or []} for d in diag]
     gates = [g for g in report.get("gates") or [] if isinstance(g, dict) and g.get("verdict") in TELLS]
-    gates.sort(key=lambda g: _ORDER.get(g.get("verdict"), 3))
+    gates.sort(key=lambda g: _rank(g.get("verdict")))
     return [{"gate": g.get("id"), "verdict": g.get("verdict"), "summary": g.get("summary"), "remedy": g.get("remedy"),
              "action": g.get("action"), "explains": []} for g in gates]
 
@@ -115,7 +121,7 @@ def _diagnosis(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[s
         if not faults:
             continue
         bad += 1
-        worst = min((_ORDER.get(f["verdict"], 3) for f in faults), default=3)
+        worst = min((_rank(f["verdict"]) for f in faults), default=3)
         cls = "" if worst == 0 else " err" if worst == 1 else " warn"
         out.append(f'<div class="host{cls}" id="diag-{_e(name)}" data-host="{_e(name)}"><b>{_e(name)}</b>'
                    f' <span class="muted">{_e(row.get("role") or "")} · exit {_e(row.get("exit_code"))}</span>')
@@ -130,7 +136,7 @@ def _diagnosis(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[s
     fleet_bad = [g for g in fr.get("gates") or [] if g.get("verdict") in TELLS]
     if fleet_bad:
         out.append('<div class="host" id="diag-fleet"><b>across hosts</b>')
-        for g in sorted(fleet_bad, key=lambda g: _ORDER.get(g.get("verdict"), 3)):
+        for g in sorted(fleet_bad, key=lambda g: _rank(g.get("verdict"))):
             out.append(f'<div class="fault">{_v(g["verdict"])} <span class="gate">{_e(g["id"])}</span>: '
                        f'{_e(g["summary"])}</div>')
             if g.get("remedy"):
@@ -147,8 +153,8 @@ def _matrix(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[str]
     gids: list[str] = []
     for n in names:
         for g in (reports.get(n) or {}).get("gates") or []:
-            if isinstance(g, dict) and g.get("id") not in gids:
-                gids.append(g.get("id"))
+            if isinstance(g, dict) and isinstance(g.get("id"), str) and g["id"] not in gids:
+                gids.append(g["id"])
     out = ['<section id="verdicts"><h2>Gates per host</h2><table><tr><th>gate</th>']
     out += [f"<th>{_e(n)}</th>" for n in names] + ["</tr>"]
     for gid in gids:
@@ -156,13 +162,15 @@ def _matrix(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[str]
         for n in names:
             rep = reports.get(n)
             g = _gate(rep, gid) if rep else {}
-            out.append(f'<td title="{_e(g.get("summary"))}">{_v(g["verdict"]) if g else "<span class=muted>—</span>"}</td>')
+            cell = _v(g["verdict"]) if g else "<span class=muted>—</span>"
+            out.append(f'<td title="{_e(g.get("summary"))}">{cell}</td>')
         out.append("</tr>")
     out.append("</table>")
     if fr.get("gates"):
         out.append('<table><tr><th>fleet gate</th><th>verdict</th><th>summary</th></tr>')
         for g in fr["gates"]:
-            out.append(f'<tr><td class="mono">{_e(g["id"])}</td><td>{_v(g["verdict"])}</td><td>{_e(g["summary"])}</td></tr>')
+            out.append(f'<tr><td class="mono">{_e(g["id"])}</td><td>{_v(g["verdict"])}</td>'
+                       f'<td>{_e(g["summary"])}</td></tr>')
         out.append("</table>")
     out.append("</section>")
     return out
@@ -180,7 +188,7 @@ def _topology(name: str, rep: dict[str, Any]) -> list[str]:
     if not devs:
         out.append('<div class="muted">no RDMA device in this report (fabric not probed or none on the host)</div>')
         return out
-    netdevs = fab.get("netdevs") if isinstance(fab.get("netdevs"), dict) else {}
+    netdevs = fab["netdevs"] if isinstance(fab.get("netdevs"), dict) else {}
     pmtu = {(d, str(p), n): m for d, p, n, m in path_mtus(fab)}
     out.append('<table><tr><th>HCA (index)</th><th>port</th><th>state</th><th>rate</th><th>netdev</th>'
                '<th>MTU → path MTU</th><th>IPv4 GIDs (index, type)</th><th>RoCE v2 IPv4 GID index</th></tr>')
@@ -188,7 +196,7 @@ def _topology(name: str, rep: dict[str, Any]) -> list[str]:
         ports = [p for p in d.get("ports") or [] if isinstance(p, dict)] or [{}]
         for i, p in enumerate(ports):
             gids = [g for g in p.get("gids") or [] if isinstance(g, dict)]
-            nds = sorted({g.get("netdev") for g in gids if isinstance(g.get("netdev"), str)})
+            nds = sorted({g["netdev"] for g in gids if isinstance(g.get("netdev"), str)})
             ips, v2 = [], []
             for g in gids:
                 if not g.get("ipv4"):
@@ -221,14 +229,15 @@ def render(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> str:
     HTML document as a string."""
     c = fr.get("counts") or {}
     code = fr.get("exit_code")
-    words = {0: "clean", 1: "WARN", 2: "FAIL", 3: "ERROR"}.get(code, "?")
+    words = {0: "clean", 1: "WARN", 2: "FAIL", 3: "ERROR"}.get(code, "?") if isinstance(code, int) else "?"
     parts = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width,initial-scale=1">',
              '<link rel="icon" href="data:,">',
              f"<title>afddiag fleet — {_e(len(fr.get('hosts') or []))} hosts — exit {_e(code)}</title>",
              f"<style>{CSS}</style></head><body>",
              f"<h1>afddiag fleet: {_e(words)} (exit {_e(code)})</h1>",
-             f'<p class="sub">{_e(fr.get("hosts_ok"))} host(s) reported, {_e(fr.get("hosts_error"))} without a report · '
+             f'<p class="sub">{_e(fr.get("hosts_ok"))} host(s) reported, '
+             f'{_e(fr.get("hosts_error"))} without a report · '
              f'fleet gates {_e(c.get("PASS", 0))} pass, {_e(c.get("WARN", 0))} warn, {_e(c.get("FAIL", 0))} fail, '
              f'{_e(c.get("ERROR", 0))} error · {_e(fr.get("source"))} · {_e(fr.get("generated_at"))} · '
              f'afddiag {_e(fr.get("afddiag_version"))}</p>']

@@ -23,7 +23,8 @@ def data_dir(sub: str) -> Path | None:
         mod = importlib.import_module(f"afddiag.{sub}")
     except ModuleNotFoundError:
         return _REPO / sub
-    d = Path(mod.__file__).parent if getattr(mod, "__file__", None) else None
+    file = getattr(mod, "__file__", None)  # None for a namespace package
+    d = Path(file).parent if file else None
     return d if d is not None and d.is_dir() else None
 
 

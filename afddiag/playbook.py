@@ -79,8 +79,8 @@ def parse(text: str, path: str) -> Playbook:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
-    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST), ("fabric", _FABRIC), ("plan", PLAN_KEYS),
-                           ("timeouts", _TIMEOUTS)):
+    for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST),
+                           ("fabric", _FABRIC), ("plan", PLAN_KEYS), ("timeouts", _TIMEOUTS)):
         got = d if not table else d.get(table, {})
         if not isinstance(got, dict):
             raise PlaybookError(f"playbook {path}: [{table}] must be a table")
@@ -127,11 +127,13 @@ def parse(text: str, path: str) -> Playbook:
     if any(not 0 < x < 65536 for x in pb.engine_ports):
         raise PlaybookError(f"playbook {path}: launch.engine_ports {pb.engine_ports}: give TCP ports 1..65535")
     if pb.engine_registers not in REGISTERS:
-        raise PlaybookError(f"playbook {path}: fabric.engine_registers {pb.engine_registers!r}: give \"host\" or \"gpu\"")
+        raise PlaybookError(f"playbook {path}: fabric.engine_registers {pb.engine_registers!r}: "
+                            "give \"host\" or \"gpu\"")
     if (bad := rail_band_problem(pb)) is not None:
         raise PlaybookError(f"playbook {path}: [fabric] {bad}")
     if pb.reserve_bytes < 0:
-        raise PlaybookError(f"playbook {path}: gpu.reserve_bytes {pb.reserve_bytes} is negative; give bytes (0: none planned)")
+        raise PlaybookError(f"playbook {path}: gpu.reserve_bytes {pb.reserve_bytes} is negative; "
+                            "give bytes (0: none planned)")
     bad_plan = sorted(k for k, v in pb.plan.items()
                       if k in ("kv_bytes_per_token", "max_context_tokens", "weights_bytes") and v <= 0)
     if bad_plan:

@@ -91,10 +91,10 @@ def steps(what: str, total: int) -> Iterator[Steps]:
                     TimeElapsedColumn,
                 )
 
-                _state["progress"] = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                              MofNCompleteColumn(), TimeElapsedColumn(),
-                                              console=Console(file=sys.stderr), transient=True)
-                _state["progress"].start()
+                bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
+                bar.start()
+                _state["progress"] = bar
             except Exception:  # noqa: BLE001 - no bar rather than no run
                 _state["progress"] = None
         progress = _state["progress"]

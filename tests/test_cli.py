@@ -125,7 +125,8 @@ def test_devicemap_names_a_rocev1_only_address_not_a_missing_one():
 
 def test_no_map_reason_names_each_cause():
     from afddiag.endpoint import no_map_reason
-    from afddiag.model.fabric import ROCE_V1, FabricFacts, Gid, Netdev, Port, RdmaDevice
+    from afddiag.model import ROCE_V1
+    from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, RdmaDevice
 
     def fab(gtype, holds=True):
         nd = Netdev(name="eth0", ipv4=["10.0.0.5/24"] if holds else [])

@@ -49,5 +49,6 @@ from afddiag.verdict import Verdict
 
 __all__ = ["HostResult", "Inventory", "InventoryError", "SshOptions", "Verdict", "build_zipapp", "collect",
            "judge", "load_inventory", "load_reports", "parse_report", "write_fleet_table",
-           "FLEET_SCHEMA", "FLEET_SCHEMA_VERSION", "MAX_MERGE_FILE_BYTES", "MAX_OUTPUT_MIB", "PEER_POLICIES", "VENDORED",
+           "FLEET_SCHEMA", "FLEET_SCHEMA_VERSION", "MAX_MERGE_FILE_BYTES", "MAX_OUTPUT_MIB", "PEER_POLICIES",
+           "VENDORED",
            "ConnectTimeout", "InvHost", "Progress", "collect_async", "parse_target", "peers_for", "remote_args"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ipaddress
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +54,10 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _spec(kind: str, lo: float | None = None, hi: float | None = None, choices: tuple | None = None):
-    """One key's type: (check(value) -> bool, what is allowed in words)."""
+def _spec(kind: str, lo: float = 0, hi: float = 0,
+          choices: tuple[object, ...] = ()) -> tuple[Callable[[Any], bool], str]:
+    """One key's type: (check(value) -> bool, what is allowed in words); ``lo``..``hi`` bound an "int" or a
+    "number", ``choices`` lists a "choice"'s values."""
     if kind == "str":
         return (lambda v: isinstance(v, str) and v != "" and "\0" not in v and len(v) <= 4096), "a non-empty string"
     if kind == "name":
@@ -152,7 +155,8 @@ def load_inventory(path: str) -> Inventory:
         raise InventoryError(f"inventory {path}: not TOML ({e})") from e
     extra = set(data) - {"fleet", "expect", "host"}
     if extra:
-        raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} (known: fleet, expect, host)")
+        raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} "
+                             "(known: fleet, expect, host)")
     settings = _check_table(f"inventory {path}", data.get("fleet", {}), _FLEET_SPEC, "[fleet]")
     expect = _check_table(f"inventory {path}", data.get("expect", {}), _EXPECT_SPEC, "[expect]")
     raw_hosts = data.get("host", [])
@@ -179,8 +183,8 @@ def load_inventory(path: str) -> Inventory:
 
 def parse_target(target: str, default_user: str | None = None) -> tuple[str | None, str, int]:
     """``[user@]host[:port]`` (``[v6]:port`` for IPv6) → ``(user, host, port)``; port 22 by default."""
-    user, _, rest = target.rpartition("@")
-    user = user or default_user
+    at_user, _, rest = target.rpartition("@")
+    user = at_user or default_user
     port = 22
     if rest.startswith("["):
         host, _, tail = rest[1:].partition("]")
@@ -200,14 +204,14 @@ def parse_target(target: str, default_user: str | None = None) -> tuple[str | No
 def peers_for(h: InvHost, inv: Inventory) -> list[str]:
     """The ``--peer`` addresses ``h`` is given under the inventory's ``peers`` policy."""
     policy = inv.settings.get("peers", "coordinator")
-    others = [o for o in inv.hosts if o is not h and o.fabric_ip and o.fabric_ip != h.fabric_ip]
+    others = [(o.role, o.fabric_ip) for o in inv.hosts if o is not h and o.fabric_ip and o.fabric_ip != h.fabric_ip]
     if policy == "none":
         return []
     if policy == "all":
-        return [o.fabric_ip for o in others]
+        return [ip for _, ip in others]
     if h.role == "coordinator":
-        return [o.fabric_ip for o in others if o.role != "coordinator"]
-    return [o.fabric_ip for o in others if o.role == "coordinator"]
+        return [ip for role, ip in others if role != "coordinator"]
+    return [ip for role, ip in others if role == "coordinator"]
 
 
 def remote_args(h: InvHost, inv: Inventory) -> list[str]:

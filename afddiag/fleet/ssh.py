@@ -115,7 +115,7 @@ async def _collect_one(h: InvHost, inv: Inventory, opts: SshOptions, sem: asynci
             rep, why = parse_report(out.decode("utf-8", "replace"), f"exit {status}")
             if rep is None:
                 err = err_tail.decode("utf-8", "replace").strip().splitlines()
-                res.error = why + (f"; stderr: {err[-1][:200]}" if err else "")
+                res.error = (why or "not an afddiag report") + (f"; stderr: {err[-1][:200]}" if err else "")
             res.report = rep
 
     async with sem:
@@ -248,7 +248,8 @@ def build_zipapp(dest: str) -> str:
     for sub in ("checks", "playbooks"):
         src = data_dir(sub)  # installed beside the package, or the source tree's (an editable install)
         if src is None:
-            raise ImportError(f"afddiag.{sub} is not a directory here (run from a zipapp?): build the zipapp from an install")
+            raise ImportError(f"afddiag.{sub} is not a directory here (run from a zipapp?): "
+                              "build the zipapp from an install")
         if src.resolve() != (pkg / sub).resolve():
             tree(src, f"afddiag/{sub}")
     for mod in VENDORED:
@@ -257,8 +258,10 @@ def build_zipapp(dest: str) -> str:
             raise ImportError(f"{mod} is not installed here: it is vendored into the zipapp")
         if spec.submodule_search_locations:
             tree(Path(list(spec.submodule_search_locations)[0]), mod)
-        else:
+        elif spec.origin:
             files.append((Path(spec.origin), Path(spec.origin).name))
+        else:
+            raise ImportError(f"{mod} has no source file here (built in?): it is vendored into the zipapp")
     main = "import sys\nfrom afddiag.cli import main\nmain()\n"
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
     from afddiag.atomic import atomic_write

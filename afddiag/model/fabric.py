@@ -10,7 +10,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from afddiag.model import ROCE_V1, ROCE_V2  # noqa: F401 - re-exported: one definition, import-free
+from afddiag.model import ROCE_V2
 
 # What a verbs errno from ibv_modify_qp means on RoCE (the QP probe records the errno, gates say it).
 ERRNO_WORDS = {
@@ -309,10 +309,12 @@ class MemRegFacts:
     kernel_release: str | None = None
     memlock_soft_bytes: int | None = None  # -1 unlimited
     cuda_why: str | None = None
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # ordinal, name, integrated, gpu_direct_rdma_supported, dma_buf_supported
+    # per GPU: ordinal, name, integrated, gpu_direct_rdma_supported, dma_buf_supported
+    gpus: list[dict[str, Any]] = field(default_factory=list)
     dmabuf_export: dict[str, Any] | None = None  # ordinal, bytes, ok, error
     verbs_why: str | None = None
-    devices: list[dict[str, Any]] = field(default_factory=list)  # per RDMA device: host_mr, host_mr_count, gpu_mr, dmabuf_mr
+    # per RDMA device: host_mr, host_mr_count, gpu_mr, dmabuf_mr
+    devices: list[dict[str, Any]] = field(default_factory=list)
     count_wanted: int = 0
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # the probe timed out or crashed (fabric.mem-registration says ERROR)
@@ -322,9 +324,10 @@ def memreg_facts(r: Any) -> MemRegFacts:
     """:class:`MemRegFacts` from :func:`afddiag.probes.memreg.read_memreg` readings (live, or a capture's;
     None: not captured). Odd values become None; never raises."""
     if not isinstance(r, dict):
-        return MemRegFacts(captured=False, notes=["memory registration not captured (the snapshot holds no memory-registration readings)"])
+        return MemRegFacts(captured=False, notes=["memory registration not captured "
+                                                  "(the snapshot holds no memory-registration readings)"])
 
-    def d(x: Any) -> dict:
+    def d(x: Any) -> dict[str, Any]:
         return x if isinstance(x, dict) else {}
 
     def i(x: Any) -> int | None:

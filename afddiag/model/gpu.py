@@ -82,14 +82,14 @@ def _meminfo(raw: Any) -> dict[str, int] | None:
 BUSY_UTILIZATION_PCT = 10.0  # GPU utilization at or above this while afddiag runs no kernel: another job
 
 
-def is_own_process(p: Any, own_pids: set | frozenset = frozenset()) -> bool:
+def is_own_process(p: Any, own_pids: set[int] | frozenset[int] = frozenset()) -> bool:
     """True when an NVML process entry (``{pid, name, ...}``) is afddiag itself: its pid is one of
     ``own_pids`` (the probing process, ``GpuFacts.probe_pid``) or its name starts with ``afddiag``
     (the CUDA context afddiag opens to read the SM count shows in ``nvidia-smi`` like any other)."""
     return isinstance(p, dict) and (p.get("pid") in own_pids or str(p.get("name") or "").startswith("afddiag"))
 
 
-def other_compute(processes: Any, own_pids: set | frozenset = frozenset()) -> list[dict[str, Any]]:
+def other_compute(processes: Any, own_pids: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:
     """The compute processes in an NVML process list (``[{pid, name, used_bytes, type}]``) that are
     not afddiag: ``type`` "graphics" (a display server) and afddiag's own (:func:`is_own_process`)
     are left out. A list without ``type`` counts as compute."""
@@ -99,7 +99,7 @@ def other_compute(processes: Any, own_pids: set | frozenset = frozenset()) -> li
             and not is_own_process(p, own_pids)]
 
 
-def busy_evidence(processes: Any, utilization_pct: Any, own_pids: set | frozenset = frozenset(),
+def busy_evidence(processes: Any, utilization_pct: Any, own_pids: set[int] | frozenset[int] = frozenset(),
                   when: str = "just before the load probe") -> list[str]:
     """Why a GPU counts as busy with another job: ``["pid 443, python3", "utilization 97 % <when>"]``;
     [] when neither another compute process (:func:`other_compute`) nor utilization at or above
@@ -189,7 +189,8 @@ class GpuFacts:
 
 
 def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
-    """Normalise the GPU probe's readings (:func:`afddiag.probes.gpu.read_gpu`'s shape, live or from a snapshot) into facts.
+    """Normalise the GPU probe's readings (:func:`afddiag.probes.gpu.read_gpu`'s shape, live or from a
+    snapshot) into facts.
 
     ``"NOT_SUPPORTED"`` and nulls become None; NVML memory NOT_SUPPORTED on an integrated GPU falls
     back to ``host_meminfo_kb`` (``/proc/meminfo`` MemTotal/MemAvailable, KiB) with ``unified=True``.

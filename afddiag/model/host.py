@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from afddiag.textnum import digits
 
@@ -99,19 +100,27 @@ def _lanes(text: object) -> int | None:
     return int(t) if digits(t) and len(t) <= 3 and 0 < int(t) <= PCIE_MAX_LANES else None
 
 
+def _table(x: object) -> dict[str, Any]:
+    """A JSON object, or {} for anything else."""
+    return x if isinstance(x, dict) else {}
+
+
+def _of_type(x: object, kind: type[Any]) -> list[Any]:
+    """The items of a JSON list that are ``kind`` (and not bool), [] for anything else."""
+    return [v for v in x if isinstance(v, kind) and not isinstance(v, bool)] if isinstance(x, list) else []
+
+
 def pcie_facts(r: object) -> PcieFacts:
     """:class:`PcieFacts` from :func:`afddiag.probes.pcie.read_pcie` readings (live, or a capture's;
     None: not captured). Odd values become None; never raises."""
     if not isinstance(r, dict):
         return PcieFacts(captured=False, notes=["PCIe links not captured (the snapshot holds no PCIe readings)"])
     links = []
-    devs = r.get("devices") if isinstance(r.get("devices"), dict) else {}
-    for bdf, d in sorted(devs.items()):
+    for bdf, d in sorted(_table(r.get("devices")).items()):
         if not isinstance(d, dict) or d.get("kind") not in ("nic", "gpu"):
             continue
-        names = [n for n in d.get("names", []) if isinstance(n, str)] if isinstance(d.get("names"), list) else []
-        up = d.get("upstream") if isinstance(d.get("upstream"), dict) else {}
-        links.append(PcieLink(bdf=str(bdf), kind=d["kind"], names=names,
+        up = _table(d.get("upstream"))
+        links.append(PcieLink(bdf=str(bdf), kind=d["kind"], names=_of_type(d.get("names"), str),
                               current_speed_gts=_gts(d.get("current_link_speed")),
                               current_width=_lanes(d.get("current_link_width")),
                               max_speed_gts=_gts(d.get("max_link_speed")), max_width=_lanes(d.get("max_link_width")),
@@ -120,8 +129,7 @@ def pcie_facts(r: object) -> PcieFacts:
                               upstream_bdf=up.get("bdf") if isinstance(up.get("bdf"), str) else None,
                               upstream_max_speed_gts=_gts(up.get("max_link_speed")),
                               upstream_max_width=_lanes(up.get("max_link_width"))))
-    notes = [n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else []
-    return PcieFacts(links=links, notes=notes)
+    return PcieFacts(links=links, notes=_of_type(r.get("notes"), str))
 
 
 @dataclass
@@ -132,7 +140,7 @@ class ReachFacts:
     source: str | None = None  # the fabric IP the sockets were bound to
     peers: list[str] = field(default_factory=list)
     ports: list[int] = field(default_factory=list)
-    attempts: list[dict] = field(default_factory=list)  # peer, port, ok, outcome, errno, error, elapsed_ms
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # peer, port, ok, outcome, errno, error, elapsed_ms
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # the probe timed out or crashed (launch.control-plane says ERROR)
 
@@ -142,10 +150,8 @@ def reach_facts(r: object) -> ReachFacts:
     Never raises."""
     if not isinstance(r, dict):
         return ReachFacts(captured=False, notes=["not captured in this snapshot"])
-    att = [a for a in r.get("attempts", []) if isinstance(a, dict) and isinstance(a.get("peer"), str)
-           and isinstance(a.get("port"), int)] if isinstance(r.get("attempts"), list) else []
+    att = [a for a in _of_type(r.get("attempts"), dict) if isinstance(a.get("peer"), str)
+           and isinstance(a.get("port"), int)]
     return ReachFacts(source=r.get("source") if isinstance(r.get("source"), str) else None,
-                      peers=[p for p in r.get("peers", []) if isinstance(p, str)] if isinstance(r.get("peers"), list) else [],
-                      ports=[p for p in r.get("ports", []) if isinstance(p, int)] if isinstance(r.get("ports"), list) else [],
-                      attempts=att,
-                      notes=[n for n in r.get("notes", []) if isinstance(n, str)] if isinstance(r.get("notes"), list) else [])
+                      peers=_of_type(r.get("peers"), str), ports=_of_type(r.get("ports"), int), attempts=att,
+                      notes=_of_type(r.get("notes"), str))

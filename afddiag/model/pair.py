@@ -229,11 +229,11 @@ def _f(x: Any) -> float | None:
     return v if v is not None and v == v and abs(v) != float("inf") else None
 
 
-def _d(x: Any) -> dict:
+def _d(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
-def _l(x: Any) -> list:
+def _l(x: Any) -> list[Any]:
     return x if isinstance(x, list) else []
 
 
@@ -308,8 +308,8 @@ def pair_facts(r: Any) -> PairFacts | None:
                                                reason=_s(c.get("reason")) or "not recorded"))
     raw_bw = r.get("bandwidth")
     if raw_bw is not None and not isinstance(raw_bw, dict):
-        f.failed = (f"the saved pair-test result's bandwidth is a JSON {_json_kind(raw_bw)}, not the bandwidth run's object: save the "
-                    "output of `afddiag fabric --pair HOST --bandwidth --json` unedited")
+        f.failed = (f"the saved pair-test result's bandwidth is a JSON {_json_kind(raw_bw)}, not the bandwidth "
+                    "run's object: save the output of `afddiag fabric --pair HOST --bandwidth --json` unedited")
     for p in _l(r.get("phases")):
         if isinstance(p, dict) and isinstance(p.get("op"), str) and _i(p.get("size")) is not None:
             f.phases.append(PairPhase(op=p["op"][:20], size=p["size"], iters=_i(p.get("iters")) or 0,

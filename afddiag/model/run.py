@@ -22,7 +22,8 @@ class Inputs:
     peers: list[str] = field(default_factory=list)
     expect_sm: int | None = None
     snapshot: str | None = None
-    probe_timeout_s: float | None = None  # --timeout: overrides the playbook's fabric_s, gpu_s, cpu_s, image_s, limits_s
+    # --timeout: overrides the playbook's fabric_s, gpu_s, cpu_s, image_s, limits_s
+    probe_timeout_s: float | None = None
     qp_timeout_s: float | None = None  # --qp-timeout: overrides the playbook's qp_s
     run_qp: bool = True
     launch_env: dict[str, str] | None = None  # parsed --launch-env file (afddiag's key names)
@@ -67,7 +68,8 @@ class Observation:
     gpu: GpuFacts | None = None
     env: dict[str, str] | None = None  # None: not captured
     env_source: str = "process environment"
-    env_sources: dict[str, str] = field(default_factory=dict)  # variable → where it came from (launch env FILE, snapshot env, process environment)
+    # variable → where it came from (launch env FILE, snapshot env, process environment)
+    env_sources: dict[str, str] = field(default_factory=dict)
     image: ImageFacts | None = None
     limits: HostLimits | None = None
     cpu: dict[str, Any] | None = None  # host CPU facts (probes/cpu.py); None: not probed

@@ -594,8 +594,9 @@ def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = Fal
             bar.step(f"GPU {ordinal} {devs[ordinal].get('name') or ''}".rstrip())
             pre = by_ordinal.get(ordinal) or (devs[ordinal] if not by_ordinal else None)
             before = read_busy(pre.get("uuid"), pre.get("index"), 0.5) if pre is not None else None
+            own_pid = (before or {}).get("own_pid")
             busy = busy_evidence((before or {}).get("processes"), (before or {}).get("utilization_pct"),
-                                 {(before or {}).get("own_pid")})
+                                 {own_pid} if isinstance(own_pid, int) else set())
             if skip_busy and busy and pre is not None:
                 pre["under_load"] = {"why": f"not run: GPU busy ({'; '.join(busy)}); `afddiag gpu --load` runs it anyway",
                                      "busy_before": before}
