@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from afddiag.facts import (
-    ROCE_V1,
-    ROCE_V2,
+from afddiag.model import ROCE_V1, ROCE_V2
+from afddiag.model.fabric import (
     FabricFacts,
     Gid,
     Netdev,
