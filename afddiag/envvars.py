@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from afddiag.textnum import digits
 
@@ -18,14 +19,18 @@ UCX_GID_VAR = "UCX_IB_GID_INDEX"  # UCX (UCT/IB; NIXL and UCX-based engines)
 GID_INDEX_VARS = (NCCL_GID_VAR, MC_GID_VAR, UCX_GID_VAR)
 WATCHED = (MAP_VAR, NCCL_HCA_VAR) + GID_INDEX_VARS
 
-# Names whose values are credentials: a whole "_"-separated word of the name is one of _SECRET_WORDS
-# (AFD_HF_TOKEN, AFD_DB_PASSWORD, AFD_API_KEY, AWS_SECRET_ACCESS_KEY, HF_AUTH), or a word ends in one of
-# _SECRET_SUFFIXES (HFTOKEN, APIKEY). KEY is not a secret before an index/file word (AFD_KEY_INDEX,
-# AFD_SSH_KEY_FILE), and PKEY (an InfiniBand partition key index: NCCL_IB_PKEY) is no word of the list.
-_SECRET_WORDS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
-                 "CREDENTIALS", "AUTH", "AUTHORIZATION", "COOKIE", "KEY", "KEYS")
-_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "PRIVATEKEY", "ACCESSKEY", "SECRETKEY")
-_INDEX_WORDS = ("INDEX", "IDX", "ID", "NUM", "NUMBER", "COUNT", "LEN", "SIZE", "FILE", "PATH", "NAME")
+# Names whose values are credentials: a whole "_"-separated word of the name, trailing digits aside
+# (AFD_PASS2, DB_PWD1), is one of _SECRET_WORDS (AFD_HF_TOKEN, AFD_DB_PASSWORD, AFD_API_KEY,
+# AWS_SECRET_ACCESS_KEY, HF_AUTH, AFD_PASS, AFD_PWD, AFD_PRIVKEY, AFD_JWT, AFD_CRED), or a word ends in one
+# of _SECRET_SUFFIXES (HFTOKEN, APIKEY, DBPASS). KEY is not a secret before an index/file word
+# (AFD_KEY_INDEX, AFD_SSH_KEY_FILE), and PKEY (an InfiniBand partition key index: NCCL_IB_PKEY) is no word
+# of the list.
+_SECRET_WORDS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "PASS", "PWD",
+                 "CREDENTIAL", "CREDENTIALS", "CRED", "CREDS", "AUTH", "AUTHORIZATION", "COOKIE", "KEY", "KEYS",
+                 "PRIVKEY", "JWT", "BEARER")
+_SECRET_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "PRIVATEKEY", "PRIVKEY", "ACCESSKEY",
+                    "SECRETKEY", "JWT")
+_INDEX_WORDS = ("INDEX", "IDX", "ID", "NUM", "NUMBER", "COUNT", "LEN", "SIZE", "FILE", "PATH", "NAME", "DIR")
 REDACTED = "<redacted>"
 
 
@@ -33,7 +38,8 @@ def is_secret_name(name: str) -> bool:
     """True when an environment variable's name says its value is a credential (token, secret,
     password, key, auth: ``_SECRET_WORDS``, ``_SECRET_SUFFIXES``); False for GID/partition-key indexes
     (``NCCL_IB_GID_INDEX``, ``NCCL_IB_PKEY``) and names of files or indexes (``AFD_KEY_FILE``)."""
-    words = [w for w in name.upper().split("_") if w]
+    words = [w.rstrip("0123456789") for w in name.upper().split("_")]
+    words = [w for w in words if w]
     for i, w in enumerate(words):
         nxt = words[i + 1] if i + 1 < len(words) else ""
         if w in ("KEY", "KEYS") and nxt in _INDEX_WORDS:
@@ -43,17 +49,105 @@ def is_secret_name(name: str) -> bool:
     return False
 
 
+# Credentials recognised by their value, whatever the variable's name. Every quantifier is bounded
+# (a test checks it) and no group repeats another, so a hostile megabyte costs one linear scan.
+SECRET_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # user:password@, or a long user part alone (a token as the user: https://ghp_...@host); ssh://root@a is none
+    ("URL userinfo", re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{0,30}://(?:[^/\s@?#:]{0,256}:[^/\s@?#]{0,256}|"
+                                r"[^/\s@?#:]{20,256})@")),
+    # Bearer and a long opaque token; Basic and base64 with its padding or a digit (not "basic checks")
+    ("Bearer/Basic credential", re.compile(r"\b(?i:bearer)[ \t]{1,8}[A-Za-z0-9._~+/=-]{16,4096}|"
+                                           r"\b(?i:basic)[ \t]{1,8}(?=[A-Za-z+/]{0,4096}[0-9=])[A-Za-z0-9+/]{8,4096}={0,2}")),
+    ("Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,64}\b")),
+    ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
+    ("API key (sk-)", re.compile(r"\bsk-[A-Za-z0-9_-]{20,256}")),
+    ("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{4,4096}\.eyJ[A-Za-z0-9_-]{4,8192}\.[A-Za-z0-9_-]{0,4096}")),
+    ("PEM block", re.compile(r"-----BEGIN [A-Z0-9 ]{1,40}-----")),
+)
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]{1,40}-----")
+
+
+def secret_shape(value: str) -> str | None:
+    """The kind of credential ``value`` holds or contains (``SECRET_SHAPES``: URL userinfo, a Bearer or
+    Basic credential, ``hf_``, ``AKIA``, ``sk-``, a JWT, a PEM block), else None."""
+    for kind, pat in SECRET_SHAPES:
+        if pat.search(value):
+            return kind
+    return None
+
+
+def redact_text(text: str) -> tuple[str, list[str]]:
+    """``text`` with every credential-shaped part (``SECRET_SHAPES``) replaced: URL userinfo becomes
+    ``scheme://<redacted>@``, a Bearer/Basic credential ``Bearer <redacted>``, a PEM block (to its END
+    line, else to the end) and any token ``<redacted>``. Returns the text and the kinds found."""
+    kinds: list[str] = []
+    for kind, pat in SECRET_SHAPES:
+        if not pat.search(text):
+            continue
+        kinds.append(kind)
+        if kind == "URL userinfo":
+            text = pat.sub(lambda m: m.group().split("://", 1)[0] + "://" + REDACTED + "@", text)
+        elif kind == "Bearer/Basic credential":
+            text = pat.sub(lambda m: m.group().split(None, 1)[0] + " " + REDACTED, text)
+        elif kind == "PEM block":
+            out, pos = [], 0
+            while (m := pat.search(text, pos)) is not None:
+                end = _PEM_END.search(text, m.end())
+                out.append(text[pos:m.start()] + REDACTED)
+                pos = end.end() if end else len(text)
+            text = "".join(out) + text[pos:]
+        else:
+            text = pat.sub(REDACTED, text)
+    return text, kinds
+
+
 def redact_env(env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """``env`` with each secret-named value (:func:`is_secret_name`) replaced by :data:`REDACTED`, and
-    the names redacted (sorted). The name stays, so a reader sees the variable was set."""
-    names = sorted(k for k, v in env.items() if is_secret_name(k) and v != REDACTED)
+    """``env`` with each credential's value replaced by :data:`REDACTED`: by name
+    (:func:`is_secret_name`) or by shape (:func:`secret_shape`: ``AFD_DB_URL=postgres://u:pw@db``,
+    ``AFD_HEADERS=Authorization: Bearer ...``). Returns it and the names redacted (sorted). The name
+    stays, so a reader sees the variable was set."""
+    names = sorted(k for k, v in env.items() if v != REDACTED and (is_secret_name(k) or secret_shape(str(v))))
     return {k: (REDACTED if k in names else v) for k, v in env.items()}, names
 
 
 def redacted_note(name: str) -> str:
     """The run note for one variable whose value :func:`redact_env` replaced (capture manifest and
     report notes say it in the same words)."""
-    return f"env {name}: value redacted (the name looks like a credential)"
+    if is_secret_name(name):
+        return f"env {name}: value redacted (the name looks like a credential)"
+    return f"env {name}: value redacted (the value looks like a credential)"
+
+
+def redact_report(obj: Any) -> Any:
+    """A copy of a report (or any JSON: dicts, lists, strings) with every credential gone: each dict
+    under an ``env`` key through :func:`redact_env` (by name and shape), every other string through
+    :func:`redact_text`. Iterative, so no nesting depth overflows it. For reports that came from
+    elsewhere (a merge input, an older snapshot) and for what is stored (history, HTML)."""
+    root: list[Any] = [obj]
+    stack: list[tuple[Any, Any, Any, bool]] = [(root, 0, obj, False)]
+    while stack:
+        parent, key, value, is_env = stack.pop()
+        if isinstance(value, str):
+            if value and _ANY_SHAPE.search(value):
+                parent[key] = redact_text(value)[0]
+        elif isinstance(value, dict):
+            if is_env and all(isinstance(v, str) for v in value.values()):
+                value = redact_env({str(k): v for k, v in value.items()})[0]
+            new: dict[Any, Any] = {}
+            for k, v in value.items():
+                k2 = redact_text(k)[0] if isinstance(k, str) and _ANY_SHAPE.search(k) else k
+                new[k2] = v
+                stack.append((new, k2, v, k2 == "env"))
+            parent[key] = new
+        elif isinstance(value, list):
+            new_list = list(value)
+            for i, v in enumerate(new_list):
+                stack.append((new_list, i, v, False))
+            parent[key] = new_list
+    return root[0]
+
+
+_ANY_SHAPE = re.compile("|".join(f"(?:{p.pattern})" for _, p in SECRET_SHAPES))
 
 
 _DEV_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")

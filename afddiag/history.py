@@ -115,7 +115,11 @@ def connect(path: str | os.PathLike | None = None, create: bool = True,
 
 
 def insert_run(con: sqlite3.Connection, report: dict[str, Any], command: str) -> int:
-    """Insert one run (the report and its per-gate verdicts) in the caller's transaction → run id."""
+    """Insert one run (the report and its per-gate verdicts) in the caller's transaction → run id.
+    The stored report has every credential redacted (:func:`afddiag.envvars.redact_report`)."""
+    from afddiag.envvars import redact_report
+
+    report = redact_report(report)
     cur = con.execute(
         "INSERT INTO runs (ts, generated_at, host, command, role, source, exit_code, report) VALUES (?,?,?,?,?,?,?,?)",
         (time.time(), report.get("generated_at"), str(report.get("host") or ""), command,

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from afddiag import __version__
-from afddiag.envvars import MAP_VAR, format_device_map
+from afddiag.envvars import MAP_VAR, format_device_map, redact_report
 from afddiag.model import to_jsonable
 from afddiag.render import COLORS  # noqa: F401 - importable from here too
 from afddiag.verdict import Verdict, exit_code
@@ -36,7 +36,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
         counts[v.verdict] += 1
-    return {
+    return redact_report({  # no credential (by name or by shape) leaves in a report
         "schema_version": SCHEMA_VERSION,
         "afddiag_version": __version__,
         "host": host,
@@ -51,7 +51,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "notes": list(notes or []),
         "facts": to_jsonable(facts or {}),
         "expectations": to_jsonable(expectations or {}),
-    }
+    })
 
 
 def _device_map(fabric: FabricFacts | None) -> dict[str, str]:

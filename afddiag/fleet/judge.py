@@ -32,7 +32,11 @@ def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | No
     except InputError as e:
         return None, f"{e} (starts {s[:60]!r})"
     why = _not_a_report(obj)
-    return (None, f"{where}: {why}") if why else (obj, None)
+    if why:
+        return None, f"{where}: {why}"
+    from afddiag.envvars import redact_report
+
+    return redact_report(obj), None
 
 
 def _not_a_report(obj: Any) -> str | None:
@@ -60,6 +64,7 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
     import hashlib
     import json
 
+    from afddiag.envvars import redact_report
     from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 
     out: list[HostResult] = []
@@ -67,6 +72,7 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
     seen: dict[str, str] = {}  # digest of a report's canonical JSON -> where it was first read
 
     def add(rep: dict[str, Any] | None, path: str, err: str | None = None) -> None:
+        rep = redact_report(rep) if rep else rep  # a report from elsewhere may hold a credential
         name = str(rep.get("host") or Path(path).stem) if rep else Path(path).name
         if rep:
             digest = hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest()
