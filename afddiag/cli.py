@@ -15,6 +15,7 @@ import click
 
 from afddiag import __version__
 from afddiag.exitcodes import EXIT_ABORT, EXIT_ERROR, EXIT_SIGPIPE, EXIT_USAGE, CatalogError, help_text
+from afddiag import termsafe
 
 if TYPE_CHECKING:
     from afddiag.model.run import Inputs
@@ -202,10 +203,10 @@ def _gids(inputs: Inputs, fmt: str, obs=None) -> int:
 
     obs = obs or _gather_fabric(inputs)
     if obs.fabric and obs.fabric.failed:
-        click.echo(f"afddiag: {obs.fabric.failed}", err=True)
+        click.echo(termsafe.line(f"afddiag: {obs.fabric.failed}"), err=True)
         return 3
     if not (obs.fabric and obs.fabric.devices):
-        click.echo(f"afddiag: {no_map_reason(obs.fabric)}", err=True)
+        click.echo(termsafe.line(f"afddiag: {no_map_reason(obs.fabric)}"), err=True)
         return 2
     fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip).ip
     dev, how = engine_device_for(obs.fabric, obs.env, fip)
@@ -531,7 +532,7 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
     if prom_path:
         need_prometheus()
     from afddiag.render import action_tag
-    from afddiag.termsafe import cleaned
+    from afddiag.termsafe import one_line
 
     inputs = make_inputs(**kw)
     rep, obs = _diagnose("preflight", inputs)
@@ -548,14 +549,15 @@ def preflight(strict, exit_for, export, drain, resume, prom_path, no_history, **
                        err=True)
     # history keeps the report whose verdicts give the exit code (with --export: the launch as it will be)
     record_run(rep, "preflight", enabled=not no_history, busy_s=kw.get("timeout_s"))
-    shown = cleaned({"diagnosis": rep.get("diagnosis", []), "host": rep["host"], "gates": rep["gates"]})
+    shown = one_line({"diagnosis": rep.get("diagnosis", []), "host": rep["host"], "gates": rep["gates"],
+                      "role": rep["inputs"]["role"]})  # host and playbook text: escaped, one line each
     code = rep["exit_code"]
     if code == 1 and not strict:
         code = 0
     c = rep["counts"]
-    role = rep["inputs"]["role"]
+    role = shown["role"]
     if code == 0:
-        warned = [g["id"] for g in rep["gates"] if g["verdict"] == "WARN"]
+        warned = [g["id"] for g in shown["gates"] if g["verdict"] == "WARN"]
         line = (f"afddiag preflight: {role} on {shown['host']}: OK ({c['PASS']} pass, {c['WARN']} warn, "
                 f"{c['SKIP']} skip)" + (f"; warn: {', '.join(warned)}" if warned else ""))
         click.echo(line, err=export)
@@ -635,14 +637,19 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
         return _gids(inputs, fmt, obs)
     dm = endpoint.device_map(obs.fabric)
     if not dm:
-        click.echo(f"afddiag devicemap: {endpoint.no_map_reason(obs.fabric)}", err=True)
+        click.echo(termsafe.line(f"afddiag devicemap: {endpoint.no_map_reason(obs.fabric)}"), err=True)
         return 2
     if fabric_ip and fabric_ip not in dm:
         # Every format: a map that lacks the launcher's own address is no answer for it.
-        click.echo(f"afddiag devicemap: {endpoint.no_map_reason(obs.fabric, fabric_ip)}", err=True)
+        click.echo(termsafe.line(f"afddiag devicemap: {endpoint.no_map_reason(obs.fabric, fabric_ip)}"), err=True)
         return 2
-    for line in endpoint.devicemap_caveats(obs.fabric, dm):
-        click.echo(f"afddiag devicemap: {line}", err=True)
+    if fmt != "json":  # env, shell and nccl lines are sourced by a shell: a name that is no device name is refused
+        bad = next((why for why in map(termsafe.device_name_problem, dm.values()) if why), None)
+        if bad:
+            click.echo(f"afddiag devicemap: {bad}; not printed for a shell (--format json shows it as data)", err=True)
+            return 2
+    for caveat in endpoint.devicemap_caveats(obs.fabric, dm):
+        click.echo(termsafe.line(f"afddiag devicemap: {caveat}"), err=True)
     if fmt == "nccl":
         fip = resolve_fabric_ip(obs.fabric, fabric_ip)
         if fip.ip is None:  # the caller's to say, not the host's fault: a usage error (64), not FAIL (2)
@@ -655,7 +662,7 @@ def devicemap(snapshot, fmt, fabric_ip) -> int:
             why = (f"{down.device} port {down.port} carries it, but that port is {down.port_state or 'in an unknown state'} "
                    "and NCCL uses only ACTIVE ports (`afddiag fabric` judges the link in fabric.link)" if down else
                    f"no IPv4 RoCE v2 GID on an ACTIVE port carries it: give --fabric-ip with one of {', '.join(sorted(dm))}")
-            click.echo(f"afddiag devicemap: fabric IP {fip.ip}: {why}", err=True)
+            click.echo(termsafe.line(f"afddiag devicemap: fabric IP {fip.ip}: {why}"), err=True)
             return 2
         click.echo(report.format_exports(pairs, "env"))
         return 0
@@ -755,12 +762,13 @@ def baseline_show(baseline_path, as_json) -> int:
     if as_json:
         click.echo(_json.dumps(data, indent=2))
         return 0
-    click.echo(f"{data['path']}: host {data.get('host')}, recorded {data.get('recorded_at')}, versions "
-               + ", ".join(f"{k} {v}" for k, v in (data.get("versions") or {}).items()))
+    # a baseline file is data (written by a host, maybe edited): each line escaped
+    click.echo(termsafe.line(f"{data['path']}: host {data.get('host')}, recorded {data.get('recorded_at')}, versions "
+                    + ", ".join(f"{k} {v}" for k, v in (data.get("versions") or {}).items())))
     for uuid, g in (data.get("gpus") or {}).items():
-        click.echo(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items() if k != "name"))
+        click.echo(termsafe.line(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items() if k != "name")))
     if data.get("cpu"):
-        click.echo("  cpu: " + ", ".join(f"{k}={v}" for k, v in data["cpu"].items()))
+        click.echo(termsafe.line("  cpu: " + ", ".join(f"{k}={v}" for k, v in data["cpu"].items())))
     return 0
 
 

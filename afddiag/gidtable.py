@@ -20,6 +20,7 @@ from typing import TextIO
 
 from afddiag.model import ROCE_V1, ROCE_V2
 from afddiag.model.fabric import FabricFacts
+from afddiag.termsafe import csv_cell, line
 
 HEADER = ("DEV", "PORT", "INDEX", "GID", "IPv4", "VER", "NETDEV", "MARK")
 _VER = {ROCE_V2: "v2", ROCE_V1: "v1"}
@@ -45,8 +46,9 @@ class GidRow:
         return ",".join(m for m, on in (("engine", self.engine), ("fabric-ip", self.fabric_ip)) if on)
 
     def cells(self) -> tuple[str, ...]:
-        return (self.device, str(self.port), str(self.index), self.gid, self.ipv4 or "", self.ver,
-                self.netdev or "", self.mark)
+        """The row's columns as shown (names read from sysfs escaped: :func:`afddiag.termsafe.line`)."""
+        return tuple(line(c) for c in (self.device, str(self.port), str(self.index), self.gid, self.ipv4 or "",
+                                       self.ver, self.netdev or "", self.mark))
 
 
 def gid_rows(fabric: FabricFacts | None, engine_device: str | None, fabric_ip: str | None) -> list[GidRow]:
@@ -94,31 +96,32 @@ def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out
     import sys
 
     out = out or sys.stdout
+    foot = [line(f) for f in foot]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["dev", "port", "index", "gid", "ipv4", "ver", "netdev", "engine", "fabric_ip"])
-        for r in rows:
-            w.writerow([r.device, r.port, r.index, r.gid, r.ipv4 or "", r.ver, r.netdev or "",
-                        int(r.engine), int(r.fabric_ip)])
+        for r in rows:  # names from sysfs: escaped, and never a spreadsheet formula
+            w.writerow([csv_cell(r.device), r.port, r.index, csv_cell(r.gid), csv_cell(r.ipv4 or ""), csv_cell(r.ver),
+                        csv_cell(r.netdev or ""), int(r.engine), int(r.fabric_ip)])
         out.write(buf.getvalue())
         return
     cells = [HEADER] + [r.cells() for r in rows]
     lines = _aligned(cells)
     if width is None or max(len(ln) for ln in lines) <= width:
         out.write("".join(ln + "\n" for ln in lines))
-        for line in foot:
-            out.write(line + "\n")
+        for ft in foot:
+            out.write(ft + "\n")
         return
     from afddiag.render import wrap
 
-    top = _aligned([NARROW_HEADER[0]] + [(r.device, str(r.port), str(r.index), r.ver, r.netdev or "", r.mark)
-                                         for r in rows])
-    under = _aligned([NARROW_HEADER[1]] + [(r.gid, r.ipv4 or "") for r in rows])
+    top = _aligned([NARROW_HEADER[0]] + [tuple(line(c) for c in (r.device, str(r.port), str(r.index), r.ver,
+                                                                  r.netdev or "", r.mark)) for r in rows])
+    under = _aligned([NARROW_HEADER[1]] + [(line(r.gid), line(r.ipv4 or "")) for r in rows])
     for a, b in zip(top, under, strict=True):
         out.write(f"{a}\n    {b}\n")
-    for line in foot:
-        out.write("".join(ln + "\n" for ln in wrap(line, width, "", "    ")))
+    for ft in foot:
+        out.write("".join(ln + "\n" for ln in wrap(ft, width, "", "    ")))
 
 
 def _aligned(cells: Sequence[Sequence[str]]) -> list[str]:

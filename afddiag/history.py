@@ -373,7 +373,10 @@ def _drift_lines(d: dict[str, Any] | None) -> list[str]:
 
 
 def format_text(summary: dict[str, Any]) -> str:
-    """:func:`summarize`'s result as lines for people."""
+    """:func:`summarize`'s result as lines for people (stored text escaped: :func:`afddiag.termsafe.one_line`)."""
+    from afddiag.termsafe import one_line
+
+    summary = one_line(summary)
     lines = [_head(summary)]
     for h, hs in summary["hosts"].items():
         lines.append(_host_line(h, hs))
@@ -399,12 +402,14 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
     import sys
 
     from afddiag.render import COLORS, console_for
+    from afddiag.termsafe import one_line
 
     out = out or sys.stdout
     con = console_for(out, width)
     if con is None:
         out.write(format_text(summary) + "\n")
         return
+    summary = one_line(summary)  # what the store holds came from hosts and reports: never markup, no forged row
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -414,7 +419,7 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
         con.print(_none_recorded(summary))
     for h, hs in summary["hosts"].items():
         title = _host_line(h, hs)
-        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+        t = Table(title=Text(title), box=box.SIMPLE_HEAD, pad_edge=False)
         t.add_column("gate", overflow="fold")
         t.add_column("verdict", no_wrap=True)
         t.add_column("since", overflow="fold")
@@ -422,8 +427,8 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
         t.add_column("runs", justify="right")
         for g, segs in hs["gates"].items():
             for i, seg in enumerate(segs):
-                t.add_row(g if i == 0 else "", Text(seg["verdict"], style=COLORS.get(seg["verdict"], "")),
-                          str(seg["since"]), str(seg["first_run"]), str(seg["runs"]))
+                t.add_row(Text(g if i == 0 else ""), Text(seg["verdict"], style=COLORS.get(seg["verdict"], "")),
+                          Text(str(seg["since"])), Text(str(seg["first_run"])), Text(str(seg["runs"])))
         if hs["gates"]:
             con.print(t)
         else:

@@ -17,9 +17,9 @@ the fleet report; text is escaped, never trusted as markup.
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
+from afddiag.termsafe import html as esc
 from afddiag.verdict import ERROR, FAIL, WARN
 
 TELLS = (FAIL, ERROR, WARN)
@@ -56,7 +56,7 @@ background:#ddf4ff;color:#0969da}
 
 
 def _e(v: Any) -> str:
-    return html.escape("" if v is None else str(v), quote=True)
+    return esc(v)
 
 
 def _v(verdict: str | None) -> str:

@@ -33,14 +33,16 @@ def terminal_width(out: TextIO | None = None) -> int | None:
 
 def console_for(out: TextIO, width: int | None = None):
     """A rich Console writing to ``out`` when it is a terminal (or ``width`` is given: tests, fixed
-    layouts); None when plain text is wanted (not a terminal, or ``NO_COLOR`` set without ``width``)."""
+    layouts); None when plain text is wanted (not a terminal, or ``NO_COLOR`` set without ``width``).
+    Markup is off: a string printed or put in a table is never read as rich markup (data such as a
+    host named ``spark-b[/bold]`` reaches tables; :mod:`afddiag.termsafe`)."""
     tty = bool(getattr(out, "isatty", lambda: False)())
     if width is None and (not tty or "NO_COLOR" in os.environ):
         return None
     from rich.console import Console
 
     return Console(file=out, width=width, highlight=False, no_color="NO_COLOR" in os.environ or not tty,
-                   force_terminal=tty if width is not None else None, emoji=False)
+                   force_terminal=tty if width is not None else None, emoji=False, markup=False)
 
 
 def action_tag(entry: dict[str, Any]) -> str:
@@ -70,7 +72,8 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: fro
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, show_lines=False, expand=False, pad_edge=False)
+    t = Table(title=Text(title) if title is not None else None, box=box.SIMPLE_HEAD, show_lines=False, expand=False,
+              pad_edge=False)
     t.add_column("verdict", no_wrap=True, min_width=5)
     t.add_column("gate", overflow="fold", min_width=min(max([len(g["id"]) for g in gates] + [4]), 23))
     t.add_column("summary / remedy", overflow="fold", ratio=1)
@@ -79,7 +82,7 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: fro
         if g["verdict"] in TELLS and g.get("remedy"):
             tail = "remedy below the table" if g["id"] in below else g["remedy"]
             body.append("\n→ " + tail + (f" {action_tag(g)}" if g.get("action") else ""), style="italic")
-        t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), g["id"], body)
+        t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), Text(g["id"]), body)
     return t
 
 
@@ -91,7 +94,7 @@ def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None)
     from rich.text import Text
 
     probe = Console(width=con.width, record=True, file=io.StringIO(), color_system=None, emoji=False,
-                    highlight=False)
+                    highlight=False, markup=False)
     probe.print(gate_table(gates, title))
     lines = probe.export_text().splitlines()
     below = frozenset(g["id"] for g in gates if g["verdict"] in TELLS and g.get("remedy")

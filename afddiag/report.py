@@ -72,9 +72,9 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
     """A rich table on a terminal (cells fold at its width, or at ``width``); plain full-width
     lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`)."""
     from afddiag.render import console_for, print_gate_table, write_gate_lines
-    from afddiag.termsafe import cleaned
+    from afddiag.termsafe import one_line
 
-    report = cleaned(report)  # device names, remote text: no control sequence reaches the terminal
+    report = one_line(report)  # device names, remote text: no control sequence or forged row reaches the terminal
     out = out or sys.stdout
     con = console_for(out, width)
     if con is None:  # plain text needs no rich (start-up: rich costs ~40 ms to import)

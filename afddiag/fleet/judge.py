@@ -166,9 +166,9 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
     on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing. Names
     and a remote's stderr are shown with control characters escaped (:mod:`afddiag.termsafe`)."""
     from afddiag.render import COLORS, console_for, print_gate_table, wrap, write_gate_lines
-    from afddiag.termsafe import cleaned
+    from afddiag.termsafe import one_line
 
-    fr = cleaned(fr)
+    fr = one_line(fr)
     out = out or sys.stdout
 
     con = console_for(out, width)
@@ -188,7 +188,7 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
         from rich.table import Table
         from rich.text import Text
 
-        t = Table(title=f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})", box=box.SIMPLE_HEAD,
+        t = Table(title=Text(f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})"), box=box.SIMPLE_HEAD,
                   pad_edge=False)
         t.add_column("host", overflow="fold")
         t.add_column("role", overflow="fold")
@@ -200,8 +200,8 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
             c = r.get("counts") or {}
             cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
             what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
-            t.add_row(r["name"], str(r.get("role") or "-"), Text(r["status"], style="" if r["status"] == "ok"
-                      else COLORS["ERROR"]), str(r["exit_code"]), cnt, what)
+            t.add_row(Text(r["name"]), Text(str(r.get("role") or "-")), Text(r["status"], style="" if r["status"] == "ok"
+                      else COLORS["ERROR"]), Text(str(r["exit_code"])), Text(cnt), Text(str(what)))
         con.print(t)
         print_gate_table(con, fr["gates"], "cross-host gates")
     c = fr["counts"]

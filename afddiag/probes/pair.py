@@ -1311,4 +1311,6 @@ def format_pair(f: PairFacts) -> str:
                          + (f"; notes: {'; '.join(c.notes[:3])}" if c.notes else ""))
     lines.append(f"{'ERROR: ' + f.error if f.error else 'OK'} in {f.elapsed_s:.2f} s; "
                  f"{'all objects destroyed' if f.destroyed else 'NOT all objects destroyed'}")
-    return "\n".join(lines)
+    from afddiag.termsafe import line
+
+    return "\n".join(line(ln) for ln in lines)  # peer fields and errors: escaped, one line each
