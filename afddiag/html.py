@@ -93,16 +93,24 @@ def _remedy(entry: dict[str, Any]) -> str:
             + (f' <span class="action">{_e(tag)}</span>' if tag else "") + "</div>")
 
 
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
 def _gate(report: dict[str, Any], gid: str) -> dict[str, Any]:
-    return next((g for g in report.get("gates") or [] if isinstance(g, dict) and g.get("id") == gid), {})
+    return next((g for g in _list(report.get("gates")) if isinstance(g, dict) and g.get("id") == gid), {})
 
 
 def engine_device(report: dict[str, Any]) -> str | None:
     """The device the engine opens, as fabric.first-device judged it; else the first enumerated."""
-    facts = _gate(report, "fabric.first-device").get("facts") or {}
+    facts = _dict(_gate(report, "fabric.first-device").get("facts"))
     if isinstance(facts.get("engine_device"), str):
         return facts["engine_device"]
-    devs = ((report.get("facts") or {}).get("fabric") or {}).get("devices") or []
+    devs = _list(_dict(_dict(report.get("facts")).get("fabric")).get("devices"))
     return devs[0].get("name") if devs and isinstance(devs[0], dict) else None
 
 
@@ -148,24 +156,41 @@ def _diagnosis(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[s
     return out
 
 
+MAX_UNKNOWN_GATES = 20  # gate ids this afddiag's catalog lacks (a newer version, a forged report) shown as rows
+TITLE_CHARS = 200  # a cell's tooltip: the gate's summary, cut
+
+
 def _matrix(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[str]:
+    """Gates down, hosts across. Rows: the catalog's gate ids that some host reported, then at most
+    :data:`MAX_UNKNOWN_GATES` ids the catalog lacks (the rest counted), so the page grows linearly in
+    hosts whatever ids the reports carry; each host's gates are indexed once (no scan per cell)."""
+    from afddiag.catalog import load
+
     names = [r.get("name") for r in fr.get("hosts") or []]
-    gids: list[str] = []
+    known = load().get("gates") or {}
+    by_host: dict[Any, dict[str, dict[str, Any]]] = {}
+    seen: dict[str, None] = {}
     for n in names:
-        for g in (reports.get(n) or {}).get("gates") or []:
-            if isinstance(g, dict) and isinstance(g.get("id"), str) and g["id"] not in gids:
-                gids.append(g["id"])
+        idx = by_host.setdefault(n, {})
+        for g in _list((reports.get(n) or {}).get("gates")):
+            if isinstance(g, dict) and isinstance(g.get("id"), str):
+                idx.setdefault(g["id"], g)
+                seen.setdefault(g["id"], None)
+    unknown = [gid for gid in seen if gid not in known]
+    gids = [gid for gid in known if gid in seen] + unknown[:MAX_UNKNOWN_GATES]
     out = ['<section id="verdicts"><h2>Gates per host</h2><table><tr><th>gate</th>']
     out += [f"<th>{_e(n)}</th>" for n in names] + ["</tr>"]
     for gid in gids:
         out.append(f'<tr><td class="mono">{_e(gid)}</td>')
         for n in names:
-            rep = reports.get(n)
-            g = _gate(rep, gid) if rep else {}
-            cell = _v(g["verdict"]) if g else "<span class=muted>—</span>"
-            out.append(f'<td title="{_e(g.get("summary"))}">{cell}</td>')
+            g = by_host.get(n, {}).get(gid)
+            out.append(f'<td title="{_e(str(g.get("summary"))[:TITLE_CHARS])}">{_v(g.get("verdict"))}</td>' if g
+                       else "<td><span class=muted>—</span></td>")
         out.append("</tr>")
     out.append("</table>")
+    if len(unknown) > MAX_UNKNOWN_GATES:
+        out.append(f'<p class="muted">{len(unknown) - MAX_UNKNOWN_GATES} more gate id(s) this afddiag does not know '
+                   "are not shown (each host's JSON report has them)</p>")
     if fr.get("gates"):
         out.append('<table><tr><th>fleet gate</th><th>verdict</th><th>summary</th></tr>')
         for g in fr["gates"]:
@@ -179,11 +204,11 @@ def _matrix(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[str]
 def _topology(name: str, rep: dict[str, Any]) -> list[str]:
     from afddiag.prometheus import path_mtus
 
-    fab = (rep.get("facts") or {}).get("fabric") or {}
-    devs = [d for d in fab.get("devices") or [] if isinstance(d, dict)]
-    fip = (rep.get("inputs") or {}).get("fabric_ip")
+    fab = _dict(_dict(rep.get("facts")).get("fabric"))
+    devs = [d for d in _list(fab.get("devices")) if isinstance(d, dict)]
+    fip = _dict(rep.get("inputs")).get("fabric_ip")
     engine = engine_device(rep)
-    out = [f'<h3 id="host-{_e(name)}">{_e(name)} <span class="muted">{_e((rep.get("inputs") or {}).get("role"))} · '
+    out = [f'<h3 id="host-{_e(name)}">{_e(name)} <span class="muted">{_e(_dict(rep.get("inputs")).get("role"))} · '
            f'fabric IP {_e(fip or "not resolved")} · engine opens {_e(engine or "—")}</span></h3>']
     if not devs:
         out.append('<div class="muted">no RDMA device in this report (fabric not probed or none on the host)</div>')
@@ -193,9 +218,9 @@ def _topology(name: str, rep: dict[str, Any]) -> list[str]:
     out.append('<table><tr><th>HCA (index)</th><th>port</th><th>state</th><th>rate</th><th>netdev</th>'
                '<th>MTU → path MTU</th><th>IPv4 GIDs (index, type)</th><th>RoCE v2 IPv4 GID index</th></tr>')
     for d in devs:
-        ports = [p for p in d.get("ports") or [] if isinstance(p, dict)] or [{}]
+        ports = [p for p in _list(d.get("ports")) if isinstance(p, dict)] or [{}]
         for i, p in enumerate(ports):
-            gids = [g for g in p.get("gids") or [] if isinstance(g, dict)]
+            gids = [g for g in _list(p.get("gids")) if isinstance(g, dict)]
             nds = sorted({g["netdev"] for g in gids if isinstance(g.get("netdev"), str)})
             ips, v2 = [], []
             for g in gids:

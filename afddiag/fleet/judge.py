@@ -40,13 +40,19 @@ def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | No
 
 
 def _not_a_report(obj: Any) -> str | None:
+    """Why ``obj`` cannot be judged as one host's report (one line naming its first problem), else None:
+    not an object, a fleet report, or a report that breaks ``report.schema.json`` (types, required
+    fields, gate ids) or holds NaN (:func:`afddiag.fleet.validate.report_problem`)."""
+    from afddiag.fleet.validate import report_problem
+
     if not isinstance(obj, dict):
         return f"JSON {type(obj).__name__}, not an afddiag report object"
     if obj.get("kind") == "fleet" or obj.get("schema") == FLEET_SCHEMA:
         return "a fleet report (afddiag fleet|merge --json), not one host's report: give the per-host reports"
     if not isinstance(obj.get("gates"), list) or "schema_version" not in obj:
         return "JSON object without schema_version/gates: not an afddiag report"
-    return None
+    why = report_problem(obj)
+    return f"not a valid afddiag report: {why}" if why else None
 
 
 MAX_MERGE_FILE_BYTES = 256 << 20  # one merge input (1,000 reports of ~100 KiB in one JSON array)
@@ -71,9 +77,10 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
     names: dict[str, int] = {}
     seen: dict[str, str] = {}  # digest of a report's canonical JSON -> where it was first read
 
-    def add(rep: dict[str, Any] | None, path: str, err: str | None = None) -> None:
+    def add(rep: dict[str, Any] | None, path: str, err: str | None = None, host: Any = None) -> None:
         rep = redact_report(rep) if rep else rep  # a report from elsewhere may hold a credential
-        name = str(rep.get("host") or Path(path).stem) if rep else Path(path).name
+        name = str(rep.get("host") or Path(path).stem) if rep else (
+            host if isinstance(host, str) and host else Path(path).name)
         if rep:
             digest = hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest()
             if digest in seen:
@@ -102,26 +109,35 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
             if len(lines) > 1:
                 for i, ln in enumerate(lines, 1):
                     rep, why = parse_report(ln, f"{path}:{i}")
-                    add(rep, f"{path}:{i}", why)
+                    add(rep, f"{path}:{i}", why)  # (an invalid line's host is not known here: named by place)
                 continue
             add(None, path, parse_report(text, path)[1])
             continue
         for rep in obj if isinstance(obj, list) else [obj]:
-            why = _not_a_report(rep)
-            add(None if why else rep, path, f"{path}: {why}" if why else None)
+            why = _not_a_report(rep)  # checked before judging: a bad report is an ERROR row, the others go on
+            add(None if why else rep, path, f"{path}: {why}" if why else None,
+                rep.get("host") if isinstance(rep, dict) else None)
     return out
 
 
 # ---------------------------------------------------------------- judging and rendering
 
 def _host_row(h: HostResult) -> dict[str, Any]:
+    """One host's row. Its exit code and counts are worked out from its gates' verdicts (as
+    :func:`afddiag.verdict.exit_code` does), never taken from the report: a report whose
+    ``exit_code`` says 0 beside a FAIL gate exits 2 here (``reported_exit_code`` keeps what it said)."""
     rep = h.report or {}
-    failing = [g["id"] for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("verdict") in (FAIL, ERROR)]
-    warned = [g["id"] for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("verdict") == WARN]
+    gates = [g for g in rep.get("gates") or [] if isinstance(g, dict)]
+    verdicts = [g.get("verdict") for g in gates]
+    failing = [str(g.get("id")) for g in gates if g.get("verdict") in (FAIL, ERROR)]
+    warned = [str(g.get("id")) for g in gates if g.get("verdict") == WARN]
+    counts = {v: verdicts.count(v) for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    code = (EXIT_FAIL if FAIL in verdicts else EXIT_ERROR if ERROR in verdicts else EXIT_WARN if WARN in verdicts
+            else EXIT_OK)
     return {"name": h.name, "role": h.host_role if h.ok else h.role, "target": h.target,
             "fabric_ip": h.fip if h.ok else h.fabric_ip, "status": "ok" if h.ok else "ERROR", "error": h.error,
-            "exit_code": rep.get("exit_code") if h.ok else EXIT_ERROR, "counts": rep.get("counts"),
-            "failing": failing, "warning": warned, "elapsed_s": h.elapsed_s,
+            "exit_code": code if h.ok else EXIT_ERROR, "reported_exit_code": rep.get("exit_code") if h.ok else None,
+            "counts": counts if h.ok else None, "failing": failing, "warning": warned, "elapsed_s": h.elapsed_s,
             "afddiag_version": rep.get("afddiag_version")}
 
 
@@ -130,8 +146,9 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     """Run the fleet gates over ``hosts`` and build the fleet report (``schema_version`` 1,
     ``afddiag/schema/fleet.schema.json``; ``schema`` "afddiag-fleet/1" is kept for older readers).
 
-    Exit code: 2 if any host exited 2 or a fleet gate FAILs; else 3 if a host has no report, exited
-    3, or a fleet gate ERRORs; else 1 on any WARN; else 0. ``keep_reports`` embeds each per-host
+    Exit code: 2 if any host's gates FAIL or a fleet gate FAILs; else 3 if a host has no report (or an
+    invalid one), a host's gate or a fleet gate ERRORs; else 1 on any WARN; else 0. Hosts' codes come
+    from their gates (:func:`_host_row`), never from the reports' own ``exit_code``. ``keep_reports`` embeds each per-host
     report under ``reports`` (for ``fleet --json``)."""
     from afddiag.facts import to_jsonable
 

@@ -22,6 +22,11 @@ Targets:
   pair_server  what a client sends to ``afddiag fabric --serve`` over loopback TCP (a fake RDMA rail):
                the server ends by its deadline, names every bad field, frees and caps what a session
                holds (``pairfuzz.py``)
+  merge        a real per-host report with its types mutated (a gate without id, a list where a dict
+               is expected, NaN, huge numbers, odd strings) → ``afddiag merge`` beside a healthy
+               report, as JSON, table (plain and rich) and HTML: exit 0-3, never a traceback; the
+               healthy host is judged; the mutant is judged or is an ERROR row naming its problem; the
+               exit code is never lower than the accepted reports' own gates imply
 """
 
 from __future__ import annotations
@@ -442,6 +447,67 @@ def target_inventory(data: bytes) -> None:
         _cli_promise(["merge", "--json", "--inventory", str(inv), str(rep)])
 
 
+_REPORTS: list[dict] = []
+
+
+def base_reports() -> list[dict]:
+    """Real per-host reports (``afddiag all --json`` of three fabric cases with a GPU reading and a
+    launch env), built once per process."""
+    if not _REPORTS:
+        from afddiag.cli import diagnose, make_inputs
+
+        with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
+            env = Path(tmp) / "rank.env"
+            env.write_text("AFD_ROLE=expert\nAFD_EXPERT_CAPACITY=256\nAFD_FABRIC_IP=192.168.100.11\n")
+            for case in ("02-spark-map-set-healthy", BASE_FABRIC_CASE, "10-spark-mtu-1500-vs-peer-9000"):
+                root = Path(tmp) / case
+                shutil.copytree(CASES / "fabric" / case, root, symlinks=True)
+                shutil.copy(CASES / "gpu" / BASE_GPU_CASE / "gpu.json", root / "gpu.json")
+                le = str(env) if case.startswith("02-") else None
+                inputs = make_inputs(snapshot=str(root), role="expert" if le else None, launch_env_path=le,
+                                     peers=("192.168.100.10",))
+                with contextlib.redirect_stderr(io.StringIO()):
+                    _REPORTS.append(diagnose(inputs, {"fabric", "gpu", "host", "launch"}))
+    return _REPORTS
+
+
+def _worst_code(rep: Any) -> int:
+    """The exit code a report's own gates imply (2 FAIL, 3 ERROR, 1 WARN, 0), whatever its exit_code says."""
+    vs = {g.get("verdict") for g in rep.get("gates") or [] if isinstance(g, dict)} if isinstance(rep, dict) else set()
+    return 2 if "FAIL" in vs else 3 if "ERROR" in vs else 1 if "WARN" in vs else 0
+
+
+def target_merge(data: bytes) -> None:
+    """A mutated report beside a healthy one → ``afddiag merge`` (JSON, plain and rich tables, HTML)."""
+    from afddiag.fleet import judge, load_reports, write_fleet_table
+    from afddiag.html import render
+
+    good = dict(base_reports()[0], host="good-host")
+    with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
+        g, b = Path(tmp) / "good.json", Path(tmp) / "bad.json"
+        g.write_text(json.dumps(good))
+        b.write_bytes(data)
+        page = Path(tmp) / "fleet.html"
+        rc = _cli_promise(["merge", "--json", str(g), str(b), "--html", str(page)])
+        if rc == 64:
+            return
+        hosts = load_reports([str(g), str(b)])
+        fr = judge(hosts)
+        rows = {r["target"]: r for r in fr["hosts"]}
+        if rows.get(str(g), {}).get("status") != "ok":
+            raise Finding(f"the healthy report was not judged: {rows.get(str(g))!r}")
+        for r in fr["hosts"]:
+            if r["status"] != "ok" and (not isinstance(r["error"], str) or not r["error"] or "\n" in r["error"]):
+                raise Finding(f"ERROR row without a one-line reason: {r!r}")
+        want = max((_worst_code(h.report) for h in hosts if h.ok), default=0)
+        if want == 2 and fr["exit_code"] != 2 or fr["exit_code"] < want:
+            raise Finding(f"fleet exit {fr['exit_code']} though an accepted report's gates imply {want}")
+        json.dumps(fr, allow_nan=False)
+        write_fleet_table(fr, io.StringIO())
+        write_fleet_table(fr, io.StringIO(), width=80)
+        render(fr, {h.name: h.report for h in hosts if h.ok and h.report})
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "ip_addr": target_ip_addr,
     "rdma_dev": target_rdma_dev,
@@ -454,6 +520,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "nested": target_nested,
     "inventory": target_inventory,
     "pair_server": pairfuzz.target_pair_server,
+    "merge": target_merge,
 }
 
 
@@ -484,6 +551,15 @@ def seeds(target: str) -> list[bytes]:
     elif target == "nested":
         out += [bytes([i]) + b for i, b in enumerate([b"[" * 1000 + b"]" * 1000, b'{"a":' * 500 + b"1" + b"}" * 500,
                                                       b"9" * 5000, b'"\ud800"', b"\xff\xfe", b"[1e999, -0.0]"])]
+    elif target == "merge":
+        out += [json.dumps(r).encode() for r in base_reports()]
+        r = base_reports()[0]
+        out += [json.dumps(x).encode() for x in (
+            dict(r, gates=[{k: v for k, v in g.items() if k != "id"} for g in r["gates"]]),
+            dict(r, facts=[r["facts"]]), dict(r, summary=[]), dict(r, counts={"PASS": float("nan")}),
+            dict(r, exit_code=0, gates=[dict(g, verdict="FAIL") for g in r["gates"]]), dict(r, exit_code=None),
+            dict(r, gates=[dict(g, id=["x"]) for g in r["gates"]]), dict(r, host=["spark"]),
+            dict(r, inputs={"env": ["x"]}), dict(r, diagnosis={"gate": "x"}))]
     elif target == "inventory":
         out += [b"fleet = 5\n", b"host = 5\n", b'[expect]\nmtu = 4096.5\n[[host]]\nname = "a"\n',
                 b'[fleet]\nconcurrency = "abc"\n[[host]]\nname = "a"\n', b'[[host]]\nname = "\xff"\n',
@@ -574,6 +650,12 @@ def mutate(target: str, data: bytes, rng: random.Random) -> bytes:
         raw = _json_or_none(data)
         if isinstance(raw, list):
             return json.dumps(_mutate_json(raw, rng)).encode()
+    if target == "merge" and rng.random() < 0.9:
+        raw = _json_or_none(data)
+        if isinstance(raw, dict):
+            for _ in range(rng.randint(1, 4)):
+                raw = _mutate_json(raw, rng)
+            return json.dumps(raw).encode()
     if target in ("ip_addr", "rdma_dev", "gpu", "pair_server") and rng.random() < 0.7:
         raw = _json_or_none(data)
         if raw is not None:
