@@ -9,11 +9,18 @@ import re
 import sqlite3
 
 import pytest
+from snapfix import derive, fabric_case
 
 from afddiag.cli import run
-from afddiag.envvars import (REDACTED, SECRET_SHAPES, is_secret_name, redact_env, redact_report, redact_text,
-                             secret_shape)
-from snapfix import derive, fabric_case
+from afddiag.envvars import (
+    REDACTED,
+    SECRET_SHAPES,
+    is_secret_name,
+    redact_env,
+    redact_report,
+    redact_text,
+    secret_shape,
+)
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZmQifQ.c2lnbmF0dXJlLW9mLWp3dA"
