@@ -13,6 +13,12 @@ executions, the worst bounded wall time with every probe hung, peak RSS on a 10k
    hang (each starting a grandchild); wall time, exit code, and whether any grandchild outlived it.
 3. A snapshot of ``--devices`` HCAs (benchmarks/snapgen.py, 4 GID slots) judged by ``afddiag
    fabric --json`` in a subprocess: wall time and peak RSS (``ru_maxrss`` of the child).
+4. Hostile merges (issue 22), each ``afddiag merge --json FILE --html PAGE`` in a subprocess: wall
+   time, peak RSS, page size, exit code. ``claimed``: one file of ``--merge-hosts`` coordinators and as
+   many ranks (small valid reports whose summaries claim control-plane connects); ``gate_ids``: hosts
+   that each carry 30 gate ids no other host has (the page used to grow as hosts² × ids).
+
+    .venv/bin/python benchmarks/hostile_bench.py --only merge [--merge-hosts 3000]
 """
 
 from __future__ import annotations
@@ -132,13 +138,69 @@ def big_snapshot(devices: int) -> dict:
             "devices_read": n, "peak_rss_mib": round(ru.ru_maxrss / 1024, 1), "stderr_tail": err[-300:]}
 
 
+def _claimed_report(i: int, role: str, peer_ip: str) -> dict:
+    """A small schema-valid report of host ``i`` that claims one control-plane connect to ``peer_ip``."""
+    ip = f"10.{64 + i // 65000}.{i // 250 % 260 % 256}.{i % 250 + 1}"
+    return {"schema_version": 1, "afddiag_version": "0.1.0", "host": f"{role[:5]}{i:05d}", "source": "live",
+            "gates": [{"id": "launch.control-plane", "verdict": "PASS", "summary": "connected", "remedy": "",
+                       "facts": {}}],
+            "device_map": {}, "counts": {"PASS": 1, "WARN": 0, "FAIL": 0, "SKIP": 0, "ERROR": 0}, "exit_code": 0,
+            "inputs": {"fabric_ip": ip, "role": role},
+            "summary": {"summary_version": 1, "role": role, "fabric_ip": ip,
+                        "control_plane": {"verdict": "PASS", "source": ip, "peers": [peer_ip], "ports": [29500],
+                                          "attempts": [{"peer": peer_ip, "port": 29500, "outcome": "connected"}],
+                                          "not_tried": [], "advertised_bad": []}}}
+
+
+def _merge_run(path: Path, page: Path) -> dict:
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "afddiag", "merge", "--json", str(path), "--html", str(page)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    out, err = p.communicate(timeout=1800)
+    wall = time.monotonic() - t0
+    return {"wall_s": round(wall, 1), "rc": p.returncode, "input_kib": round(path.stat().st_size / 1024),
+            "page_kib": round(page.stat().st_size / 1024) if page.exists() else None,
+            "stdout_kib": round(len(out) / 1024), "stderr_tail": err.decode("utf-8", "replace")[-300:]}
+
+
+def hostile_merge(hosts: int) -> dict:
+    """Peak RSS of each hostile merge, in a child of its own (``ru_maxrss`` of RUSAGE_CHILDREN after
+    each: the largest child so far, so the runs go smallest first)."""
+    work = Path(tempfile.mkdtemp(prefix="hostile-merge-"))
+    out: dict = {}
+    reps = []
+    for i in range(120):
+        r = _claimed_report(i, "expert", "10.64.0.1")
+        r["gates"] += [{"id": f"fabric.forged-{i}-{k}", "verdict": "PASS", "summary": "s" * 40, "remedy": "",
+                        "facts": {}} for k in range(30)]
+        reps.append(r)
+    (work / "ids.json").write_text(json.dumps(reps))
+    out["gate_ids_120_hosts_x_30"] = _merge_run(work / "ids.json", work / "ids.html")
+    out["gate_ids_120_hosts_x_30"]["peak_rss_mib_so_far"] = round(
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+    coord_ips = [f"10.{64 + i // 65000}.{i // 250 % 260 % 256}.{i % 250 + 1}" for i in range(hosts)]
+    reps = [_claimed_report(i, "coordinator", coord_ips[(i + 1) % hosts]) for i in range(hosts)]
+    reps += [_claimed_report(hosts + i, "expert", coord_ips[i % hosts]) for i in range(hosts)]
+    (work / "claimed.json").write_text(json.dumps(reps))
+    key = f"claimed_{hosts}_coordinators_{hosts}_ranks"
+    out[key] = _merge_run(work / "claimed.json", work / "claimed.html")
+    out[key]["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fuzz-seconds", type=float, default=180)
     ap.add_argument("--devices", type=int, default=10000)
     ap.add_argument("--hung-timeout", type=float, default=2.0)
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/hostile-bench.json"))
+    ap.add_argument("--merge-hosts", type=int, default=3000, help="coordinators (and as many ranks) in the claimed merge")
+    ap.add_argument("--only", choices=["merge"], help="run only the hostile merges (printed, not written to --out)")
     a = ap.parse_args()
+    if a.only == "merge":
+        print(json.dumps(hostile_merge(a.merge_hosts), indent=2))
+        return 0
     res = {"machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
            "all_probes_hung": all_hung(a.hung_timeout), "snapshot_10k": big_snapshot(a.devices),
            "fuzz": fuzz(a.fuzz_seconds)}
