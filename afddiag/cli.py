@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from afddiag import __version__
+from afddiag import __version__, termsafe
 from afddiag.exitcodes import EXIT_ABORT, EXIT_ERROR, EXIT_SIGPIPE, EXIT_USAGE, CatalogError, help_text
-from afddiag import termsafe
 
 if TYPE_CHECKING:
     from afddiag.model.run import Inputs

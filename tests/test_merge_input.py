@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from afddiag.cli import run
 from afddiag.fleet import judge, load_reports
 from afddiag.fleet.validate import compile_schema, report_problem
+from conftest import REPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 import fuzzlib  # noqa: E402

@@ -9,7 +9,6 @@ import re
 import sqlite3
 
 import pytest
-from snapfix import derive, fabric_case
 
 from afddiag.cli import run
 from afddiag.envvars import (
@@ -21,6 +20,7 @@ from afddiag.envvars import (
     redact_text,
     secret_shape,
 )
+from snapfix import derive, fabric_case
 
 HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZmQifQ.c2lnbmF0dXJlLW9mLWp3dA"

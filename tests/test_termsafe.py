@@ -14,11 +14,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
-from snapfix import derive, fabric_case
 
 from afddiag import termsafe
 from afddiag.cli import run
+from conftest import REPO
+from snapfix import derive, fabric_case
 
 OSC52 = "\x1b]52;c;cm0gLXJmIH4=\x07"  # sets the clipboard to `rm -rf ~`
 TITLE = "\x1b]0;pwned\x07"
