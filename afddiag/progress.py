@@ -55,7 +55,9 @@ class Steps:
         if self._started:
             self._p.advance(self._task)
         self._started = True
-        self._p.update(self._task, description=f"{self._what}: {label}")
+        from afddiag.termsafe import line  # a device name or a peer's address: data, shown as it is
+
+        self._p.update(self._task, description=line(f"{self._what}: {label}"))
 
     def done(self) -> None:
         if self._task is None:
@@ -91,8 +93,8 @@ def steps(what: str, total: int) -> Iterator[Steps]:
                     TimeElapsedColumn,
                 )
 
-                bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                               TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
+                bar = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
+                               MofNCompleteColumn(), TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
                 bar.start()
                 _state["progress"] = bar
             except Exception:  # noqa: BLE001 - no bar rather than no run

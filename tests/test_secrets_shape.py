@@ -145,3 +145,18 @@ def test_shape_check_of_a_long_hostile_value_finishes():
     not backtracked: the call returns with the text unchanged."""
     hostile = ("hf_" + "a" * 29 + " ") * 5000 + "x://" + "a:" * 100000 + "Basic " + "=" * 100000
     assert secret_shape(hostile) is None
+
+
+def test_a_capture_bundle_holds_no_credential_shaped_value(tmp_path, monkeypatch, capsys):
+    import tarfile
+
+    for name, value, _ in SHAPED:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AFD_EXPERT_CAPACITY", "256")
+    out = tmp_path / "h.tar.gz"
+    assert run(["capture", "-o", str(out)]) == 0
+    with tarfile.open(out) as t:
+        blobs = {m.name: t.extractfile(m).read().decode("utf-8", "replace") for m in t.getmembers() if m.isfile()}
+    assert not [n for n, b in blobs.items() if _every_secret_in(b)]
+    env = next(b for n, b in blobs.items() if n.endswith("/env"))
+    assert f"AFD_DB_URL='{REDACTED}'" in env and "AFD_EXPERT_CAPACITY='256'" in env

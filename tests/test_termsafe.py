@@ -203,3 +203,19 @@ def test_pair_lines_escape_the_peers_fields():
                   error="peer said: " + OSC52 + FORGED)
     shown = format_pair(f)
     assert not _raw(shown) and not _forged(shown) and "\\x1b]0;pwned" in shown
+
+
+def test_progress_labels_are_data_not_markup(monkeypatch):
+    """The QP walk's bar names each device: a device named with markup or escapes is shown as it is."""
+    from afddiag import progress
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setattr(progress, "enabled", lambda stream=None: True)
+    with progress.steps("QP walk", 1) as bar:
+        bar.step("mlx5_0[/bold]" + TITLE + " → 10.0.0.2")
+        p = progress._state["progress"]
+        buf = io.StringIO()
+        from rich.console import Console
+
+        Console(file=buf, force_terminal=True, width=120).print(p.make_tasks_table(p.tasks))
+    assert "mlx5_0[/bold]\\x1b]0;pwned\\x07" in buf.getvalue() and not _raw(buf.getvalue())
