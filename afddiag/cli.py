@@ -710,7 +710,7 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     failed = [f for f in (obs.gpu.failed if obs.gpu else None, obs.gpu.load_failed if obs.gpu else None,
                           cpu.get("failed")) if f]
     if failed:
-        click.echo(f"afddiag baseline record: {'; '.join(failed)}: nothing recorded", err=True)
+        click.echo(termsafe.line(f"afddiag baseline record: {'; '.join(failed)}: nothing recorded"), err=True)
         return 3
     readings = (obs.gpu.readings if obs.gpu else None) or {}
     cpu_fig = {k: cpu[k] for k in bl.CPU_FIGURES if cpu.get(k) is not None}
@@ -719,7 +719,7 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     if refused and not force:
         click.echo("afddiag baseline record: not recorded: these figures are no healthy baseline:", err=True)
         for why in refused:
-            click.echo(f"  - {why}", err=True)
+            click.echo(termsafe.line(f"  - {why}"), err=True)
         click.echo("  fix that and record again, or give --force to record them anyway (marked forced)", err=True)
         return 2
     try:
@@ -736,7 +736,8 @@ def baseline_record(baseline_path, budget_s, force) -> int:
     click.echo(f"recorded {len(data['gpus'])} GPU(s) and the CPU in {path}"
                + (" (FORCED over: " + "; ".join(data.get("forced_over") or []) + ")" if data.get("forced") else ""))
     for uuid, g in data["gpus"].items():
-        click.echo(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items() if k != "name"))
+        click.echo(termsafe.line(f"  {g.get('name')} {uuid}: " + ", ".join(f"{k}={v}" for k, v in g.items()
+                                                                            if k != "name")))
     return 0
 
 

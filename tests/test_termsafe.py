@@ -219,3 +219,14 @@ def test_progress_labels_are_data_not_markup(monkeypatch):
 
         Console(file=buf, force_terminal=True, width=120).print(p.make_tasks_table(p.tasks))
     assert "mlx5_0[/bold]\\x1b]0;pwned\\x07" in buf.getvalue() and not _raw(buf.getvalue())
+
+
+def test_merge_note_about_a_duplicate_names_the_host_escaped(tmp_path, capsys):
+    snap, _ = _hostile_snapshot(tmp_path)
+    run(["all", "--json", "--no-history", "--snapshot", str(snap)])
+    rep = capsys.readouterr().out
+    (tmp_path / "a.json").write_text(rep)
+    (tmp_path / "b.json").write_text(rep)
+    run(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    out, err = capsys.readouterr()
+    assert "a duplicate input, skipped" in err and not _raw(out + err) and not _forged(out + err)

@@ -126,8 +126,10 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, htm
         hosts = load_reports(list(files), notes)
     except InputError as e:
         raise click.UsageError(f"merge input {e}") from e
-    for n in notes:  # a duplicate input is not a second host: say so, judge it once
-        click.echo(f"afddiag merge: {n}", err=True)
+    from afddiag.termsafe import line
+
+    for n in notes:  # a duplicate input is not a second host: say so, judge it once (its host name is data)
+        click.echo(line(f"afddiag merge: {n}"), err=True)
     expect: dict[str, Any] = {}
     if inventory_path:
         try:
