@@ -57,7 +57,8 @@ SECRET_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
                                 r"[^/\s@?#:]{20,256})@")),
     # Bearer and a long opaque token; Basic and base64 with its padding or a digit (not "basic checks")
     ("Bearer/Basic credential", re.compile(r"\b(?i:bearer)[ \t]{1,8}[A-Za-z0-9._~+/=-]{16,4096}|"
-                                           r"\b(?i:basic)[ \t]{1,8}(?=[A-Za-z+/]{0,4096}[0-9=])[A-Za-z0-9+/]{8,4096}={0,2}")),
+                                           r"\b(?i:basic)[ \t]{1,8}(?=[A-Za-z+/]{0,4096}[0-9=])"
+                                           r"[A-Za-z0-9+/]{8,4096}={0,2}")),
     ("Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,64}\b")),
     ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
     ("API key (sk-)", re.compile(r"\bsk-[A-Za-z0-9_-]{20,256}")),

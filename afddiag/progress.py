@@ -94,7 +94,8 @@ def steps(what: str, total: int) -> Iterator[Steps]:
                 )
 
                 bar = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
-                               MofNCompleteColumn(), TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
+                               MofNCompleteColumn(), TimeElapsedColumn(), console=Console(file=sys.stderr),
+                               transient=True)
                 bar.start()
                 _state["progress"] = bar
             except Exception:  # noqa: BLE001 - no bar rather than no run
