@@ -2,8 +2,10 @@
 
 No RDMA device is needed: ``_open`` is replaced by a fake rail (QP, MR, connect) so that the real
 ``serve``/``pair`` code talks to a raw socket playing a peer that sends garbage, truncated or huge
-lines, NaN, wrong types, closes mid-line or never answers. Every session must end within its bound
-with ``error`` naming what the peer sent, never a raw exception name, and destroy its objects."""
+lines, NaN, wrong types, closes mid-line or never answers. At the server's door such a connection is
+refused, told why and recorded (``facts.refused``), and the server keeps listening for its client;
+inside a session, and on the client, the session ends within its bound with ``error`` naming what
+the peer sent, never a raw exception name, and destroys its objects."""
 
 from __future__ import annotations
 

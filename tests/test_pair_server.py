@@ -167,6 +167,22 @@ def test_a_keyed_client_refuses_an_impostor_server(fake_rail, replies, words):
     assert "\x1b" not in c.error and "\x07" not in c.error
 
 
+def test_the_client_connects_from_its_fabric_ip(monkeypatch):
+    """The server's --peer names the client's fabric IP: the client's TCP leaves from it (127.0.0.2
+    here), not from the address the kernel would pick toward the server (127.0.0.1)."""
+    def _open(fabric, fabric_ip, buf, facts):
+        facts.device, facts.port, facts.gid_index, facts.gid = "fake0", 1, 1, GID
+        facts.fabric_ip = "127.0.0.2" if facts.role == "client" else "127.0.0.1"
+        return FakeRail()
+
+    monkeypatch.setattr(pm, "_open", _open)
+    port = _free_port()
+    t, box = _serve(port, peer="127.0.0.2")
+    c = _client(port)
+    s = _ended(t, box, 8)
+    assert s.peer == "127.0.0.2" and s.refused_total == 0 and c.peer_qp_num == 33
+
+
 # --- the key file ------------------------------------------------------------------------------------
 
 def _key_file(tmp_path, mode=0o600, data=KEY):

@@ -649,6 +649,9 @@ class _Admission:
             sock, addr = self.lsock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return None
+        except OSError as e:  # EMFILE, ENOBUFS: the listener cannot take a connection now
+            raise PairError(f"accepting a connection on port {self.lsock.getsockname()[1]} failed: "
+                            f"{e.strerror or e}") from None
         if addr[0] != str(self.expected):
             self._record(addr, f"not the expected peer {self.expected} (--peer)")
             self._tell(sock, f"this server expects another client (its --peer), not {addr[0]}: check the cabling "
@@ -1121,9 +1124,13 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
     try:
         r = _open(fabric, fabric_ip, big * 2, facts)
         connect_by = min(deadline, time.monotonic() + 30.0)  # the server may still be starting: retry refusals
+        # from the rail's fabric IP: the address the server's --peer names (with two rails on one subnet the
+        # kernel's own choice may be the other rail's)
+        source = (facts.fabric_ip, 0) if facts.fabric_ip else None
         while True:
             try:
-                sock = socket.create_connection((host, port), timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+                sock = socket.create_connection((host, port), timeout=max(0.1, min(10.0, deadline - time.monotonic())),
+                                                source_address=source)
                 break
             except ConnectionRefusedError as e:
                 if time.monotonic() > connect_by:
