@@ -1,6 +1,6 @@
 """afddiag: bring-up diagnostics for an attention-FFN-disaggregated inference fleet.
 
-Pipeline: probes read the host into plain facts (:mod:`afddiag.facts`), gates judge facts into
+Pipeline: probes read the host into plain facts (:mod:`afddiag.model`), gates judge facts into
 verdicts (:mod:`afddiag.gates`), reports render verdicts (:mod:`afddiag.report`).
 """
 

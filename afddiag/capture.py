@@ -5,12 +5,12 @@ each probe of :data:`afddiag.probes.registry.PROBES` reads, as its artifacts (th
 docstring and entries list them): the sysfs files of the fabric probe (attributes of empty GID
 slots left out, ``gid_attrs/EINVAL-SLOTS`` listing them), the device order, addresses, routes,
 ARP sysctls, the GPU, limits and CPU readings, versions, allow-listed variables
-(:data:`~afddiag.probes.registry.ENV_ALLOW` and ``AFD_*``; nothing else leaves the host), the
+(:data:`~afddiag.probes.env.ENV_ALLOW` and ``AFD_*``; nothing else leaves the host), the
 host name and a manifest. The reads are the live run's (:func:`afddiag.runner.capture`), so a
 replay gives the live run's verdicts, the QP walk aside.
 
 Every host source is a field of :class:`Sources`, so a test points the capture at a fake root and
-fake readings. Probes only read; the bundle is written atomically (temp file + rename).
+fake readings (a field it leaves out is not read). Probes only read; the bundle is written atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ import os
 import re
 from pathlib import Path
 
-from afddiag.probes.registry import ENV_ALLOW, ENV_ALLOW_PREFIX, Sources, env_allowed, env_text  # noqa: F401
+from afddiag import runner
+from afddiag.model.run import Inputs
+from afddiag.probes.registry import Sources
 
 
 def collect_bundle(src: Sources | None = None, timeout_s: float = 10.0, load: bool = False,
                    peers: tuple[str, ...] = (),
                    fabric_ip: str | None = None) -> tuple[dict[str, bytes], str, list[str]]:
-    """Read everything the probes read from ``src`` (default this host) → (``{relative path: bytes}``,
+    """Read everything the probes read from ``src`` (None: this host, :meth:`Sources.live`) →
+    (``{relative path: bytes}``,
     host name, notes): :func:`afddiag.runner.capture`. ``load`` runs the GPU load probe too;
     ``peers``/``fabric_ip`` add the routes to the peers. Each probe runs under ``timeout_s``; one
     that fails or times out leaves its files out and a note (in the manifest). Never raises for a
     host problem."""
-    from afddiag import runner
-    from afddiag.model.run import Inputs
-
     inputs = Inputs(probe_timeout_s=timeout_s, load=load, peers=list(peers), fabric_ip=fabric_ip, run_qp=False)
     return runner.capture(inputs, src, timeout_s)
 
@@ -50,4 +50,4 @@ def write_bundle(path: str | os.PathLike, src: Sources | None = None, timeout_s:
     return write_tar_gz(path, files, top=f"afddiag-capture-{safe_host}-{stamp}"), notes
 
 
-__all__ = ["Sources", "collect_bundle", "env_allowed", "write_bundle"]
+__all__ = ["collect_bundle", "write_bundle"]

@@ -226,11 +226,9 @@ def _run(cmd: str, as_json, fmt=None, output=None, no_history=False, **kw) -> in
     if "gpu" in FAMILIES[cmd] and not kw.get("snapshot"):
         import dataclasses
 
-        from afddiag.probes.registry import cuda_reason
+        from afddiag.probes.gpu import cuda_reason, preinit_cuda
 
         if cuda_reason(dataclasses.replace(inputs, families=frozenset(FAMILIES[cmd]))):
-            from afddiag.probes.gpu import preinit_cuda
-
             preinit_cuda()  # the CUDA driver initialises while the rest of the pipeline is imported
     rep, _ = _diagnose(cmd, inputs)
     record_run(rep, cmd, enabled=not no_history, busy_s=kw.get("timeout_s"))
@@ -406,7 +404,7 @@ def _pair(serve: bool, target: str | None, port: int, timeout_s: float, kw: dict
     import json as _json
 
     from afddiag import runner
-    from afddiag.facts import to_jsonable
+    from afddiag.model import to_jsonable
     from afddiag.model.run import Inputs
     from afddiag.probes import pair as pairmod
 

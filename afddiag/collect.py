@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from afddiag.model.run import Inputs, Observation  # noqa: F401 - the model's home is afddiag.model.run
+from afddiag.reader import RefusedRead
 
 T = TypeVar("T")
 
@@ -70,8 +70,6 @@ def guarded(fn: Callable[[], T], timeout_s: float, what: str,
     except ProbeTimeout as e:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - a crashed probe becomes its gates' ERROR
-        from afddiag.reader import RefusedRead
-
         if isinstance(e, RefusedRead):  # a snapshot file that is a device, FIFO or a link out of it
             return None, f"{what} refused {e}"
         doing = f" while {progress.doing}" if progress and progress.doing else ""

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from afddiag import collect
+from afddiag import __version__, baseline, collect, endpoint, expect, report, summary
 from afddiag.collect import Progress, SnapshotError
+from afddiag.gates import Context, run_gates
 from afddiag.model.run import Inputs, Observation
-
-
-def _probes(families: frozenset[str] | set[str], live_only_ok: bool = True):
-    from afddiag.probes.registry import PROBES
-
-    return [p for p in PROBES if p.runs_for(families) and (live_only_ok or not p.live_only)]
+from afddiag.probes import registry
 
 
 def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Observation:
@@ -33,23 +31,21 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
     opened by :func:`observe` first). Only the probes feeding ``inputs.families`` run (of them, only
     the probes named in ``only`` when given). Raises
     :class:`~afddiag.collect.SnapshotError` when the snapshot folder does not exist."""
-    from afddiag.probes import registry
-
     if inputs.snapshot:
         root = Path(inputs.snapshot)
         if not root.is_dir():
             raise SnapshotError(f"snapshot {root}: not a directory or capture bundle (give a folder holding "
                                 f"{registry.layout_hint()}, or a capture bundle FILE.tar.gz from `afddiag capture`)")
-        if not registry.recognizes(root):
+        if not registry.recognizes(root, inputs.families):
             raise SnapshotError(f"snapshot {root}: holds nothing afddiag recognizes: a snapshot holds any of "
                                 f"{registry.snapshot_parts()} (`afddiag capture` writes one)")
         obs = Observation(host=root.name, source=f"snapshot {root}")
         run = registry.Run(inputs, obs, root=root)
     else:
         obs = Observation(host=os.uname().nodename, source="live")  # as socket.gethostname()
-        run = registry.Run(inputs, obs, host=host or registry.Sources())
+        run = registry.Run(inputs, obs, host=host or registry.Sources.live())
     part_s = inputs.timeout("fabric_s")  # one snapshot part's read: --timeout bounds it too
-    for p in _probes(inputs.families):
+    for p in registry.probes(inputs.families):
         if (only is not None and p.name not in only) or not p.wanted(run):
             continue
         if p.live_only and not run.live:
@@ -92,8 +88,6 @@ def _load_baseline(obs: Observation, inputs: Inputs) -> None:
     """The host's recorded baseline: live runs read the state directory's (or --baseline); a
     snapshot replay reads only an explicit --baseline, since this machine's baseline is not the
     captured host's (replays give the same verdicts anywhere)."""
-    from afddiag import baseline
-
     if inputs.snapshot and not inputs.baseline_path:
         obs.baseline, obs.baseline_why = None, "a replay uses no local baseline (give --baseline to compare)"
         return
@@ -105,8 +99,6 @@ def opened(inputs: Inputs):
     """``inputs`` with a capture bundle (``.tar.gz``) snapshot extracted safely to a temporary folder
     (removed on exit); a folder or a live run as is. Raises :class:`~afddiag.collect.SnapshotError`
     for a bundle that is missing or refused."""
-    import os
-
     if inputs.snapshot and not os.path.isdir(inputs.snapshot) and _is_bundle(inputs.snapshot):
         with collect.opened_snapshot(inputs.snapshot) as root:  # bounded by bundle.EXTRACT_TIMEOUT_S
             yield dataclasses.replace(inputs, snapshot=root)
@@ -144,15 +136,10 @@ def diagnose(inputs: Inputs, host: Any = None) -> tuple[dict, Observation]:
 
 
 def judge(inputs: Inputs, obs: Observation) -> dict:
-    """The gates of ``inputs.families`` over ``obs`` → the JSON report."""
-    from afddiag import report
-    from afddiag.endpoint import resolve_fabric_ip
-    from afddiag.expect import resolve
-    from afddiag.gates import Context, run_gates
-
-    fip = resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
-    expect = resolve(inputs, obs)  # once, before any gate runs
-    verdicts = run_gates(Context(obs, inputs, fip, expect), set(inputs.families))
+    """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``: :func:`afddiag.probes.registry.report_facts`)."""
+    fip = endpoint.resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
+    expected = expect.resolve(inputs, obs)  # once, before any gate runs
+    verdicts = run_gates(Context(obs, inputs, fip, expected), set(inputs.families))
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
     rep = report.build(
         verdicts, obs.host, obs.source,
@@ -160,14 +147,8 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
          "env": obs.env, "role": (inputs.playbook.name if inputs.playbook else "generic"),
          "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
-        obs.fabric, notes,
-        {"fabric": obs.fabric, "qp": obs.qp,
-         "gpu": {k: v for k, v in vars(obs.gpu).items() if k != "readings"} if obs.gpu else None,
-         "cpu": obs.cpu, "route": obs.route, "versions": obs.versions,
-         **({"pair": obs.pair} if obs.pair is not None else {})},
-        expectations={k: v for k, v in vars(expect).items() if v not in (None, {})})
-    from afddiag import summary
-
+        obs.fabric, notes, registry.report_facts(obs),
+        expectations={k: v for k, v in vars(expected).items() if v not in (None, {})})
     rep["summary"] = summary.from_report(rep)  # what the fleet compares (schema: summary)
     return rep
 
@@ -183,8 +164,6 @@ def judge_with_exports(inputs: Inputs, obs: Observation, rep: dict) -> tuple[dic
     fabric.devicemap-env FAILed on, printed corrected], "notes": [lines], "fixed": [gate ids that
     FAILed or ERRORed before and do not after]}``; with nothing to print, ``rep`` and ``obs`` as given.
     A fault the exports do not fix still fails the second report."""
-    from afddiag import endpoint
-
     fip = rep["inputs"]["fabric_ip"]
     pairs = endpoint.launch_exports(obs.fabric, fip)
     failed: list[str] = []  # the variables fabric.devicemap-env FAILed on: afddiag's value replaces those only
@@ -215,17 +194,11 @@ def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[
 
     Each probe runs under ``timeout_s``; one that fails or times out leaves its files out (a tree
     is merged only when it was read whole) and a note. Never raises for a host problem."""
-    import datetime as _dt
-    import json
-
-    from afddiag import __version__
-    from afddiag.probes import registry
-
     obs = Observation(host="unknown", source="capture")
-    run = registry.Run(inputs, obs, host=host or registry.Sources(), capturing=True)
+    run = registry.Run(inputs, obs, host=host or registry.Sources.live(), capturing=True)
     files: dict[str, bytes] = {}
     notes: list[str] = []
-    for p in registry.PROBES:
+    for p in registry.probes():
         if p.live_only or not p.wanted(run):
             continue
         progress = Progress()

@@ -79,7 +79,7 @@ def peak_rss_mb(cmd: list[str]) -> float:
 
 def in_process(snap: Path, repeat: int) -> float:
     from afddiag.cli import diagnose
-    from afddiag.collect import Inputs
+    from afddiag.model.run import Inputs
 
     times = []
     for _ in range(repeat):

@@ -62,10 +62,10 @@ def run_direct(name: str) -> dict:
     """probe_fabric + probe_qp called directly (works without the CLI): the raw QP facts."""
     t = time.monotonic()
     try:
-        from afddiag.facts import to_jsonable
+        from afddiag.model import to_jsonable
         from afddiag.probes.netlink import device_order, netdev_addresses
         from afddiag.probes.qp import probe_qp
-        from afddiag.probes.sysfs import probe_fabric
+        from afddiag.probes.fabric import probe_fabric
 
         order, src, _notes = device_order()
         fabric = probe_fabric("/", order, src, netdev_addresses(), "netlink")

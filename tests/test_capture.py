@@ -3,7 +3,6 @@ the refusal of hostile bundles. The lab test at the end captures on the soft-RoC
 
 from __future__ import annotations
 
-import errno
 import io
 import json
 import os
@@ -18,62 +17,17 @@ import pytest
 from click.testing import CliRunner
 
 from afddiag import bundle as bundlemod
-from afddiag.capture import Sources, collect_bundle, write_bundle
+from afddiag.capture import collect_bundle, write_bundle
+from afddiag.probes import registry
 from afddiag.cli import cli, run
 from afddiag.envvars import parse_env_file
 from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
-from afddiag.probes.sysfs import read_text
 from conftest import case_dirs, load_case
+from fakes import case_sources, einval_reader
 
 FABRIC = case_dirs("fabric")
 GPU = case_dirs("gpu")
 REPO = Path(__file__).resolve().parent.parent
-
-
-def einval_reader(root: Path):
-    """A sysfs reader over a case tree that answers EINVAL for the attribute files of the slots its
-    ``gid_attrs/EINVAL-SLOTS`` lists, as a real kernel does for empty GID slots."""
-
-    def read(path: str) -> str:
-        p = Path(path)
-        if p.parent.name in ("types", "ndevs") and p.parent.parent.name == "gid_attrs":
-            slots = p.parent.parent / "EINVAL-SLOTS"
-            if slots.is_file() and p.name in slots.read_text().split():
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
-        return read_text(path)
-
-    return read
-
-
-def case_sources(case: Path, **over) -> Sources:
-    """A capture pointed at a case: its sys/ tree as the root, its rdma-dev.json as the netlink
-    order, its ip-addr.json as the addresses, its env (plus variables that must not leave), its
-    gpu.json as the GPU reading."""
-    meta = load_case(case)
-
-    def j(name):
-        return json.loads((case / name).read_text()) if (case / name).is_file() else None
-
-    order = parse_rdma_dev_json(j("rdma-dev.json")) if j("rdma-dev.json") is not None else None
-    addrs = j("ip-addr.json")
-
-    def addresses():
-        if addrs is None:
-            raise OSError("getifaddrs failed")
-        return parse_ip_addr_json(addrs)
-
-    env = parse_env_file((case / "env").read_text()) if (case / "env").is_file() else {}
-    gpu = j("gpu.json")
-    kw = dict(root=str(case), device_order=lambda: (order, "netlink (fake)", []), addresses=addresses,
-              gpu=(lambda: gpu) if gpu is not None else (lambda: {"devices": [], "why": "no NVIDIA GPU seen: test"}),
-              limits=None, cpu=None, memreg=None, pcie=None, route=(lambda: j("ip-route.json")) if j("ip-route.json") is not None else None,
-              rdma_core=lambda: {"version": "50.0", "source": "test"}, environ={**env, "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "nope",
-                                                         "AFD_ROLE": "expert", "NCCL_SOCKET_IFNAME": "enp1"},
-              hostname=lambda: meta.get("host", case.name), reader=einval_reader(case))
-    if gpu is None:
-        kw["gpu"] = None  # a fabric case had no GPU reading: its replay says "not captured" as the case does
-    kw.update(over)
-    return Sources(**kw)
 
 
 def run_json(args):
@@ -226,10 +180,8 @@ def test_a_sysfs_read_that_hangs_leaves_no_partial_tree(tmp_path):
 
 
 def test_capture_command_writes_atomically_and_refuses_a_bad_name(tmp_path, monkeypatch):
-    import afddiag.capture as cap
-
     case = FABRIC[0]
-    monkeypatch.setattr(cap, "Sources", lambda **kw: case_sources(case))
+    monkeypatch.setattr(registry.Sources, "live", classmethod(lambda cls, **kw: case_sources(case)))
     out = tmp_path / "b.tar.gz"
     res = CliRunner().invoke(cli, ["capture", "-o", str(out)], standalone_mode=False, catch_exceptions=False)
     assert res.return_value == 0 and res.stdout.strip() == str(out)
@@ -467,8 +419,6 @@ def _comparable_facts(rep: dict) -> dict:
 def test_lab_every_probe_live_capture_replay_same_facts(capture_lab):
     """Parity in the soft-RoCE lab: every registered probe ran live in the guest, the capture holds
     what each read, the replay here turns it into the same facts and verdicts (the QP walk aside)."""
-    from afddiag.probes.registry import PROBES
-
     live = capture_lab["runs"]["live"]["json"]
     bundle = capture_lab["outdir"] / "capture.tar.gz"
     replay, _ = run_json(["all", "--json", "--snapshot", str(bundle), "--fabric-ip", "10.9.0.2", "--peer", "10.9.0.1"])
@@ -480,11 +430,11 @@ def test_lab_every_probe_live_capture_replay_same_facts(capture_lab):
     with tarfile.open(bundle) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     from afddiag.model.run import Inputs, Observation
-    from afddiag.probes.registry import Run, Sources
 
-    run = Run(Inputs(fabric_ip="10.9.0.2", peers=["10.9.0.1"], run_qp=False), Observation(host="", source="capture"),
-              host=Sources(), capturing=True)  # the guest's capture: no launch env, so no image nor engine ports
-    for p in PROBES:  # every probe the capture wanted left its artifacts
+    run = registry.Run(Inputs(fabric_ip="10.9.0.2", peers=["10.9.0.1"], run_qp=False),
+                       Observation(host="", source="capture"), host=registry.Sources.live(),
+                       capturing=True)  # the guest's capture: no launch env, so no image nor engine ports
+    for p in registry.probes():  # every probe the capture wanted left its artifacts
         if p.live_only or not p.wanted(run):
             continue
         assert any(n == a.name or n.startswith(a.name + "/") for a in p.artifacts for n in names), p.name

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from afddiag import baseline
 from afddiag.cli import cli
-from afddiag.collect import Inputs, Observation
+from afddiag.model.run import Inputs, Observation
 from afddiag.diagnosis import fill_actions, needs_drain
 from afddiag.gates import Context, host, resolve_fabric_ip
 from afddiag.playbook import load as load_playbook

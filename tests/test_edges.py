@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from afddiag import baseline
 from afddiag import cli as climod
 from afddiag.cli import cli, run
-from afddiag.collect import Inputs, Observation
+from afddiag.model.run import Inputs, Observation
 from afddiag.envvars import LaunchEnvError, parse_launch_env
 from afddiag.gates import Context, host, resolve_fabric_ip
 from conftest import CASES

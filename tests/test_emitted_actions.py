@@ -181,7 +181,7 @@ def _fabric_incidents(tmp: Path, seen: Seen) -> None:
 
 def _qp_runs(seen: Seen) -> None:
     """fabric.qp-rtr on QP walks as the probe records them (tests/test_gates.py's two-device host)."""
-    from afddiag.facts import QpFacts, QpResult, QpStep
+    from afddiag.model.fabric import QpFacts, QpResult, QpStep
     from afddiag.gates import fabric
     from test_gates import FE80, V4, ctx, host
 
@@ -239,7 +239,7 @@ def _memreg_runs(tmp: Path, seen: Seen) -> None:
         for role in (["--role", "expert"], ["--playbook", str(gds)]):
             seen.add(report(["all", "--snapshot", str(snap), *role, "--fabric-ip", "192.168.100.11"])["gates"],
                      f"memreg {i} {role}")
-    from afddiag.collect import Inputs, Observation
+    from afddiag.model.run import Inputs, Observation
     from afddiag.gates import Context, fabric, resolve_fabric_ip
     from afddiag.model.fabric import MemRegFacts
 
@@ -305,7 +305,7 @@ def _launch_runs(tmp: Path, seen: Seen) -> None:
                 le = envfile(tmp, f"l{li}{ri}{ei}.env", env)
                 seen.add(report(["all", "--snapshot", str(snap), "--launch-env", str(le), "--peer", "198.51.100.73"])
                          ["gates"], f"launch {lname} {rname} {env}")
-    from afddiag.collect import Inputs, Observation
+    from afddiag.model.run import Inputs, Observation
     from afddiag.gates import Context, launch, resolve_fabric_ip
     from afddiag.model.host import ReachFacts
 

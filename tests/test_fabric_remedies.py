@@ -73,7 +73,7 @@ def test_map_with_no_fabric_ip_decided_does_not_claim_the_fabric_ips_device(tmp_
 def test_engine_gid_index_from_the_launch_env_file_is_judged(tmp_path, capsys):
     """A launch env file's MC_GID_INDEX / UCX_IB_GID_INDEX reaches fabric.devicemap-env (the env is
     filtered to the variables afddiag judges) and a capture carries them."""
-    from afddiag.probes.registry import env_allowed
+    from afddiag.probes.env import env_allowed
 
     for var in ("MC_GID_INDEX", "UCX_IB_GID_INDEX"):
         env = tmp_path / f"{var}.env"

@@ -2,21 +2,10 @@
 
 import pytest
 
-from afddiag.collect import Inputs, Observation
+from afddiag.model.run import Inputs, Observation
 from afddiag.envvars import parse_device_map, parse_env_file, parse_nccl_hca
-from afddiag.facts import (
-    FabricFacts,
-    Gid,
-    GpuDevice,
-    GpuFacts,
-    Netdev,
-    Port,
-    QpFacts,
-    QpResult,
-    QpStep,
-    RdmaDevice,
-    UnderLoad,
-)
+from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice
+from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
 from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
 from afddiag.verdict import Verdict, exit_code
 

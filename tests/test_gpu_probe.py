@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from afddiag.probes import cudadrv, gpu
+from afddiag.probes import cudadrv, gpu, gpu_nvml, xid
 
 NOT_SUPPORTED_RC = 3
 
@@ -383,19 +383,19 @@ def test_hung_nvml_call_times_out(fake_gpus, meminfo):
 
 def test_worker_bug_is_a_note_not_an_exception(fake_gpus, meminfo, monkeypatch):
     fake_gpus([fake_nvml_device(UUID_A)], [])
-    monkeypatch.setattr(gpu, "_nvml_device", lambda run, nv, i: 1 / 0)
+    monkeypatch.setattr(gpu_nvml, "_nvml_device", lambda run, nv, i: 1 / 0)
     r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
     assert any("ZeroDivisionError" in s for s in r["notes"])
     assert sys.modules["pynvml"].calls.count("nvmlShutdown") == 1
 
 
 def test_reason_names_and_uuid_format():
-    assert gpu.clocks_event_reason_names(0) == []
-    assert gpu.clocks_event_reason_names(0x1C1) == ["gpu_idle", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+    assert gpu_nvml.clocks_event_reason_names(0) == []
+    assert gpu_nvml.clocks_event_reason_names(0x1C1) == ["gpu_idle", "hw_thermal_slowdown", "hw_power_brake_slowdown",
                                                     "display_clock_setting"]
-    assert gpu.clocks_event_reason_names(0x800) == ["unknown_0x800"]
-    assert gpu.clocks_event_reason_names("NOT_SUPPORTED") == "NOT_SUPPORTED"
-    assert gpu.uuid_from_bytes(uuid_bytes(UUID_B)) == UUID_B
+    assert gpu_nvml.clocks_event_reason_names(0x800) == ["unknown_0x800"]
+    assert gpu_nvml.clocks_event_reason_names("NOT_SUPPORTED") == "NOT_SUPPORTED"
+    assert cudadrv.uuid_from_bytes(uuid_bytes(UUID_B)) == UUID_B
 
 
 # --- (c) health facts: ECC, retired pages, remapped rows, processes -----------------------------
@@ -423,7 +423,7 @@ def test_health_facts_read_every_call(fake_gpus, meminfo):
     }
     assert n["retired_pages"] == {"single_bit": 2, "double_bit": 1, "pending": True}
     assert n["remapped_rows"] == {"correctable": 2, "uncorrectable": 1, "pending": False, "failure": True}
-    me = gpu.process_name(os.getpid())
+    me = gpu_nvml.process_name(os.getpid())
     assert isinstance(me, str) and me
     assert n["processes"] == [
         {"pid": os.getpid(), "name": me, "used_bytes": 2147483648, "type": "compute"},
@@ -521,7 +521,7 @@ XID_LINES = [
 
 
 def test_parse_xid_lines():
-    assert gpu.parse_xid_lines(XID_LINES) == [
+    assert xid.parse_xid_lines(XID_LINES) == [
         {"xid": 79, "pci": "0000:01:00",
          "text": "NVRM: Xid (PCI:0000:01:00): 79, pid=2291, name=python3, GPU has fallen off the bus."},
         {"xid": 48, "pci": "0000:3b:00",
@@ -534,8 +534,8 @@ def test_parse_xid_lines():
          "text": "NVRM: Xid (PCI:0008:01:00 GPU-I:01): 13, pid=4410, name=vllm, Graphics Exception: "
                  "ESR 0x50da30=0x10 0x50da34=0x0"},
     ]
-    assert gpu.parse_xid_lines([]) == []
-    assert gpu.parse_xid_lines(["NVRM: Xid (no address here): 31, pid=1, MMU Fault"]) == [
+    assert xid.parse_xid_lines([]) == []
+    assert xid.parse_xid_lines(["NVRM: Xid (no address here): 31, pid=1, MMU Fault"]) == [
         {"xid": 31, "pci": None, "text": "NVRM: Xid (no address here): 31, pid=1, MMU Fault"}]
 
 
@@ -576,7 +576,7 @@ def test_kmsg_permission_denied_says_run_as_root(fake_gpus, meminfo, monkeypatch
             raise PermissionError(errno.EACCES, "Permission denied", path)
         return real_open(path, flags, *a)
 
-    monkeypatch.setattr(gpu.os, "open", deny_kmsg)
+    monkeypatch.setattr(xid.os, "open", deny_kmsg)
     r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo)
     assert r["xid_events"] is None
     assert r["xid_source"] == "not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"
@@ -584,8 +584,8 @@ def test_kmsg_permission_denied_says_run_as_root(fake_gpus, meminfo, monkeypatch
     def eperm(path, flags, *a):  # dmesg_restrict=1 answers EPERM
         raise PermissionError(errno.EPERM, "Operation not permitted", path)
 
-    monkeypatch.setattr(gpu.os, "open", eperm)
-    assert gpu.read_xid_events()[:2] == (
+    monkeypatch.setattr(xid.os, "open", eperm)
+    assert xid.read_xid_events()[:2] == (
         None, "not readable: /dev/kmsg: Operation not permitted (run as root or give --xid-log)")
 
 
@@ -600,12 +600,12 @@ def test_xid_log_file_is_read_instead_of_kmsg_and_bounded(fake_gpus, meminfo, tm
     # a log larger than the limit: its last max_bytes are read, the cut first line dropped
     filler = "[   1.0] usb 1-1: new high-speed USB device number 2 using xhci_hcd\n" * 2000
     log.write_text(XID_LINES[1] + "\n" + filler + XID_LINES[2] + "\n")
-    events, source, notes = gpu.read_xid_events(str(log), max_bytes=4096)
+    events, source, notes = xid.read_xid_events(str(log), max_bytes=4096)
     assert source == str(log) and [e["xid"] for e in events] == [13]
     assert any("read its last 4096" in s for s in notes)
 
     # the time bound
-    events, source, notes = gpu.read_xid_events(str(log), deadline=time.monotonic() - 1)
+    events, source, notes = xid.read_xid_events(str(log), deadline=time.monotonic() - 1)
     assert events == [] and any("time bound" in s for s in notes)
 
     r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, xid_log=str(tmp_path / "gone.txt"))
@@ -804,7 +804,7 @@ def _gpu_run(**kw):
     from afddiag.runner import diagnose
 
     inputs = Inputs(families=frozenset({"gpu"}), xid_log=os.devnull, **kw)
-    rep, obs = diagnose(inputs, host=Sources(cpu=None, memreg=None, pcie=None, route=None))
+    rep, obs = diagnose(inputs, host=Sources.live(cpu=None, memreg=None, pcie=None, route=None))
     return {v["id"]: v for v in rep["gates"]}, obs
 
 
@@ -834,7 +834,7 @@ def test_gpu_run_with_an_expected_sm_count_reads_cuda(counted_gpus, kw, source):
 def test_cuda_reason_names_every_need():
     from afddiag.model.host import ImageFacts
     from afddiag.model.run import Inputs, Observation
-    from afddiag.probes.registry import cuda_reason
+    from afddiag.probes.gpu import cuda_reason
 
     gpu_only = frozenset({"gpu"})
     assert cuda_reason(Inputs(families=gpu_only)) is None

@@ -576,7 +576,7 @@ def test_5_a_timed_out_route_probe_is_error_not_skip(monkeypatch, capsys):
     import dataclasses
     import time
 
-    from afddiag.probes import registry
+    from afddiag.probes import route as route_probe
 
     def hang(probe):
         real = probe.facts
@@ -585,9 +585,9 @@ def test_5_a_timed_out_route_probe_is_error_not_skip(monkeypatch, capsys):
             time.sleep(4)  # ip route get / the sysctls hung
             return real(run_, r, progress)
 
-        return dataclasses.replace(probe, facts=facts) if probe.name == "route" else probe
+        return dataclasses.replace(probe, facts=facts)
 
-    monkeypatch.setattr(registry, "PROBES", tuple(hang(p) for p in registry.PROBES))
+    monkeypatch.setattr(route_probe, "PROBE", hang(route_probe.PROBE))
     fip = json.loads((FAB / "case.json").read_text())["fabric_ip"]
     code = run(["fabric", "--snapshot", str(FAB), "--fabric-ip", fip, "--peer", "10.0.0.9", "--json", "--no-history",
                 "--timeout", "1"])
@@ -602,11 +602,11 @@ def test_5_a_route_lookup_that_timed_out_is_error_not_no_route():
 
     r = route_from_get_json("10.0.0.9", {"error": "ip route get did not answer within 1 s", "failed": True}, "ip")
     assert r.failed
-    from afddiag.collect import Inputs, Observation
+    from afddiag.model.run import Inputs, Observation
     from afddiag.gates import Context, resolve_fabric_ip
     from afddiag.gates.fabric import route as route_gate
     from afddiag.model.fabric import RouteFacts
-    from afddiag.probes.sysfs import probe_fabric
+    from afddiag.probes.fabric import probe_fabric
 
     fab = probe_fabric(str(FAB))
     case = json.loads((FAB / "case.json").read_text())
@@ -620,7 +620,8 @@ def test_5_a_route_lookup_that_timed_out_is_error_not_no_route():
 def test_5_an_unreadable_infiniband_class_is_error_not_no_device(tmp_path, monkeypatch):
     import errno as _errno
 
-    from afddiag.probes import sysfs
+    from afddiag.probes import fabric
+    from afddiag.probes.fabric import probe_fabric
 
     real = os.listdir
 
@@ -629,8 +630,8 @@ def test_5_an_unreadable_infiniband_class_is_error_not_no_device(tmp_path, monke
             raise PermissionError(_errno.EACCES, "Permission denied", str(path))
         return real(path)
 
-    monkeypatch.setattr(sysfs.os, "listdir", denied)
-    facts = sysfs.probe_fabric(str(FAB))
+    monkeypatch.setattr(fabric.os, "listdir", denied)
+    facts = probe_fabric(str(FAB))
     assert facts.failed and "Permission denied" in facts.failed
     from afddiag.gates import probe_failed
     from afddiag.gates.fabric import rdma_present  # noqa: F401 - the gate below reads facts.failed

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from afddiag.cli import run
-from afddiag.facts import FabricFacts
+from afddiag.model.fabric import FabricFacts
 from afddiag.probes import pair as pm
 from conftest import CASES
 

@@ -54,7 +54,7 @@ def _gate(args, gid="fabric.link-speed"):
 @pytest.mark.parametrize("speed,verdict", [(200000, "PASS"), (100000, "FAIL"), (150000, "WARN")])
 def test_capture_replay_link_speed(tmp_path, speed, verdict):
     """The speed file is captured into the bundle and judged the same from the folder and the bundle."""
-    from test_capture import case_sources
+    from fakes import case_sources
 
     snap = _with_speed(tmp_path, speed)
     files, _, _ = collect_bundle(case_sources(snap))
@@ -85,7 +85,7 @@ def test_a_speed_refused_live_replays_with_the_same_errno(tmp_path):
     import errno as _errno
 
     from afddiag.probes.sysfs import read_text
-    from test_capture import case_sources
+    from fakes import case_sources
 
     snap = _with_speed(tmp_path, 200000)
 

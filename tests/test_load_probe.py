@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from afddiag.probes import cudadrv, load
-from afddiag.probes.gpu import uuid_from_bytes
+from afddiag.probes.cudadrv import uuid_from_bytes
 
 
 def _lib_loads(name: str) -> bool:

@@ -128,7 +128,7 @@ def test_replay_and_capture_round_trip(tmp_path, readings, role, verdict):
     """memreg.json replays from a folder and from a capture bundle with the same verdict."""
     from afddiag.capture import collect_bundle, write_bundle
     from conftest import CASES
-    from test_capture import case_sources
+    from fakes import case_sources
 
     case = CASES / "fabric" / "12-cx7-single-port-healthy"
     files, _, _ = collect_bundle(case_sources(case, memreg=lambda: readings))

@@ -78,14 +78,15 @@ def test_link_speed_unread_live_names_the_errno():
     import errno
 
     from afddiag.gates.rail import judge_link_speed, speed_unread
-    from afddiag.probes.sysfs import _Reader, read_netdev
+    from afddiag.probes.fabric import read_netdev
+    from afddiag.probes.sysfs import QuietReader
 
     def reader(path):
         if path.endswith("/speed"):
             raise OSError(errno.EINVAL, "Invalid argument")
         return {"mtu": "9000", "operstate": "down"}[path.rsplit("/", 1)[1]]
 
-    nd = read_netdev("/sys/class/net", "enp1s0f1np1", _Reader(reader))
+    nd = read_netdev("/sys/class/net", "enp1s0f1np1", QuietReader(reader))
     assert nd.speed_mbps is None and nd.speed_errno == errno.EINVAL
     live = speed_unread(nd.speed_errno, snapshot=False, netdev=nd.name)
     assert "EINVAL" in live and "link is down" in live and "captured" not in live

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from afddiag import cli
-from afddiag.facts import FabricFacts
+from afddiag.model.fabric import FabricFacts
 from afddiag.probes import pair as pm
 from conftest import CASES
 

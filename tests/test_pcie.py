@@ -90,11 +90,12 @@ def _gate(args):
 def test_capture_and_replay(tmp_path, nic, verdict, words):
     """The probe's readings go into a capture as they are and replay with the same verdict."""
     from afddiag.capture import collect_bundle, write_bundle
-    from afddiag.probes.registry import Sources
+    from afddiag.probes.registry import LIVE, Sources
 
     root = fake_host(tmp_path / "host", nic=nic)
-    src = dict(root=root, device_order=lambda: (None, "test", []), addresses=lambda: {}, gpu=None, limits=None,
-               cpu=None, route=None, memreg=None, rdma_core=lambda: {}, environ={}, hostname=lambda: "spark-a")
+    # the PCIe links read live under the fake root; every field not given is not read
+    src = dict(root=root, device_order=lambda: (None, "test", []), addresses=lambda: {}, pcie=LIVE,
+               rdma_core=lambda: {}, environ={}, hostname=lambda: "spark-a")
     files, _, _ = collect_bundle(Sources(**src))
     assert json.loads(files["pcie.json"]) == read_pcie(root)
     bundle = tmp_path / "b.tar.gz"

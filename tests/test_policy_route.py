@@ -95,7 +95,7 @@ def test_live_readers_give_iproute2_shapes():
 
 def test_capture_records_the_rules_and_the_replay_uses_them(tmp_path, capsys):
     from afddiag.capture import collect_bundle, write_bundle
-    from test_capture import case_sources
+    from fakes import case_sources
 
     src = case_sources(CASE, route=lambda: TABLES, rules=lambda: DEFAULT_RULES + [FIX])
     files, _, _ = collect_bundle(src)

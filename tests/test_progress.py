@@ -76,7 +76,7 @@ def test_stop_ends_a_bar_a_hung_probe_left_open(monkeypatch):
 
 
 def test_qp_walk_steps_per_device(monkeypatch):
-    from afddiag.facts import FabricFacts, RdmaDevice
+    from afddiag.model.fabric import FabricFacts, RdmaDevice
     from afddiag.probes import qp
 
     err = Tty()

@@ -31,12 +31,9 @@ from afddiag.model.fabric import (
     is_empty_gid,
 )
 from afddiag.probes import qp as qpmod
+from afddiag.endpoint import SGID_FABRIC_IP, SGID_FALLBACK, choose_port, choose_sgid
 from afddiag.probes.qp import (
     NO_PYVERBS_WHY,
-    SGID_FABRIC_IP,
-    SGID_FALLBACK,
-    choose_port,
-    choose_sgid,
     decode_errno,
     destination_gid,
     mtu_enum_to_bytes,

@@ -16,8 +16,11 @@ import pytest
 
 from afddiag import playbook as pbmod
 from afddiag.cli import run
-from afddiag.collect import Inputs, Observation, ProbeTimeout, Progress, bounded, guarded
-from afddiag.facts import FabricFacts, GpuDevice, GpuFacts, HostLimits, ImageFacts, QpFacts
+from afddiag.collect import ProbeTimeout, Progress, bounded, guarded
+from afddiag.model.run import Inputs, Observation
+from afddiag.model.fabric import FabricFacts, QpFacts
+from afddiag.model.gpu import GpuDevice, GpuFacts
+from afddiag.model.host import HostLimits, ImageFacts
 from afddiag.gates import Context, resolve_fabric_ip, run_gates
 from conftest import CASES, REPO
 
@@ -351,7 +354,7 @@ def test_baseline_file_is_replaced_atomically(tmp_path, monkeypatch) -> None:
 
 def test_map_naming_a_deleted_device_fails_qp_rtr_not_error() -> None:
     """The lab's 'device deleted between runs': the map still names arxe1, only zrxe0 is left."""
-    from afddiag.facts import Port, QpResult, RdmaDevice
+    from afddiag.model.fabric import Port, QpResult, RdmaDevice
 
     fab = FabricFacts(devices=[RdmaDevice(name="zrxe0", index=0, ports=[Port(num=1, state="ACTIVE")])],
                       order_source="netlink")
@@ -365,7 +368,7 @@ def test_map_naming_a_deleted_device_fails_qp_rtr_not_error() -> None:
 
 
 def test_qp_walk_past_its_bound_is_error_not_fail() -> None:
-    from afddiag.facts import Port, QpResult, QpStep, RdmaDevice
+    from afddiag.model.fabric import Port, QpResult, QpStep, RdmaDevice
 
     fab = FabricFacts(devices=[RdmaDevice(name="arxe1", index=0, ports=[Port(num=1, state="ACTIVE")])])
     res = QpResult(device="arxe1", port=1, target="10.9.0.1", reached="INIT", steps=[QpStep(to="INIT", ok=True)],
@@ -387,10 +390,9 @@ def test_live_fabric_probe_hang_errors_fabric_and_qp_gates_only(monkeypatch, cap
 
     import dataclasses
 
-    from afddiag.probes import registry
+    from afddiag.probes import fabric
 
-    monkeypatch.setattr(registry, "PROBES", tuple(dataclasses.replace(p, read=stuck) if p.name == "fabric" else p
-                                                  for p in registry.PROBES))
+    monkeypatch.setattr(fabric, "PROBE", dataclasses.replace(fabric.PROBE, read=stuck))
     t = time.monotonic()
     try:
         rc = run(["all", "--json", "--timeout", "0.5", "--fabric-ip", "10.9.0.2"])

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from afddiag.cli import run
-from afddiag.collect import Inputs, Observation
+from afddiag.model.run import Inputs, Observation
 from afddiag.gates import Context, gpu, resolve_fabric_ip
 from afddiag.model.gpu import gpu_facts_from_readings
 from afddiag.playbook import load as load_playbook

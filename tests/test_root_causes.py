@@ -15,20 +15,9 @@ from click.testing import CliRunner
 
 from afddiag import diagnosis
 from afddiag.cli import cli, run
-from afddiag.collect import Inputs, Observation
-from afddiag.facts import (
-    FabricFacts,
-    Gid,
-    GpuDevice,
-    GpuFacts,
-    Netdev,
-    Port,
-    QpFacts,
-    QpResult,
-    QpStep,
-    RdmaDevice,
-    UnderLoad,
-)
+from afddiag.model.run import Inputs, Observation
+from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice
+from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
 from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
 from afddiag.probes.load import attach_load
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
@@ -118,7 +107,7 @@ def fake_load(monkeypatch, util, procs=()):
     """The busy check answering ``util`` % and ``procs``, and a load probe that records the ordinals it
     ran on; returns (those ordinals, readings of one GPU)."""
     ran: list[int] = []
-    monkeypatch.setattr("afddiag.probes.gpu.read_busy",
+    monkeypatch.setattr("afddiag.probes.load.read_busy",
                         lambda uuid, index, window_s=0.5, own_pids=(): {
                             "utilization_pct": util if window_s else None, "processes": list(procs), "own_pid": 1,
                             "window_s": window_s})
@@ -455,7 +444,7 @@ def test_xid_lines_kept_in_the_snapshot_are_judged(tmp_path, how):
 def test_capture_keeps_the_xid_lines_and_the_replay_judges_them(tmp_path):
     from afddiag.capture import write_bundle
     from conftest import case_dirs
-    from test_capture import case_sources
+    from fakes import case_sources
 
     r = h200_readings("h200-live-idle")
     r["xid_events"], r["xid_source"] = [{"xid": 154, "pci": "0000:00:06", "text": XID_REBOOT}], "/dev/kmsg"

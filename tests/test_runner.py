@@ -21,10 +21,11 @@ from click.testing import CliRunner
 from afddiag import runner
 from afddiag.cli import cli
 from afddiag.model import to_jsonable
-from afddiag.model.run import Inputs
+from afddiag.model.run import Inputs, Observation
 from afddiag.probes import registry
 from conftest import CASES, REPO, case_dirs, load_case
-from test_capture import case_args, case_sources
+from fakes import case_sources
+from test_capture import case_args
 
 FABRIC = case_dirs("fabric")
 GPU = case_dirs("gpu")
@@ -37,26 +38,47 @@ def run_json(args):
 
 
 def test_each_artifact_name_is_in_one_module_only():
-    names = {a.name for p in registry.PROBES for a in p.artifacts if a.kind == "json"} | {registry.CAPTURE_MANIFEST}
-    assert {"ip-addr.json", "rdma-dev.json", "image.json", "gpu.json", "limits.json", "versions.json"} <= names
+    """A probe lives in one place: each JSON artifact's name is written in its probe's module only."""
+    owner = {a.name: e.module.partition(":")[0] for e in registry.PROBES for a in e.probe().artifacts if a.kind == "json"}
+    owner[registry.CAPTURE_MANIFEST] = "afddiag.probes.registry"
+    assert {"ip-addr.json", "rdma-dev.json", "image.json", "gpu.json", "limits.json", "versions.json"} <= set(owner)
     sources = {p: p.read_text(encoding="utf-8") for p in (REPO / "afddiag").rglob("*") if p.is_file()
                and p.suffix in (".py", ".json", ".toml", ".md")}
-    for name in sorted(names):
+    for name, module in sorted(owner.items()):
         where = sorted(str(p.relative_to(REPO)) for p, text in sources.items() if name in text)
-        assert where == ["afddiag/probes/registry.py"], (name, where)
+        assert where == [module.replace(".", "/") + ".py"], (name, where)
 
 
 def test_registry_entries_are_complete():
     seen = set()
-    for p in registry.PROBES:
-        assert p.name not in seen and p.what and callable(p.read) and callable(p.facts) and callable(p.failed)
+    for e in registry.PROBES:
+        p = e.probe()
+        assert p.name == e.name and p.name not in seen, (e, p.name)
+        assert p.what and callable(p.read) and callable(p.facts) and callable(p.failed)
         seen.add(p.name)
         for a in p.artifacts:
             assert a.kind in ("json", "text", "tree"), (p.name, a)
-            assert a.kind != "tree" or p.copy is not None or p.name == "fabric", (p.name, a)  # a tree is copied
+            assert a.kind != "tree" or p.copy is not None, (p.name, a)  # a tree is copied
         assert p.live_only == (not p.artifacts), p.name
         assert not p.live_only or p.replay is not None, p.name
+        assert not e.report or hasattr(Observation(host="", source=""), e.name), e.name
     assert "how to add a probe" in registry.__doc__.lower()
+
+
+def test_a_run_imports_only_the_probes_its_families_need():
+    """The registry loads probe modules by family: a `gpu` replay never imports the fabric probe (so
+    never the fabric models), in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom afddiag.model.run import Inputs\nfrom afddiag import runner\n"
+            "runner.gather(Inputs(snapshot=sys.argv[1], families=frozenset({'gpu'})))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('afddiag.probes.')))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "tests/fixtures/gpu/h200-live-idle")],
+                         capture_output=True, text=True, check=True, cwd=REPO).stdout
+    loaded = set(eval(out.strip().splitlines()[-1]))  # noqa: S307 - our own print of a list of names
+    assert "afddiag.probes.gpu" in loaded and {"afddiag.probes.fabric", "afddiag.probes.qp", "afddiag.probes.route",
+                                               "afddiag.probes.memreg"}.isdisjoint(loaded), loaded
 
 
 def _facts(obs) -> dict:

@@ -36,7 +36,7 @@ def capture(output, load, timeout_s, fabric_ip, peers) -> int:
             raise click.UsageError(f"{v!r} is not an IPv4 address (give the dotted form, e.g. 10.9.0.2)") from None
     if not str(output).endswith((".tar.gz", ".tgz")):
         raise click.UsageError(f"--output {output}: give a name ending in .tar.gz")
-    src = Sources()
+    src = Sources.live()
     try:
         path, notes = write_bundle(output, src, timeout_s, load=load, peers=tuple(peers), fabric_ip=fabric_ip)
     except OSError as e:

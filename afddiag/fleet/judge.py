@@ -150,7 +150,7 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     invalid one), a host's gate or a fleet gate ERRORs; else 1 on any WARN; else 0. Hosts' codes come
     from their gates (:func:`_host_row`), never from the reports' own ``exit_code``. ``keep_reports`` embeds each per-host
     report under ``reports`` (for ``fleet --json``)."""
-    from afddiag.facts import to_jsonable
+    from afddiag.model import to_jsonable
 
     verdicts = run_fleet_gates(hosts, expect or {})
     rows = [_host_row(h) for h in hosts]

@@ -355,7 +355,7 @@ def own_pids(d: GpuDevice, g: GpuFacts) -> set[int]:
 def gpu_busy(d: GpuDevice, g: GpuFacts) -> list[str]:
     """Evidence that another job computes on ``d``: compute processes other than afddiag (NVML, at
     the GPU probe's read, just before and right after the load probe) and utilization at or above
-    :data:`afddiag.facts.BUSY_UTILIZATION_PCT` at the GPU probe's read or just before the load probe.
+    :data:`afddiag.model.gpu.BUSY_UTILIZATION_PCT` at the GPU probe's read or just before the load probe.
     [] when none was seen. Pure: reads the recorded facts only."""
     own = own_pids(d, g)
     ul = d.under_load

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from afddiag.probes.registry import Artifact, Probe, Run, read_source
 from afddiag.textnum import kernel_int
 
 SAMPLES = 5  # short loop samples; the best is the rate
@@ -208,3 +209,21 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     if clk_samples:
         out["under_load_mhz"] = sorted(clk_samples)[len(clk_samples) // 2]
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe
+
+
+def _read_probe(run: Run, progress: Any) -> dict[str, Any]:
+    progress.doing = "reading cpufreq and running the fixed-work loop"
+    return {"cpu.json": read_source(run.host.cpu, lambda: read_cpu())}
+
+
+def _facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    raw = r.get("cpu.json")
+    return {"cpu": raw if isinstance(raw, dict) else None}
+
+
+PROBE = Probe("cpu", "CPU probe (cpufreq, fixed-work loop)", "cpu_s", (Artifact("cpu.json"),), _read_probe, _facts,
+              lambda why: {"cpu": {"why": why, "failed": why}})

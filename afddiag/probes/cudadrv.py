@@ -16,6 +16,20 @@ from typing import Any
 LIBCUDA = "libcuda.so.1"
 CUDA_SUCCESS = 0
 
+# CUdevice_attribute values (cuda.h).
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
+CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
+
+
+def uuid_from_bytes(raw: bytes) -> str:
+    """NVML's text form ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` of a 16-byte CUDA ``CUuuid``."""
+    h = bytes(raw[:16]).hex()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
 _P = ctypes.POINTER
 _VP = ctypes.c_void_p
 PROTOTYPES: dict[str, tuple] = {

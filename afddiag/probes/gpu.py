@@ -14,40 +14,32 @@ Run ``python -m afddiag.probes.gpu`` to print the readings as JSON.
 
 from __future__ import annotations
 
-import copy
 import ctypes
-import errno
 import json
 import os
-import re
-import stat
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
-from afddiag.model.gpu import NOT_SUPPORTED, clocks_event_reason_names
-from afddiag.probes import cudadrv, nvml
-from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA
+from afddiag import collect, expect, reader
+from afddiag.model.gpu import GpuFacts, gpu_facts_from_readings
+from afddiag.model.run import Inputs, Observation, wants_load
+from afddiag.probes import cudadrv
+from afddiag.probes.cudadrv import (
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+    CU_DEVICE_ATTRIBUTE_INTEGRATED,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    CUDA_SUCCESS,
+    LIBCUDA,
+    uuid_from_bytes,
+)
+from afddiag.probes.gpu_nvml import GpuRead, read_nvml
+from afddiag.probes.registry import Artifact, Probe, Run, read_source
+from afddiag.probes.xid import KMSG_PATH, parse_xid_lines, read_xid_events
 from afddiag.textnum import digits
 
-# CUdevice_attribute values (cuda.h).
-CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
-CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
-
 BIOS_VERSION_PATH = "/sys/class/dmi/id/bios_version"
-KMSG_PATH = "/dev/kmsg"
-XID_MAX_BYTES = 4 << 20  # read at most this much kernel log (the kmsg ring is usually far smaller)
-XID_MAX_EVENTS = 1000  # keep at most this many Xid events (a note counts the rest)
-NVML_VALUE_NOT_AVAILABLE_ULL = 2**64 - 1  # usedGpuMemory when the driver cannot tell
-
-
-def uuid_from_bytes(raw: bytes) -> str:
-    """NVML's text form ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` of a 16-byte CUDA ``CUuuid``."""
-    h = bytes(raw[:16]).hex()
-    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 _PREINIT: list[threading.Thread] = []
@@ -72,10 +64,6 @@ def preinit_cuda() -> None:
     t.start()
 
 
-def _text(v: Any) -> Any:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-
-
 MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "CmaTotal", "CmaFree")
 
 
@@ -98,313 +86,10 @@ def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
     return out
 
 
-class _Run:
-    """State shared between :func:`read_gpu` and its worker thread.
-
-    The worker appends only finished pieces under ``lock``; the caller deep-copies under ``lock``,
-    so a worker hung inside a driver call never holds it.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.in_call: str | None = None  # the driver call in flight, for the timed-out note
-        self.notes: list[str] = []
-        self.nvml: dict[str, Any] = {"done": False, "why": None, "devices": []}
-        self.cuda: dict[str, Any] = {"done": False, "why": None, "devices": []}
-
-    def note(self, text: str) -> None:
-        with self.lock:
-            self.notes.append(text)
-
-    def snapshot(self) -> tuple[dict, dict, list[str], str | None]:
-        with self.lock:
-            return (
-                copy.deepcopy(self.nvml),
-                copy.deepcopy(self.cuda),
-                list(self.notes),
-                self.in_call,
-            )
-
-
-# --- NVML -----------------------------------------------------------------------------------
-
-
-def _nvml_call(run: _Run, nv: Any, where: str, name: str, *args: Any) -> Any:
-    """Call ``nv.<name>(*args)``: its value, ``"NOT_SUPPORTED"``, or None with a note."""
-    run.in_call = f"{name} ({where})"
-    try:
-        fn = getattr(nv, name)
-        return fn(*args)
-    except Exception as e:  # noqa: BLE001 - every failure becomes a note
-        if getattr(e, "value", None) == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3):
-            return NOT_SUPPORTED
-        run.note(f"{where}: {name} failed: {type(e).__name__}: {e}")
-        return None
-    finally:
-        run.in_call = None
-
-
-def _nvml_device(run: _Run, nv: Any, i: int) -> dict[str, Any]:
-    where = f"NVML device {i}"
-    dev: dict[str, Any] = {"index": i, "name": None, "uuid": None, "pci_bus_id": None, "nvml": None}
-    h = _nvml_call(run, nv, where, "nvmlDeviceGetHandleByIndex", i)
-    if h is None or h == NOT_SUPPORTED:
-        return dev
-    call = lambda name, *a: _nvml_call(run, nv, where, name, h, *a)  # noqa: E731
-
-    name = call("nvmlDeviceGetName")
-    dev["name"] = _text(name) if name != NOT_SUPPORTED else None
-    uuid = call("nvmlDeviceGetUUID")
-    dev["uuid"] = _text(uuid) if uuid != NOT_SUPPORTED else None
-    pci = call("nvmlDeviceGetPciInfo")
-    dev["pci_bus_id"] = _text(getattr(pci, "busId", None)) if pci not in (None, NOT_SUPPORTED) else None
-
-    cc = call("nvmlDeviceGetCudaComputeCapability") if hasattr(nv, "nvmlDeviceGetCudaComputeCapability") else None
-    if isinstance(cc, (tuple, list)) and len(cc) == 2 and all(isinstance(x, int) for x in cc):
-        cc = [cc[0], cc[1]]
-    elif cc is not None and cc != NOT_SUPPORTED:
-        run.note(f"{where}: nvmlDeviceGetCudaComputeCapability answered {cc!r}")
-        cc = None
-
-    attrs = call("nvmlDeviceGetAttributes")
-    mp = attrs if attrs in (None, NOT_SUPPORTED) else getattr(attrs, "multiprocessorCount", None)
-
-    mem = call("nvmlDeviceGetMemoryInfo")
-    if mem not in (None, NOT_SUPPORTED):
-        mem = {"total_bytes": mem.total, "used_bytes": mem.used, "free_bytes": mem.free}
-
-    if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons"):
-        reasons = call("nvmlDeviceGetCurrentClocksEventReasons")
-    else:
-        reasons = call("nvmlDeviceGetCurrentClocksThrottleReasons")
-
-    util = call("nvmlDeviceGetUtilizationRates")
-    if util not in (None, NOT_SUPPORTED):
-        util = util.gpu
-
-    clock_sm = getattr(nv, "NVML_CLOCK_SM", 1)
-    dev["nvml"] = {
-        "multiprocessor_count": mp,
-        "compute_capability": cc,
-        "memory_info": mem,
-        "clock_sm_mhz": call("nvmlDeviceGetClockInfo", clock_sm),
-        "clock_sm_max_mhz": call("nvmlDeviceGetMaxClockInfo", clock_sm),
-        "power_mw": call("nvmlDeviceGetPowerUsage"),
-        "power_limit_mw": call("nvmlDeviceGetEnforcedPowerLimit"),
-        "pstate": call("nvmlDeviceGetPerformanceState"),
-        "clocks_event_reasons": reasons,
-        "clocks_event_reasons_names": clocks_event_reason_names(reasons),
-        "temperature_c": call("nvmlDeviceGetTemperature", getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
-        "pcie": {
-            "gen": call("nvmlDeviceGetCurrPcieLinkGeneration"),
-            "width": call("nvmlDeviceGetCurrPcieLinkWidth"),
-        },
-        "utilization_pct": util,
-        "ecc": _nvml_ecc(run, nv, where, h),
-        "retired_pages": _nvml_retired_pages(run, nv, where, h),
-        "remapped_rows": _nvml_remapped_rows(run, nv, where, h),
-        "processes": _nvml_processes(run, nv, where, h),
-    }
-    return dev
-
-
-def _count(run: _Run, where: str, v: Any) -> int | None:
-    """An NVML counter as int; None (noted where it is NOT_SUPPORTED or not a number)."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if v == NOT_SUPPORTED:
-        run.note(f"{where}: NOT_SUPPORTED")
-    elif v is not None:
-        run.note(f"{where}: unexpected value {v!r}")
-    return None
-
-
-def _flag(run: _Run, where: str, v: Any, enabled: int = 1) -> bool | None:
-    if isinstance(v, int):
-        return v == enabled
-    if v == NOT_SUPPORTED:
-        run.note(f"{where}: NOT_SUPPORTED")
-    elif v is not None:
-        run.note(f"{where}: unexpected value {v!r}")
-    return None
-
-
-def _nvml_ecc(run: _Run, nv: Any, where: str, h: Any) -> Any:
-    """``{mode_current, volatile: {corrected, uncorrected}, aggregate: {...}}`` or NOT_SUPPORTED."""
-    mode = _nvml_call(run, nv, where, "nvmlDeviceGetEccMode", h)
-    if mode == NOT_SUPPORTED:  # GB10 and boards without ECC: N/A, not a fault
-        return NOT_SUPPORTED
-    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
-    current = None
-    if mode is not None:
-        try:
-            current = _flag(run, f"{where}: ecc.mode_current", mode[0], enabled)
-        except (TypeError, IndexError, KeyError):
-            run.note(f"{where}: nvmlDeviceGetEccMode answered {mode!r}")
-    out: dict[str, Any] = {"mode_current": current}
-    kinds = (
-        ("corrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)),
-        ("uncorrected", getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)),
-    )
-    for counter, counter_type in (
-        ("volatile", getattr(nv, "NVML_VOLATILE_ECC", 0)),
-        ("aggregate", getattr(nv, "NVML_AGGREGATE_ECC", 1)),
-    ):
-        out[counter] = {
-            kind: _count(
-                run,
-                f"{where}: ecc.{counter}.{kind}",
-                _nvml_call(run, nv, f"{where} ({counter} {kind})", "nvmlDeviceGetTotalEccErrors",
-                           h, error_type, counter_type),
-            )
-            for kind, error_type in kinds
-        }
-    return out
-
-
-def _nvml_retired_pages(run: _Run, nv: Any, where: str, h: Any) -> Any:
-    """``{single_bit, double_bit, pending}`` (page counts) or NOT_SUPPORTED (row-remapping GPUs)."""
-    single = _nvml_call(run, nv, f"{where} (single bit)", "nvmlDeviceGetRetiredPages", h,
-                        getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0))
-    double = _nvml_call(run, nv, f"{where} (double bit)", "nvmlDeviceGetRetiredPages", h,
-                        getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
-    pending = _nvml_call(run, nv, where, "nvmlDeviceGetRetiredPagesPendingStatus", h)
-    if single == double == pending == NOT_SUPPORTED:
-        return NOT_SUPPORTED
-
-    def pages(label: str, v: Any) -> int | None:
-        if isinstance(v, (list, tuple)):
-            return len(v)
-        return _count(run, f"{where}: retired_pages.{label}", v)
-
-    return {
-        "single_bit": pages("single_bit", single),
-        "double_bit": pages("double_bit", double),
-        "pending": _flag(run, f"{where}: retired_pages.pending", pending,
-                         getattr(nv, "NVML_FEATURE_ENABLED", 1)),
-    }
-
-
-def _nvml_remapped_rows(run: _Run, nv: Any, where: str, h: Any) -> Any:
-    """``{correctable, uncorrectable, pending, failure}`` or NOT_SUPPORTED (pre-Ampere, GB10)."""
-    v = _nvml_call(run, nv, where, "nvmlDeviceGetRemappedRows", h)
-    if v == NOT_SUPPORTED:
-        return NOT_SUPPORTED
-    out: dict[str, Any] = {"correctable": None, "uncorrectable": None, "pending": None, "failure": None}
-    if v is None:
-        return out
-    try:
-        corr, unc, pending, failure = v
-    except (TypeError, ValueError):
-        run.note(f"{where}: nvmlDeviceGetRemappedRows answered {v!r}")
-        return out
-    out["correctable"] = _count(run, f"{where}: remapped_rows.correctable", corr)
-    out["uncorrectable"] = _count(run, f"{where}: remapped_rows.uncorrectable", unc)
-    out["pending"] = bool(pending) if isinstance(pending, int) else None
-    out["failure"] = bool(failure) if isinstance(failure, int) else None
-    return out
-
-
-def process_name(pid: int) -> str | None:
-    """``psutil.Process(pid).name()``; ``/proc/<pid>/comm`` without psutil; None if gone or denied."""
-    try:
-        import psutil
-    except Exception:  # noqa: BLE001 - psutil is a dependency, but the probe must not need it
-        psutil = None
-    if psutil is not None:
-        try:
-            return psutil.Process(pid).name() or None
-        except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied, ZombieProcess
-            return None
-    try:
-        with open(f"/proc/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or None
-    except (OSError, ValueError):
-        return None
-
-
-def _nvml_processes(run: _Run, nv: Any, where: str, h: Any) -> Any:
-    """Compute then graphics processes on the device, or NOT_SUPPORTED; None if a list failed.
-
-    A process that is both (nvidia-smi's ``C+G``) appears twice, once per ``type``.
-    """
-    answers = {
-        kind: _nvml_call(run, nv, where, fn, h)
-        for kind, fn in (
-            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-        )
-    }
-    if all(v == NOT_SUPPORTED for v in answers.values()):
-        return NOT_SUPPORTED
-    if any(v is None for v in answers.values()):
-        run.note(f"{where}: processes not listed (a process list could not be read)")
-        return None
-    procs: list[dict[str, Any]] = []
-    for kind, plist in answers.items():
-        if plist == NOT_SUPPORTED:
-            continue
-        try:
-            items = list(plist)
-        except TypeError:
-            run.note(f"{where}: {kind} process list is {plist!r}")
-            return None
-        for p in items:
-            pid = getattr(p, "pid", None)
-            used = getattr(p, "usedGpuMemory", None)
-            if not isinstance(used, int) or isinstance(used, bool) or used >= NVML_VALUE_NOT_AVAILABLE_ULL:
-                used = None
-            procs.append({
-                "pid": pid if isinstance(pid, int) else None,
-                "name": process_name(pid) if isinstance(pid, int) else None,
-                "used_bytes": used,
-                "type": kind,
-            })
-    return procs
-
-
-def _read_nvml(run: _Run) -> None:
-    def mark(name: str | None) -> None:
-        run.in_call = name
-
-    try:
-        nv = nvml.open_nvml(mark)
-    except nvml.NvmlUnavailable as e:
-        run.nvml["why"] = f"NVML: {e}"
-        return
-    try:
-        driver = _nvml_call(run, nv, "NVML", "nvmlSystemGetDriverVersion")
-        nvml_version = _nvml_call(run, nv, "NVML", "nvmlSystemGetNVMLVersion")
-        cuda_fn = next((n for n in ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")
-                        if hasattr(nv, n)), None)
-        cuda_version = _nvml_call(run, nv, "NVML", cuda_fn) if cuda_fn else None
-        with run.lock:
-            run.nvml["driver_version"] = _text(driver) if driver != NOT_SUPPORTED else None
-            run.nvml["nvml_version"] = _text(nvml_version) if nvml_version != NOT_SUPPORTED else None
-            run.nvml["cuda_driver_version"] = (cuda_version if isinstance(cuda_version, int)
-                                               and not isinstance(cuda_version, bool) else None)
-        count = _nvml_call(run, nv, "NVML", "nvmlDeviceGetCount")
-        if not isinstance(count, int):
-            run.nvml["why"] = "NVML: device count unreadable"
-            return
-        if count == 0:
-            run.nvml["why"] = "NVML: 0 devices"
-        for i in range(count):
-            dev = _nvml_device(run, nv, i)
-            with run.lock:
-                run.nvml["devices"].append(dev)
-    finally:
-        run.in_call = "nvmlShutdown"
-        why = nvml.close_nvml(nv)
-        if why:
-            run.note(f"NVML: {why}")
-        run.in_call = None
-
-
 # --- CUDA driver ----------------------------------------------------------------------------
 
 
-def _cu_call(run: _Run, lib: Any, where: str, name: str, *args: Any) -> bool:
+def _cu_call(run: GpuRead, lib: Any, where: str, name: str, *args: Any) -> bool:
     """Call ``lib.<name>(*args)``; True on CUDA_SUCCESS, else a note and False."""
     run.in_call = f"{name} ({where})"
     try:
@@ -420,7 +105,7 @@ def _cu_call(run: _Run, lib: Any, where: str, name: str, *args: Any) -> bool:
     return True
 
 
-def _cuda_device(run: _Run, lib: Any, ordinal: int) -> dict[str, Any]:
+def _cuda_device(run: GpuRead, lib: Any, ordinal: int) -> dict[str, Any]:
     where = f"CUDA device {ordinal}"
     dev: dict[str, Any] = {"ordinal": ordinal, "uuid": None, "name": None, "cuda": None}
     handle = ctypes.c_int()
@@ -457,7 +142,7 @@ def _cuda_device(run: _Run, lib: Any, ordinal: int) -> dict[str, Any]:
     return dev
 
 
-def _read_cuda(run: _Run) -> None:
+def _read_cuda(run: GpuRead) -> None:
     run.in_call = f"dlopen {LIBCUDA}"
     try:
         lib = cudadrv.load_libcuda()
@@ -486,126 +171,11 @@ def _read_cuda(run: _Run) -> None:
             run.cuda["devices"].append(dev)
 
 
-# --- Xid events from the kernel log --------------------------------------------------------
-
-_XID_RE = re.compile(r"NVRM: Xid \(([^)]*)\):\s*(\d+)")
-_PCI_RE = re.compile(r"(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?")
-
-
-def parse_xid_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The NVIDIA Xid events in kernel log lines, in order: ``[{xid, pci, text}]``.
-
-    Each line may be a ``/dev/kmsg`` record (``prio,seq,ts,flags;message``), a ``dmesg`` line
-    (``[  12.345678] NVRM: ...``), a ``journalctl -k`` line or a bare message; what matters is
-    ``NVRM: Xid (<where>): <xid>, <details>``. ``pci`` is the PCI address inside the parentheses as
-    the driver printed it (``PCI:0000:01:00`` gives ``"0000:01:00"``), None if there is none;
-    ``text`` is the message from ``NVRM: Xid`` to the end of the line. Other lines are ignored.
-    """
-    events: list[dict[str, Any]] = []
-    for line in lines:
-        if not isinstance(line, str) or "Xid" not in line:
-            continue
-        line = line.split("\n", 1)[0]  # a kmsg record's continuation lines (" KEY=value") follow
-        m = _XID_RE.search(line)
-        if m is None:
-            continue
-        pci = _PCI_RE.search(m.group(1))
-        events.append({
-            "xid": int(m.group(2)),
-            "pci": pci.group(0) if pci else None,
-            "text": line[m.start():].rstrip(),
-        })
-    return events
-
-
-def read_xid_events(
-    path: str = KMSG_PATH, deadline: float | None = None, max_bytes: int = XID_MAX_BYTES
-) -> tuple[list[dict[str, Any]] | None, str, list[str]]:
-    """Read the kernel log at ``path`` non-blocking: ``(events, source, notes)``; never raises.
-
-    ``path`` is ``/dev/kmsg`` (one record per read, until EAGAIN) or a saved log (``dmesg``,
-    ``journalctl -k``; its last ``max_bytes`` are read). Stops at ``max_bytes`` or at ``deadline``
-    (``time.monotonic()``), with a note. ``source`` is ``path`` when it was read; otherwise
-    ``events`` is None and ``source`` says why (``not readable: <path>: <error> (<hint>)``).
-    """
-    notes: list[str] = []
-    if deadline is None:
-        deadline = time.monotonic() + 5.0
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        if path != KMSG_PATH:
-            hint = ""
-        elif e.errno in (errno.EACCES, errno.EPERM):
-            hint = " (run as root or give --xid-log)"
-        else:
-            hint = " (give --xid-log)"
-        return None, f"not readable: {path}: {e.strerror or e}{hint}", notes
-    xid_lines: list[str] = []
-    total = 0
-    partial: bytes | None = b""
-    regular = False
-    try:
-        try:
-            st = os.fstat(fd)
-            regular = stat.S_ISREG(st.st_mode)
-            if regular and st.st_size > max_bytes:
-                os.lseek(fd, st.st_size - max_bytes, os.SEEK_SET)
-                notes.append(f"xid: {path} is {st.st_size} bytes; read its last {max_bytes}")
-                partial = None  # drop the first, cut line
-        except OSError:
-            pass
-        lost = 0
-        while True:
-            if time.monotonic() > deadline:
-                notes.append(f"xid: stopped reading {path} at the time bound after {total} bytes")
-                break
-            if total >= max_bytes:
-                if not regular:  # a regular file's cut is noted above
-                    notes.append(f"xid: stopped reading {path} after {total} bytes (the limit)")
-                break
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:  # EAGAIN: no more kmsg records
-                break
-            except InterruptedError:
-                continue
-            except OSError as e:
-                if e.errno == errno.EPIPE and lost < 1000:  # records overwritten while reading
-                    lost += 1
-                    continue
-                notes.append(f"xid: reading {path} stopped: {e.strerror or e}")
-                break
-            if not chunk:
-                break
-            total += len(chunk)
-            pieces = chunk.split(b"\n")
-            if partial is None:
-                if len(pieces) == 1:
-                    continue
-                pieces[0] = b""
-            else:
-                pieces[0] = partial + pieces[0]
-            partial = pieces.pop()
-            xid_lines.extend(p.decode("utf-8", "replace") for p in pieces if b"Xid" in p)
-        if partial and b"Xid" in partial:
-            xid_lines.append(partial.decode("utf-8", "replace"))
-        if lost:
-            notes.append(f"xid: {path}: {lost} times records were overwritten while reading")
-    finally:
-        os.close(fd)
-    events = parse_xid_lines(xid_lines)
-    if len(events) > XID_MAX_EVENTS:
-        notes.append(f"xid: {len(events)} Xid events; the last {XID_MAX_EVENTS} kept")
-        events = events[-XID_MAX_EVENTS:]
-    return events, path, notes
-
-
 # --- join -----------------------------------------------------------------------------------
 
 
-def _worker(run: _Run, read: Any, part: dict[str, Any], timings: dict[str, float]) -> None:
-    """One side of the probe (``_read_nvml`` or ``_read_cuda``) in its own thread: the two driver
+def _worker(run: GpuRead, side: str, read: Any, part: dict[str, Any], timings: dict[str, float]) -> None:
+    """One side of the probe (``side`` "nvml": :func:`read_nvml`, "cuda": :func:`_read_cuda`) in its own thread: the two driver
     libraries initialise independently, so NVML's init and device reads overlap ``cuInit`` (the
     slowest step on a discrete GPU) instead of following it. Records the side's wall time in
     ``timings`` (ms)."""
@@ -615,7 +185,7 @@ def _worker(run: _Run, read: Any, part: dict[str, Any], timings: dict[str, float
     except Exception as e:  # noqa: BLE001 - a bug here must not kill the probe
         run.note(f"GPU probe: {read.__name__} raised {type(e).__name__}: {e}")
     part["done"] = True
-    timings[read.__name__.removeprefix("_read_") + "_ms"] = round((time.monotonic() - t0) * 1e3, 1)
+    timings[side + "_ms"] = round((time.monotonic() - t0) * 1e3, 1)
 
 
 def _join(nvml: dict, cuda: dict, notes: list[str]) -> list[dict[str, Any]]:
@@ -758,145 +328,204 @@ def read_gpu(
         "cuda_view": {"read": bool(cuda), "why": cuda_why},
         "notes": [],
     }
-    notes: list[str] = out["notes"]
     try:
-        out["versions"]["kernel"] = os.uname().release or None
-        try:
-            with open(BIOS_VERSION_PATH, encoding="utf-8", errors="replace") as f:
-                out["versions"]["bios"] = f.read().strip() or None
-        except OSError as e:
-            notes.append(f"versions.bios: {BIOS_VERSION_PATH} unreadable: {e.strerror or e}")
-        try:
-            out["host_meminfo_kb"] = read_meminfo(meminfo_path)
-        except (OSError, ValueError) as e:
-            notes.append(f"host_meminfo_kb: {meminfo_path}: {e}")
-
-        run_nvml, run_cuda = _Run(), _Run()  # one per thread: each names its own call in flight
-        timings: dict[str, float] = {}
-        deadline = time.monotonic() + timeout_s
-        workers = [threading.Thread(target=_worker, args=(r, read, part, timings), name=f"afddiag-gpu-{side}",
-                                    daemon=True)
-                   for side, r, read, part in (("nvml", run_nvml, _read_nvml, run_nvml.nvml),
-                                               ("cuda", run_cuda, _read_cuda, run_cuda.cuda))
-                   if cuda or side == "nvml"]
-        for w in workers:
-            w.start()
-        xid_path = xid_log or kmsg_path
-        t_xid = time.monotonic()
-        try:  # the kernel log, read here while the workers read NVML and CUDA
-            out["xid_events"], out["xid_source"], xid_notes = read_xid_events(xid_path, deadline)
-        except Exception as e:  # noqa: BLE001
-            out["xid_events"], xid_notes = None, []
-            out["xid_source"] = f"not read: {xid_path}: {type(e).__name__}: {e}"
-        timings["xid_ms"] = round((time.monotonic() - t_xid) * 1e3, 1)
-        for w in workers:
-            w.join(max(0.0, deadline - time.monotonic()))
-        timed_out = any(w.is_alive() for w in workers)
-        nvml, _, nvml_notes, nvml_call = run_nvml.snapshot()
-        _, cuda, cuda_notes, cuda_call = run_cuda.snapshot()
-        run_notes = nvml_notes + cuda_notes
-        in_call = "; ".join(c for c in (nvml_call, cuda_call) if c) or None
-        out["timings_ms"] = dict(timings)
-
-        out["driver_version"] = nvml.get("driver_version")
-        out["versions"]["nvml"] = nvml.get("nvml_version")
-        out["cuda_driver_version"] = cuda.get("driver_version") or nvml.get("cuda_driver_version")
-        notes.extend(run_notes)
-        notes.extend(xid_notes)
-        out["devices"] = _join(nvml, cuda, notes)
-        whys = [w for w in (nvml["why"], cuda["why"]) if w]
-        notes.extend(whys)
-        if timed_out:
-            out["why"] = (
-                f"GPU probe timed out after {timeout_s:g}s (NVML or CUDA driver call hung)"
-            )
-            notes.append(f"GPU probe: call in flight at the timeout: {in_call or 'unknown'}")
-            out["failed"] = f"{out['why']}; call in flight: {in_call or 'unknown'}"
-            for side, part in (("NVML", nvml), ("CUDA", cuda)):
-                if not part["done"] and (side == "NVML" or cuda):
-                    notes.append(f"GPU probe: {side} read not finished at the timeout")
-        elif not out["devices"]:
-            out["why"] = "no NVIDIA GPU seen: " + ("; ".join(whys) or "NVML and CUDA list no devices")
+        _read_host(out, meminfo_path)
+        _read_drivers(out, timeout_s, cuda, xid_log or kmsg_path)
     except Exception as e:  # noqa: BLE001 - the probe never raises
-        notes.append(f"GPU probe failed: {type(e).__name__}: {e}")
+        out["notes"].append(f"GPU probe failed: {type(e).__name__}: {e}")
         out.setdefault("why", f"GPU probe failed: {type(e).__name__}: {e}")
         out["failed"] = f"GPU probe failed: {type(e).__name__}: {e}"
     return out
 
 
-BUSY_SAMPLE_PERIOD_S = 0.1
-
-
-def read_busy(uuid: str | None, index: int | None, window_s: float = 0.5,
-              own_pids: Iterable[int] = ()) -> dict[str, Any]:
-    """Is another job computing on this GPU? Read just before (or after) the load probe.
-
-    Samples ``nvmlDeviceGetUtilizationRates().gpu`` (%, the share of the driver's last sample period,
-    1/6 s to 1 s, in which a kernel ran) every 100 ms for ``window_s`` seconds (0: once, no
-    utilization sample), and lists compute processes (``nvmlDeviceGetComputeRunningProcesses``)
-    other than this process and ``own_pids``. The device is found by ``uuid``
-    (``nvmlDeviceGetHandleByUUID``), else by NVML ``index``.
-
-    Returns ``{"utilization_pct": max of the samples or None, "utilization_samples": [%...],
-    "processes": [{pid, name, used_bytes, type: "compute"}] or None when not listed,
-    "window_s", "own_pid"}`` plus ``"why"`` when NVML could not be asked. Never raises.
-    (``nvidia-smi --query-gpu=utilization.gpu --format=csv -lms 100`` and
-    ``nvidia-smi --query-compute-apps=pid,process_name --format=csv``.)
-    """
-    own = {os.getpid(), *[p for p in own_pids if isinstance(p, int)]}
-    out: dict[str, Any] = {"utilization_pct": None, "utilization_samples": [], "processes": None,
-                           "window_s": window_s, "own_pid": os.getpid()}
+def _read_host(out: dict[str, Any], meminfo_path: str) -> None:
+    """The kernel release, BIOS version and ``/proc/meminfo`` figures into ``out`` (notes for what failed)."""
+    out["versions"]["kernel"] = os.uname().release or None
     try:
-        nv = nvml.open_nvml()
-    except nvml.NvmlUnavailable as e:
-        out["why"] = str(e)
-        return out
+        with open(BIOS_VERSION_PATH, encoding="utf-8", errors="replace") as f:
+            out["versions"]["bios"] = f.read().strip() or None
+    except OSError as e:
+        out["notes"].append(f"versions.bios: {BIOS_VERSION_PATH} unreadable: {e.strerror or e}")
     try:
-        h = None
-        if uuid:
-            try:
-                h = nv.nvmlDeviceGetHandleByUUID(uuid)
-            except Exception:  # noqa: BLE001 - fall back to the index
-                h = None
-        if h is None and isinstance(index, int):
-            h = nv.nvmlDeviceGetHandleByIndex(index)
-        if h is None:
-            out["why"] = "no NVML handle (no UUID or index)"
-            return out
-        end = time.monotonic() + max(0.0, window_s)
-        while window_s > 0:
-            try:
-                out["utilization_samples"].append(nv.nvmlDeviceGetUtilizationRates(h).gpu)
-            except Exception as e:  # noqa: BLE001
-                out.setdefault("notes", []).append(f"nvmlDeviceGetUtilizationRates failed: {e}")
-                break
-            if time.monotonic() + BUSY_SAMPLE_PERIOD_S > end:
-                break
-            time.sleep(BUSY_SAMPLE_PERIOD_S)
-        samples = [v for v in out["utilization_samples"] if isinstance(v, (int, float))]
-        out["utilization_pct"] = max(samples) if samples else None
-        try:
-            plist = list(nv.nvmlDeviceGetComputeRunningProcesses(h))
-        except Exception as e:  # noqa: BLE001
-            out.setdefault("notes", []).append(f"nvmlDeviceGetComputeRunningProcesses failed: {e}")
-        else:
-            procs = []
-            for p in plist:
-                pid = getattr(p, "pid", None)
-                if pid in own:
-                    continue
-                used = getattr(p, "usedGpuMemory", None)
-                if not isinstance(used, int) or isinstance(used, bool) or used >= NVML_VALUE_NOT_AVAILABLE_ULL:
-                    used = None
-                procs.append({"pid": pid if isinstance(pid, int) else None,
-                              "name": process_name(pid) if isinstance(pid, int) else None,
-                              "used_bytes": used, "type": "compute"})
-            out["processes"] = procs
-    except Exception as e:  # noqa: BLE001 - the probe never raises
-        out["why"] = f"busy check failed: {type(e).__name__}: {e}"
-    finally:
-        nvml.close_nvml(nv)
+        out["host_meminfo_kb"] = read_meminfo(meminfo_path)
+    except (OSError, ValueError) as e:
+        out["notes"].append(f"host_meminfo_kb: {meminfo_path}: {e}")
+
+
+def _read_drivers(out: dict[str, Any], timeout_s: float, cuda: bool, xid_path: str) -> None:
+    """NVML and (when ``cuda``) the CUDA driver in two daemon threads, the kernel log at ``xid_path``
+    in this one meanwhile, all within ``timeout_s``; the devices joined by UUID into ``out``."""
+    notes: list[str] = out["notes"]
+    run_nvml, run_cuda = GpuRead(), GpuRead()  # one per thread: each names its own call in flight
+    timings: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    workers = [threading.Thread(target=_worker, args=(r, side, read, part, timings), name=f"afddiag-gpu-{side}",
+                                daemon=True)
+               for side, r, read, part in (("nvml", run_nvml, read_nvml, run_nvml.nvml),
+                                           ("cuda", run_cuda, _read_cuda, run_cuda.cuda))
+               if cuda or side == "nvml"]
+    for w in workers:
+        w.start()
+    t_xid = time.monotonic()
+    try:  # the kernel log, read here while the workers read NVML and CUDA
+        out["xid_events"], out["xid_source"], xid_notes = read_xid_events(xid_path, deadline)
+    except Exception as e:  # noqa: BLE001
+        out["xid_events"], xid_notes = None, []
+        out["xid_source"] = f"not read: {xid_path}: {type(e).__name__}: {e}"
+    timings["xid_ms"] = round((time.monotonic() - t_xid) * 1e3, 1)
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+    timed_out = any(w.is_alive() for w in workers)
+    nvml, _, nvml_notes, nvml_call = run_nvml.snapshot()
+    _, cuda_part, cuda_notes, cuda_call = run_cuda.snapshot()
+    out["timings_ms"] = dict(timings)
+    out["driver_version"] = nvml.get("driver_version")
+    out["versions"]["nvml"] = nvml.get("nvml_version")
+    out["cuda_driver_version"] = cuda_part.get("driver_version") or nvml.get("cuda_driver_version")
+    notes.extend(nvml_notes + cuda_notes)
+    notes.extend(xid_notes)
+    out["devices"] = _join(nvml, cuda_part, notes)
+    whys = [w for w in (nvml["why"], cuda_part["why"]) if w]
+    notes.extend(whys)
+    if timed_out:
+        in_call = "; ".join(c for c in (nvml_call, cuda_call) if c) or "unknown"
+        out["why"] = f"GPU probe timed out after {timeout_s:g}s (NVML or CUDA driver call hung)"
+        notes.append(f"GPU probe: call in flight at the timeout: {in_call}")
+        out["failed"] = f"{out['why']}; call in flight: {in_call}"
+        for side, part in (("NVML", nvml), ("CUDA", cuda_part)):
+            if not part["done"] and (side == "NVML" or cuda):
+                notes.append(f"GPU probe: {side} read not finished at the timeout")
+    elif not out["devices"]:
+        out["why"] = "no NVIDIA GPU seen: " + ("; ".join(whys) or "NVML and CUDA list no devices")
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe: GPUs (NVML, the CUDA driver when needed), the load probe, the kernel log's Xid lines
+
+
+KERNEL_XID_LOG = "kernel-xid.log"  # what `capture` keeps of the kernel log: its NVRM Xid lines
+KERNEL_LOGS = (KERNEL_XID_LOG, "dmesg.txt", "dmesg.log", "kmsg.txt", "kern.log", "journalctl-k.txt")
+KERNEL_LOG_MAX_BYTES = 16 << 20
+CUDA_NOT_NEEDED = ("not read: nothing in this run needs it (no expected SM count: --expect-sm, the launch env's "
+                   "AFD_IMAGE_SM_COUNT or the image label; no load probe; no dma-buf registration probe)")
+
+
+def _bound(run: Run) -> float:
+    t = run.inputs.timeout("gpu_s") + 2.0  # read_gpu bounds its own NVML/CUDA worker; this catches a hang outside it
+    return t + (run.inputs.timeout("load_s") * 8 + 5 if wants_load(run.inputs) else 0)
+
+
+def cuda_reason(inputs: Inputs, obs: Observation | None = None, capturing: bool = False) -> str | None:
+    """Why this run needs the CUDA driver's view of the GPUs (SM count, integrated), or None when
+    nothing does: then the GPU probe reads NVML only and ``cuInit`` (0.2 s on an H200, every device
+    set up) is skipped. Needed by an expected SM count from any source (:func:`afddiag.expect.sm_count`:
+    ``--expect-sm``, the launch env's ``AFD_IMAGE_SM_COUNT``, the image label, a snapshot's expect;
+    ``obs`` None: the inputs alone), the load probe, the memory-registration probe (its CUDA dma-buf
+    export initialises CUDA anyway) and a capture (it keeps everything). Pure."""
+    if capturing:
+        return "a capture keeps everything"
+    want = expect.sm_count(inputs, obs)
+    if want is not None:
+        return f"expected SM count {want.value} ({want.source})"
+    if wants_load(inputs):
+        return "the load probe runs"
+    if "fabric" in inputs.families and inputs.run_qp:
+        return "the memory-registration probe's dma-buf export initialises CUDA"
+    return None
+
+
+def _attach_load(run: Run, readings: dict[str, Any], progress: Any) -> None:
+    """The load probe's figures on each device of ``readings`` (``under_load``), bounded; a failure
+    is recorded on every device (``why``) and as ``load_failed``."""
+    from afddiag.probes.load import attach_load  # its PTX and plans load only when the load probe runs
+
+    progress.doing = "running the GPU load probe"
+    t = run.inputs.timeout("load_s") * len(readings["devices"])
+    # the playbook's load probe stays off a GPU another job computes on; an explicit --load forces it
+    _, failed = collect.guarded(lambda: attach_load(readings, run.inputs.load_budget_s, skip_busy=not run.inputs.load),
+                                t, "GPU load probe")
+    if failed:
+        readings["load_failed"] = failed
+        for d in readings["devices"]:
+            if not isinstance(d.get("under_load"), dict):
+                d["under_load"] = {"why": failed}
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    def live() -> Any:
+        why = cuda_reason(run.inputs, run.obs, run.capturing)  # the image probe ran before this one
+        return read_gpu(timeout_s=run.inputs.timeout("gpu_s"), xid_log=run.inputs.xid_log,
+                        cuda=why is not None, cuda_why=why or CUDA_NOT_NEEDED)
+
+    progress.doing = "reading GPUs (NVML, CUDA driver when needed)"
+    readings = read_source(run.host.gpu, live)
+    if not isinstance(readings, dict):
+        return {"gpu.json": None}
+    if wants_load(run.inputs) and readings.get("devices"):
+        _attach_load(run, readings, progress)
+    out: dict[str, Any] = {"gpu.json": readings}
+    if isinstance(readings.get("xid_events"), list):
+        # the kernel log's Xid lines, as the driver printed them: a replay judges them like --xid-log
+        out[KERNEL_XID_LOG] = "".join(f"{e.get('text')}\n" for e in readings["xid_events"]
+                                      if isinstance(e, dict) and e.get("text"))
     return out
+
+
+def _snapshot_xids(run: Run, raw: dict[str, Any], r: dict[str, Any]) -> None:
+    """The Xid events a replay judges, into ``raw["xid_events"]``/``["xid_source"]``: ``--xid-log``
+    when given; else gpu.json's own ``xid_events``; else Xid lines gpu.json records as
+    ``xid_lines``/``kernel_log`` (a list of lines or text); else a kernel log saved in the snapshot
+    (:data:`KERNEL_LOGS`: what `capture` keeps, or dmesg / journalctl -k output)."""
+    if run.inputs.xid_log:
+        try:
+            text = reader.read_text(run.inputs.xid_log, None, KERNEL_LOG_MAX_BYTES, errors="replace")
+        except (OSError, reader.InputError) as e:
+            raw["xid_source"] = f"not read: {run.inputs.xid_log}: {e}"
+            raw["xid_events"] = None
+            return
+        raw["xid_events"], raw["xid_source"] = parse_xid_lines(text.splitlines()), run.inputs.xid_log
+        return
+    if isinstance(raw.get("xid_events"), list):
+        return
+    for key in ("xid_lines", "kernel_log"):
+        lines = raw.get(key)
+        if isinstance(lines, str):
+            lines = lines.splitlines()
+        if isinstance(lines, list):
+            raw["xid_events"] = parse_xid_lines([x for x in lines if isinstance(x, str)])
+            raw["xid_source"] = f"gpu.json {key}"
+            return
+    for name in KERNEL_LOGS:
+        if isinstance(r.get(name), str):
+            raw["xid_events"], raw["xid_source"] = parse_xid_lines(r[name].splitlines()), f"snapshot {name}"
+            return
+
+
+def _facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    raw = r.get("gpu.json")
+    if raw is None:
+        return {"gpu": GpuFacts(captured=False, why="GPU not captured (no gpu.json in the snapshot)")}
+    if not run.live and isinstance(raw, dict):
+        _snapshot_xids(run, raw, r)
+    try:
+        return {"gpu": gpu_facts_from_readings(raw)}
+    except Exception as e:  # noqa: BLE001 - odd readings must not stop the run
+        why = f"GPU readings not usable ({type(e).__name__}: {e})"
+        return {"gpu": GpuFacts(available=False, why=why, failed=why)}
+
+
+def _failed(why: str) -> dict[str, Any]:
+    return {"gpu": GpuFacts(available=False, why=why, failed=why)}
+
+
+def _report(facts: GpuFacts) -> dict[str, Any]:
+    """What the report's facts carry of the GPU facts: all but the raw readings."""
+    return {k: v for k, v in vars(facts).items() if k != "readings"}
+
+
+PROBE = Probe("gpu", "GPU probe (NVML, CUDA driver)", _bound,
+              (Artifact("gpu.json"),) + tuple(Artifact(n, "text", KERNEL_LOG_MAX_BYTES) for n in KERNEL_LOGS),
+              _read, _facts, _failed, report=_report)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Launch probes: the container image's labels and env, RLIMIT_MEMLOCK, RDMA device-node access.
+"""Launch probes: the container image's labels and env (:data:`IMAGE`), RLIMIT_MEMLOCK and RDMA
+device-node access (:data:`LIMITS`).
 
 Read-only; bounded in time (the image inspect is one subprocess with a timeout); never raises.
 """
@@ -11,9 +12,12 @@ import os
 import resource
 import shutil
 import subprocess
+from typing import Any
 
 from afddiag import proc
+from afddiag.model import to_jsonable
 from afddiag.model.host import DeviceNode, HostLimits, ImageFacts
+from afddiag.probes.registry import Artifact, Probe, Run, read_source
 
 
 def _env_list(items: object) -> dict[str, str]:
@@ -62,14 +66,6 @@ def run_inspect(ref: str | None, timeout_s: float = 10.0) -> tuple[object | None
     return None, None, "neither docker nor podman is installed: give AFD_IMAGE_SM_COUNT in the launch env"
 
 
-def inspect_image(ref: str, timeout_s: float = 10.0) -> ImageFacts:
-    """Inspect ``ref`` (:func:`run_inspect`) → :class:`ImageFacts` (``why`` says what failed)."""
-    raw, engine, why = run_inspect(ref, timeout_s)
-    if raw is None:
-        return ImageFacts(ref=ref, source=engine, why=why)
-    return image_from_inspect(raw, ref, engine or "inspect")
-
-
 def _limit(v: int) -> int:
     return -1 if v == resource.RLIM_INFINITY else int(v)
 
@@ -108,3 +104,54 @@ def limits_from_json(data: object) -> HostLimits:
                       device_nodes=nodes, in_container=bool(data.get("in_container")), user=data.get("user"),
                       notes=[n for n in data.get("notes") or [] if isinstance(n, str)]
                       if isinstance(data.get("notes"), list) else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# the limits probe (RLIMIT_MEMLOCK, /dev/infiniband access)
+
+
+def _limits_read(run: Run, progress: Any) -> dict[str, Any]:
+    progress.doing = "getrlimit(RLIMIT_MEMLOCK), access(/dev/infiniband/*)"
+    return {"limits.json": read_source(run.host.limits, lambda: to_jsonable(read_limits()))}
+
+
+def _limits_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    raw = r.get("limits.json")
+    if raw is None:
+        return {"limits": HostLimits(captured=False, notes=["limits not captured (no limits.json in the snapshot)"])}
+    return {"limits": limits_from_json(raw)}
+
+
+LIMITS = Probe("limits", "limits probe (getrlimit, /dev/infiniband)", "limits_s", (Artifact("limits.json"),),
+               _limits_read, _limits_facts, lambda why: {"limits": HostLimits(captured=False, failed=why, notes=[why])})
+
+
+# ---------------------------------------------------------------------------------------------
+# the launch image probe (docker|podman image inspect)
+
+
+def _image_wanted(run: Run) -> bool:
+    return not run.live or bool(run.launch_value("AFD_IMAGE"))
+
+
+def _image_read(run: Run, progress: Any) -> dict[str, Any]:
+    ref = run.launch_value("AFD_IMAGE")
+    progress.doing = f"image inspect {ref}"
+    got = read_source(run.host.image, lambda: run_inspect(ref, run.inputs.timeout("image_s")))
+    raw, engine, why = got if got is not None else (None, None, "image not inspected (no image source)")
+    return {"image.json": raw, "engine": engine, "why": why}
+
+
+def _image_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    ref = run.launch_value("AFD_IMAGE")
+    raw = r.get("image.json")
+    if raw is not None:
+        return {"image": image_from_inspect(raw, ref, r.get("engine") or "image.json")}
+    if ref:
+        return {"image": ImageFacts(ref=ref, source=r.get("engine"), why=r.get("why") or "image not captured (no image.json)")}
+    return {}
+
+
+IMAGE = Probe("image", "image probe (docker|podman image inspect)", lambda run: run.inputs.timeout("image_s") + 1.0,
+              (Artifact("image.json"),), _image_read, _image_facts, lambda why: {"image": ImageFacts(why=why, failed=why)},
+              _image_wanted)

@@ -47,12 +47,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from afddiag.model.gpu import busy_evidence
 from afddiag.probes import cudadrv, nvml
-from afddiag.probes.cudadrv import CUDA_SUCCESS, LIBCUDA, Cuda, CudaError
-from afddiag.probes.gpu import (
+from afddiag.probes.gpu_nvml import read_busy
+from afddiag.progress import steps
+from afddiag.probes.cudadrv import (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    CUDA_SUCCESS,
+    LIBCUDA,
+    Cuda,
+    CudaError,
     uuid_from_bytes,
 )
 from afddiag.probes.load_plan import (
@@ -104,7 +110,6 @@ MIN_KERNEL_SLICE_S = 0.02  # below this a kernel still gets its calibration laun
 CALIBRATE_MIN_S = 0.002  # a calibration launch must last this long to be trusted
 
 # CUjit_option (cuda.h)
-CU_JIT_WALL_TIME = 2
 CU_JIT_INFO_LOG_BUFFER = 3
 CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4
 CU_JIT_ERROR_LOG_BUFFER = 5
@@ -577,14 +582,11 @@ def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = Fal
     """Run the load probe on every CUDA device and attach each result to the NVML device with the
     same UUID as its ``under_load`` (a failed probe leaves ``{"why": ...}``).
 
-    Just before each device's probe, :func:`afddiag.probes.gpu.read_busy` samples its utilization
+    Just before each device's probe, :func:`afddiag.probes.gpu_nvml.read_busy` samples its utilization
     and lists other compute processes (``under_load.busy_before``); right after, the processes again
     (``busy_after``). With ``skip_busy`` (the playbook turned the probe on; an explicit ``--load``
     forces it) a busy device is not loaded: ``under_load`` is ``{"why": "not run: GPU busy ...",
     "busy_before": ...}`` and gpu.slow-state says inconclusive."""
-    from afddiag.model.gpu import busy_evidence
-    from afddiag.probes.gpu import read_busy
-    from afddiag.progress import steps
 
     devs = readings["devices"]
     by_uuid = {d.get("uuid"): d for d in devs}

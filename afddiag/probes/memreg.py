@@ -38,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from afddiag.probes import cudadrv
+from afddiag.probes.cudadrv import (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
+                                    CU_DEVICE_ATTRIBUTE_INTEGRATED)
+from afddiag.model.fabric import MemRegFacts, memreg_facts
+from afddiag.probes.qp import _err_code
+from afddiag.probes.registry import LIVE, Artifact, Probe, Run
 from afddiag.textnum import digits
 
-CU_DEVICE_ATTRIBUTE_INTEGRATED = 18
-CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116
-CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124
 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
 EXPORT_BYTES = 2 << 20  # one 2 MiB buffer: cuMemAlloc's granularity, page aligned as the export needs
 HOST_MR_BYTES = 1 << 20
@@ -240,8 +242,6 @@ def _export(cu: Any, out: dict[str, Any]) -> _Held | None:
 
 
 def _err(exc: BaseException) -> tuple[int | None, str]:
-    from afddiag.probes.qp import _err_code
-
     return _err_code(exc), f"{type(exc).__name__}: {exc}"
 
 
@@ -388,6 +388,34 @@ def read_memreg(root: str = "/", timeout_s: float = 10.0, count: int = COUNT_DEF
             if failed and out["cuda"] and out["cuda"].get("dmabuf_export"):
                 out["cuda"]["dmabuf_export"]["release_failed"] = failed
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe
+
+
+def _wanted(run: Run) -> bool:
+    # --no-qp skips every verbs object a run would create; a capture records the registrations
+    return run.capturing or not run.live or run.inputs.run_qp
+
+
+def _bound(run: Run) -> float:
+    return run.inputs.timeout("qp_s") * 2 + 5.0  # CUDA initialisation takes seconds on a large GPU
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    src = run.host.memreg
+    if src is None:
+        return {"memreg.json": None}
+    progress.doing = "registering host and GPU memory (pyverbs MR, DmaBufMR; CUDA dma-buf export)"
+    if src is LIVE:
+        return {"memreg.json": read_memreg(run.host.root or "/", timeout_s=_bound(run) - 3.0)}
+    return {"memreg.json": src()}
+
+
+PROBE = Probe("memreg", "memory-registration probe (pyverbs MR, CUDA dma-buf)", _bound, (Artifact("memreg.json"),),
+              _read, lambda run, r, progress: {"memreg": memreg_facts(r.get("memreg.json"))},
+              lambda why: {"memreg": MemRegFacts(captured=False, failed=why, notes=[why])}, _wanted)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,7 @@ import socket
 import struct
 import subprocess
 
-from afddiag.facts import Netdev
+from afddiag.model.fabric import Netdev
 
 NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5

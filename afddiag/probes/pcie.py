@@ -23,6 +23,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from afddiag.model.host import PcieFacts, pcie_facts
+from afddiag.probes import sysfs
+from afddiag.probes.registry import LIVE, Artifact, Probe, Run
+
 BDF_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 LINK_ATTRS = ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width", "vendor", "device")
 
@@ -49,9 +53,7 @@ def read_pcie(root: str = "/", reader: Callable[[str], str] | None = None) -> di
     """``{"devices": {bdf: {"kind": "nic"|"gpu", "names": [hca and netdev names, or "nvidia"],
     <LINK_ATTRS>: text | None}}, "notes": [...]}``. ``reader`` reads one sysfs file (default
     :func:`afddiag.probes.sysfs.read_text`; raises OSError as the kernel answers). Never raises."""
-    from afddiag.probes.sysfs import read_text
-
-    read = reader or read_text
+    read = reader or sysfs.read_text
     sys_root = os.path.join(root, "sys")
     devices: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
@@ -110,6 +112,25 @@ def _upstream(base: str, read: Callable[[str], str], notes: list[str]) -> dict[s
             up[a] = None
             notes.append(f"{parent}/{a}: {getattr(e, 'strerror', None) or e}")
     return up
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    src = run.host.pcie
+    if src is None:
+        return {"pcie.json": None}
+    if src is not LIVE:
+        return {"pcie.json": src()}
+    progress.doing = "reading PCIe links (/sys/bus/pci/devices/<bdf>/*_link_*)"
+    return {"pcie.json": read_pcie(run.host.root or "/", reader=run.read)}
+
+
+PROBE = Probe("pcie", "PCIe link probe (sysfs)", "fabric_s", (Artifact("pcie.json"),), _read,
+              lambda run, r, progress: {"pcie": pcie_facts(r.get("pcie.json"))},
+              lambda why: {"pcie": PcieFacts(captured=False, failed=why, notes=[why])})
 
 
 def main() -> None:

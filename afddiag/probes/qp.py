@@ -27,18 +27,15 @@ import threading
 import time
 from typing import Any
 
-from afddiag.model.fabric import ERRNO_WORDS, FabricFacts, QpFacts, QpResult, QpStep, errno_words, gid_for_ipv4
+from afddiag.endpoint import choose_sgid
+from afddiag.model.fabric import FabricFacts, QpFacts, QpResult, QpStep, errno_words, gid_for_ipv4
+from afddiag.probes.registry import LIVE, Probe, Run
+from afddiag.progress import steps
 
 NO_PYVERBS_WHY = (
     "pyverbs is not installed: apt install python3-pyverbs (it must match the host's rdma-core) "
     "and create the venv with --system-site-packages"
 )
-
-#: Errno → what it means at ``ibv_modify_qp`` RTR for a RoCE RC QP. Keys are positive errnos;
-#: look up ``abs(err)`` (libibverbs returns positive errnos, some pyverbs paths negative ones).
-ERRNO_MEANINGS = ERRNO_WORDS  # one table, in afddiag.facts
-
-from afddiag.endpoint import SGID_FABRIC_IP, SGID_FALLBACK, SgidChoice, choose_port, choose_sgid  # noqa: E402,F401 - one place decides
 
 # RTR/RTS attributes (ibv_modify_qp(3)); the values most RC users (perftest, NCCL, engines) pass.
 RTR_RQ_PSN = 0
@@ -53,7 +50,7 @@ RTS_MAX_RD_ATOMIC = 1
 
 
 def decode_errno(err: int | None) -> str | None:
-    """Words for an errno (sign ignored: call sites differ), or None for None (afddiag.facts.errno_words)."""
+    """Words for an errno (sign ignored: call sites differ), or None for None (:func:`afddiag.model.fabric.errno_words`)."""
     return None if err is None else errno_words(err)
 
 
@@ -253,8 +250,6 @@ def probe_qp(
             facts.notes.append("no RDMA devices in the fabric facts: nothing to walk")
             return facts
         targets: list[str] = list(peers) if peers else ["loopback"]
-        from afddiag.progress import steps
-
         with steps("QP walk", len(fabric.devices) * len(targets)) as bar:
             _walk_all(pv, fabric, fabric_ip, targets, timeout_s, facts, bar)
         return facts
@@ -298,3 +293,39 @@ def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list
                     f"{dev.name} → {target}: walk still running after {timeout_s:g}s; "
                     "its QP is released when this process exits"
                 )
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe (live only: a snapshot holds no QP walk)
+
+
+def _bound(run: Run) -> float:
+    fab = run.obs.fabric
+    n = len(fab.devices) if fab else 1
+    return run.inputs.timeout("qp_s") * max(1, n) * max(1, len(run.inputs.peers)) + 2
+
+
+def _not_run(why: str, failed: bool = False) -> dict[str, Any]:
+    """``{"qp": QpFacts}`` of a QP walk that did not run (``failed``: it timed out or crashed)."""
+    return {"qp": QpFacts(ran=False, why=why, failed=why if failed else None)}
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    fab = run.obs.fabric
+    if not run.inputs.run_qp:
+        return {"qp": QpFacts(ran=False, why="QP test not requested (--no-qp)")}
+    if fab is None or fab.failed:
+        return {"qp": QpFacts(ran=False, why="fabric probe failed: no devices to walk",
+                              failed=f"not run: {fab.failed}" if fab else "not run")}
+    if not fab.devices:
+        return {"qp": QpFacts(ran=False, why="no RDMA device to open")}
+    if run.host.qp is None:
+        return {"qp": QpFacts(ran=False, why="QP walk not run: this run reads no live verbs source")}
+    progress.doing = "walking QPs RESET→INIT→RTR→RTS"
+    walk = probe_qp if run.host.qp is LIVE else run.host.qp
+    return {"qp": walk(fab, run.fabric_ip(), list(run.inputs.peers), run.inputs.timeout("qp_s"))}
+
+
+PROBE = Probe("qp", "QP probe", _bound, (), _read, lambda run, r, progress: {"qp": r["qp"]},
+              lambda why: _not_run(why, failed=True), live_only=True,
+              replay=lambda run: _not_run("not captured: a snapshot holds no live QP test"))

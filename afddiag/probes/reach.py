@@ -9,9 +9,14 @@ Nothing is sent; every socket is closed. Never raises. The readings are plain JS
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import time
 from typing import Any
+
+from afddiag.model.host import ReachFacts, reach_facts
+from afddiag.probes.registry import Artifact, Probe, Run, read_source
+from afddiag.textnum import digits
 
 
 def connect_once(peer: str, port: int, source: str | None, timeout_s: float) -> dict[str, Any]:
@@ -61,3 +66,33 @@ def read_reach(peers: list[str], ports: list[int], source: str | None, timeout_s
             continue
         out["attempts"].append(connect_once(peer, port, source, each))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe
+
+
+def engine_ports(run: Run) -> list[int]:
+    """The peers' engine ports: the launch env's AFD_ENGINE_PORTS, else the playbook's engine_ports."""
+    raw = run.launch_value("AFD_ENGINE_PORTS")
+    if raw:
+        return [int(v) for v in re.split(r"[,\s]+", raw.strip()) if digits(v)]
+    pb = run.inputs.playbook
+    return list(pb.engine_ports) if pb is not None else []
+
+
+def _wanted(run: Run) -> bool:
+    return not run.live or bool(run.inputs.peers and engine_ports(run))
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    progress.doing = "TCP connects to the peers' engine ports"
+    src = run.fabric_ip() or run.inputs.fabric_ip
+    return {"reach.json": read_source(run.host.reach, lambda: read_reach(list(run.inputs.peers), engine_ports(run), src,
+                                                                         run.inputs.timeout("limits_s")))}
+
+
+PROBE = Probe("reach", "control-plane probe (TCP connects to the peers' engine ports)",
+              lambda run: run.inputs.timeout("limits_s") + 1.0, (Artifact("reach.json"),), _read,
+              lambda run, r, progress: {"reach": reach_facts(r.get("reach.json"))},
+              lambda why: {"reach": ReachFacts(captured=False, failed=why, notes=[why])}, _wanted)

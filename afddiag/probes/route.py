@@ -3,7 +3,7 @@ kernel's ARP/reverse-path settings of the fabric netdevs are.
 
 Facts for ``fabric.route`` (the route to each peer leaves by the netdev of the selected GID) and
 ``fabric.arp`` (several rails on one subnet: replies must leave by the port the request came in on).
-The versions ``fleet.versions`` compares are read by :mod:`afddiag.probes.versions` and the registry.
+The versions ``fleet.versions`` compares are read by :mod:`afddiag.probes.versions`.
 
 Sources, live (root ``/``):
 - the kernel's FIB lookup for ``<peer> from <fabric-ip>`` (policy rules included): over rtnetlink
@@ -13,8 +13,7 @@ Sources, live (root ``/``):
 - ``/proc/sys/net/ipv4/conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` (the kernel uses
   the larger of "all" and the interface's value for each: Documentation/networking/ip-sysctl.rst).
 
-In a replay the same readings come from the snapshot (:mod:`afddiag.probes.registry` knows its
-layout); without a recorded ``ip route get`` the lookup is redone from the tables: the policy rules
+In a replay the same readings come from the snapshot (:data:`PROBE`'s artifacts); without a recorded ``ip route get`` the lookup is redone from the tables: the policy rules
 in priority order (:func:`lookup_policy`, as the kernel's ``fib_rules_lookup``), each rule's table
 by longest prefix then lowest metric; without recorded rules, the main table alone. Never raises:
 what cannot be read is None with a note.
@@ -31,6 +30,8 @@ from typing import Any
 
 from afddiag import proc
 from afddiag.model.fabric import RouteFacts, RouteResult
+from afddiag.probes.sysfs import entry_names
+from afddiag.probes.registry import LIVE, Artifact, Probe, Run
 
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 
@@ -362,3 +363,113 @@ def probe_routes(root: str | None, fabric_ip: str | None, peers: list[str], netd
     except Exception as e:  # noqa: BLE001 - a probe never raises
         facts.notes.append(f"route probe failed: {e!r}")
     return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# the probe: routes to the peers, the tables and rules a replay redoes the lookup with, ARP sysctls
+
+
+def _fabric_netdevs(run: Run) -> list[str]:
+    fab = run.obs.fabric
+    return sorted({g.netdev for d in (fab.devices if fab else []) for p in d.ports for g in p.gids
+                   if g.netdev and g.ipv4})
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    """``ip -j route get <peer> from <fabric-ip>`` per peer (as ``{peer: output}``; a failure as
+    ``{"error": why}``), the whole table when capturing (peers are not known then), the ARP sysctls'
+    root. A fake ``route`` source stands for the table (no ``route get``); None reads no route."""
+    ip = run.fabric_ip()
+    peers = list(run.inputs.peers)
+    t = min(3.0, float(run.inputs.probe_timeout_s or 3.0))
+    src, rules_src = run.host.route, run.host.rules
+    got = {}
+    if src is LIVE:
+        for p in peers:
+            progress.doing = f"ip route get {p}"
+            got[p] = route_get(p, ip, t)
+    table = rules = None
+    if src is not None and (run.capturing or src is not LIVE):
+        progress.doing = "ip route show table all"
+        table = route_table(t) if src is LIVE else src()
+        progress.doing = "ip rule show"  # a replay redoes the lookup: rules decide which table it reads
+        rules = rule_table(t) if rules_src is LIVE else (rules_src() if callable(rules_src) else None)
+    return {"ip-route-get.json": got if peers and src is LIVE else None, "ip-route.json": table, "ip-rule.json": rules,
+            "proc/sys/net/ipv4/conf": run.host.root, "route_source": "ip route get"}
+
+
+def _routes(run: Run, r: dict[str, Any], facts: RouteFacts) -> None:
+    """``facts.routes`` from the readings: ``ip route get``'s answer per peer, else a lookup in the tables."""
+    peers = list(run.inputs.peers)
+    got, table = r.get("ip-route-get.json"), r.get("ip-route.json")
+    rules = r.get("ip-rule.json") if isinstance(r.get("ip-rule.json"), list) else None
+
+    def from_tables(ps: list[str]) -> list:
+        if rules is not None and isinstance(table, list):
+            return [lookup_policy(p, run.fabric_ip(), rules, table, "ip-rule.json + ip-route.json") for p in ps]
+        return routes_from_table(ps, table, "ip-route.json (longest prefix)")
+
+    if got is not None:
+        src = r.get("route_source") or "ip-route-get.json"
+        by_peer: dict[str, Any] = {}
+        if isinstance(got, dict):
+            by_peer = got
+        elif isinstance(got, list):
+            for item in got:
+                obj = item[0] if isinstance(item, list) and item else item
+                if isinstance(obj, dict) and obj.get("dst"):
+                    by_peer[obj["dst"]] = obj
+        for p in peers:
+            if p in by_peer:
+                facts.routes.append(route_from_get_json(p, by_peer[p], src))
+            elif table is not None:
+                facts.routes += from_tables([p])
+            else:
+                facts.routes.append(route_from_get_json(p, {"error": "not captured in ip-route-get.json"}, src))
+        facts.routes_captured = bool(peers)
+    elif table is not None:
+        facts.routes = from_tables(peers)
+        facts.notes.append("routes looked up in ip-route.json through the policy rules of ip-rule.json" if rules
+                           is not None else "routes looked up in ip-route.json (main table; no ip-rule.json: "
+                           "policy rules not seen)")
+        facts.routes_captured = bool(peers)
+    elif peers and not run.live:
+        facts.notes.append("routes not captured (no ip-route-get.json or ip-route.json in the snapshot)")
+
+
+def _facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    facts = RouteFacts(fabric_ip=run.fabric_ip())
+    _routes(run, r, facts)
+    conf_root = r.get("proc/sys/net/ipv4/conf")
+    if conf_root is not None and os.path.isdir(os.path.join(conf_root, "proc/sys/net/ipv4/conf")):
+        progress.doing = "reading the ARP sysctls"
+        facts.conf, facts.effective = read_sysctls(conf_root, _fabric_netdevs(run))
+        facts.sysctl_captured = True
+    else:
+        facts.notes.append("ARP sysctls not captured (no proc/sys/net/ipv4/conf)")
+    facts.notes += [n for n in r.get("notes") or []]
+    return {"route": facts}
+
+
+def _copy(run: Run, r: dict[str, Any], files: dict[str, bytes], notes: list[str]) -> None:
+    """``proc/sys/net/ipv4/conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` for every netdev."""
+    root = run.sys_root
+    if root is None:
+        return
+    conf = os.path.join(root, "proc", "sys", "net", "ipv4", "conf")
+    netdevs = entry_names(os.path.join(root, "sys", "class", "net"))
+    for nd in ["all"] + [n for n in netdevs if n != "all"]:
+        for a in SYSCTLS:
+            v = run.try_read(f"{conf}/{nd}/{a}")
+            if v is not None:
+                files[f"proc/sys/net/ipv4/conf/{nd}/{a}"] = (v + "\n").encode("utf-8", "replace")
+
+
+def _failed(why: str) -> dict[str, Any]:
+    return {"route": RouteFacts(captured=False, notes=[why], failed=why)}
+
+
+PROBE = Probe("route", "route probe (ip route get, ARP sysctls)", "fabric_s",
+              (Artifact("ip-route-get.json"), Artifact("ip-route.json"), Artifact("ip-rule.json"),
+               Artifact("proc/sys/net/ipv4/conf", "tree")),
+              _read, _facts, _failed, copy=_copy)
