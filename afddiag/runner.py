@@ -55,7 +55,7 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
         readings: dict[str, Any] = {}
 
         def step(p=p, progress=progress, readings=readings) -> dict[str, Any]:
-            readings.update(p.read(run, progress) if run.live else registry.load(p, run.root, part_s))
+            readings.update(p.read(run, progress) if run.root is None else registry.load(p, run.root, part_s))
             if readings.get("refused"):  # a snapshot part that is there but refused: its gates say ERROR
                 return p.failed("; ".join(readings["refused"]))
             return p.facts(run, readings, progress)
@@ -69,7 +69,7 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
         elif not run.live and p.name not in ("fabric", "route"):
             obs.notes.extend(readings.get("notes") or [])
         run.readings[p.name] = readings
-        _set(obs, fields)
+        _set(obs, fields or {})
     if inputs.families & {"gpu", "host"}:
         _load_baseline(obs, inputs)
     return obs
@@ -136,7 +136,8 @@ def diagnose(inputs: Inputs, host: Any = None) -> tuple[dict, Observation]:
 
 
 def judge(inputs: Inputs, obs: Observation) -> dict:
-    """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``: :func:`afddiag.probes.registry.report_facts`)."""
+    """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``:
+    :func:`afddiag.probes.registry.report_facts`)."""
     fip = endpoint.resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
     expected = expect.resolve(inputs, obs)  # once, before any gate runs
     verdicts = run_gates(Context(obs, inputs, fip, expected), set(inputs.families))
@@ -220,7 +221,7 @@ def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[
         run.readings[p.name] = readings
         files.update(part)
         notes.extend(part_notes + list(readings.get("notes") or []))
-        _set(obs, fields)
+        _set(obs, fields or {})
     files.setdefault("host", b"unknown\n")
     files[registry.CAPTURE_MANIFEST] = (json.dumps(
         {"afddiag_version": __version__, "host": obs.host,

@@ -63,9 +63,9 @@ def run_direct(name: str) -> dict:
     t = time.monotonic()
     try:
         from afddiag.model import to_jsonable
+        from afddiag.probes.fabric import probe_fabric
         from afddiag.probes.netlink import device_order, netdev_addresses
         from afddiag.probes.qp import probe_qp
-        from afddiag.probes.fabric import probe_fabric
 
         order, src, _notes = device_order()
         fabric = probe_fabric("/", order, src, netdev_addresses(), "netlink")

@@ -96,11 +96,13 @@ def case_sources(case: Path, **over) -> Sources:
 
     env = parse_env_file((case / "env").read_text()) if (case / "env").is_file() else {}
     gpu = j("gpu.json")
+    route = j("ip-route.json")
     kw = dict(root=str(case), device_order=lambda: (order, "netlink (fake)", []), addresses=addresses,
               gpu=(lambda: gpu) if gpu is not None else (lambda: {"devices": [], "why": "no NVIDIA GPU seen: test"}),
-              limits=None, cpu=None, memreg=None, pcie=None, route=(lambda: j("ip-route.json")) if j("ip-route.json") is not None else None,
-              rdma_core=lambda: {"version": "50.0", "source": "test"}, environ={**env, "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "nope",
-                                                         "AFD_ROLE": "expert", "NCCL_SOCKET_IFNAME": "enp1"},
+              route=(lambda: route) if route is not None else None,
+              rdma_core=lambda: {"version": "50.0", "source": "test"},
+              environ={**env, "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "nope", "AFD_ROLE": "expert",
+                       "NCCL_SOCKET_IFNAME": "enp1"},
               hostname=lambda: meta.get("host", case.name), reader=einval_reader(case))
     if gpu is None:
         kw["gpu"] = None  # a fabric case had no GPU reading: its replay says "not captured" as the case does

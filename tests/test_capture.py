@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from afddiag import bundle as bundlemod
 from afddiag.capture import collect_bundle, write_bundle
-from afddiag.probes import registry
 from afddiag.cli import cli, run
 from afddiag.envvars import parse_env_file
+from afddiag.probes import registry
 from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
 from conftest import case_dirs, load_case
 from fakes import case_sources, einval_reader

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from afddiag import baseline
 from afddiag.cli import cli
-from afddiag.model.run import Inputs, Observation
 from afddiag.diagnosis import fill_actions, needs_drain
 from afddiag.gates import Context, host, resolve_fabric_ip
+from afddiag.model.run import Inputs, Observation
 from afddiag.playbook import load as load_playbook
 from afddiag.probes import cpu as cpuprobe
 

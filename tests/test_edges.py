@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from afddiag import baseline
 from afddiag import cli as climod
 from afddiag.cli import cli, run
-from afddiag.model.run import Inputs, Observation
 from afddiag.envvars import LaunchEnvError, parse_launch_env
 from afddiag.gates import Context, host, resolve_fabric_ip
+from afddiag.model.run import Inputs, Observation
 from conftest import CASES
 
 C01 = CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device"

@@ -181,8 +181,8 @@ def _fabric_incidents(tmp: Path, seen: Seen) -> None:
 
 def _qp_runs(seen: Seen) -> None:
     """fabric.qp-rtr on QP walks as the probe records them (tests/test_gates.py's two-device host)."""
-    from afddiag.model.fabric import QpFacts, QpResult, QpStep
     from afddiag.gates import fabric
+    from afddiag.model.fabric import QpFacts, QpResult, QpStep
     from test_gates import FE80, V4, ctx, host
 
     def walk(dev, errno=None, reached="RTS", error=None):
@@ -239,9 +239,9 @@ def _memreg_runs(tmp: Path, seen: Seen) -> None:
         for role in (["--role", "expert"], ["--playbook", str(gds)]):
             seen.add(report(["all", "--snapshot", str(snap), *role, "--fabric-ip", "192.168.100.11"])["gates"],
                      f"memreg {i} {role}")
-    from afddiag.model.run import Inputs, Observation
     from afddiag.gates import Context, fabric, resolve_fabric_ip
     from afddiag.model.fabric import MemRegFacts
+    from afddiag.model.run import Inputs, Observation
 
     obs = Observation("h", "test", memreg=MemRegFacts(failed="memory registration probe timed out"))
     seen.add_verdicts([fabric.mem_registration(Context(obs, Inputs(), resolve_fabric_ip(None, None)))], "memreg failed")
@@ -305,9 +305,9 @@ def _launch_runs(tmp: Path, seen: Seen) -> None:
                 le = envfile(tmp, f"l{li}{ri}{ei}.env", env)
                 seen.add(report(["all", "--snapshot", str(snap), "--launch-env", str(le), "--peer", "198.51.100.73"])
                          ["gates"], f"launch {lname} {rname} {env}")
-    from afddiag.model.run import Inputs, Observation
     from afddiag.gates import Context, launch, resolve_fabric_ip
     from afddiag.model.host import ReachFacts
+    from afddiag.model.run import Inputs, Observation
 
     obs = Observation("h", "test", reach=ReachFacts(captured=False, failed="control-plane probe timed out"))
     seen.add_verdicts([launch.control_plane(Context(obs, Inputs(), resolve_fabric_ip(None, None)))], "reach failed")

@@ -166,9 +166,9 @@ def test_thousands_of_devices_and_gids(tmp_path) -> None:
     """1000 RDMA devices (names with spaces and unicode among them), 4000 GIDs: read and judged in bounded time."""
     import tempfile
 
-    from afddiag.model.run import Inputs, Observation
-    from afddiag.model.fabric import QpFacts
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
+    from afddiag.model.fabric import QpFacts
+    from afddiag.model.run import Inputs, Observation
     from afddiag.probes.fabric import probe_fabric
 
     # a folder of its own in tmpfs (tmp_path's name repeats across concurrent runs: two checkouts

@@ -2,11 +2,11 @@
 
 import pytest
 
-from afddiag.model.run import Inputs, Observation
 from afddiag.envvars import parse_device_map, parse_env_file, parse_nccl_hca
+from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
 from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice
 from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
-from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
+from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import Verdict, exit_code
 
 V4 = "0000:0000:0000:0000:0000:ffff:0a09:0002"  # 10.9.0.2

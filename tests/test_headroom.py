@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from afddiag.cli import cli
-from afddiag.model.run import Inputs, Observation
-from afddiag.model.gpu import gpu_facts_from_readings
 from afddiag.gates import Context, gpu, resolve_fabric_ip
+from afddiag.model.gpu import gpu_facts_from_readings
+from afddiag.model.run import Inputs, Observation
 from afddiag.playbook import Playbook, PlaybookError, parse
 from conftest import CASES
 

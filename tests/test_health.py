@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 from afddiag import baseline
 from afddiag.cli import cli
-from afddiag.model.run import Inputs, Observation
-from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
 from afddiag.gates import Context, gpu, host, resolve_fabric_ip
+from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
+from afddiag.model.run import Inputs, Observation
 from afddiag.playbook import load as load_playbook
 from conftest import REPO
 

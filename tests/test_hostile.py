@@ -602,10 +602,10 @@ def test_5_a_route_lookup_that_timed_out_is_error_not_no_route():
 
     r = route_from_get_json("10.0.0.9", {"error": "ip route get did not answer within 1 s", "failed": True}, "ip")
     assert r.failed
-    from afddiag.model.run import Inputs, Observation
     from afddiag.gates import Context, resolve_fabric_ip
     from afddiag.gates.fabric import route as route_gate
     from afddiag.model.fabric import RouteFacts
+    from afddiag.model.run import Inputs, Observation
     from afddiag.probes.fabric import probe_fabric
 
     fab = probe_fabric(str(FAB))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from afddiag.endpoint import SGID_FABRIC_IP, SGID_FALLBACK, choose_port, choose_sgid
 from afddiag.model import ROCE_V1, ROCE_V2
 from afddiag.model.fabric import (
     FabricFacts,
@@ -31,7 +32,6 @@ from afddiag.model.fabric import (
     is_empty_gid,
 )
 from afddiag.probes import qp as qpmod
-from afddiag.endpoint import SGID_FABRIC_IP, SGID_FALLBACK, choose_port, choose_sgid
 from afddiag.probes.qp import (
     NO_PYVERBS_WHY,
     decode_errno,

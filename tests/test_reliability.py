@@ -17,11 +17,11 @@ import pytest
 from afddiag import playbook as pbmod
 from afddiag.cli import run
 from afddiag.collect import ProbeTimeout, Progress, bounded, guarded
-from afddiag.model.run import Inputs, Observation
+from afddiag.gates import Context, resolve_fabric_ip, run_gates
 from afddiag.model.fabric import FabricFacts, QpFacts
 from afddiag.model.gpu import GpuDevice, GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts
-from afddiag.gates import Context, resolve_fabric_ip, run_gates
+from afddiag.model.run import Inputs, Observation
 from conftest import CASES, REPO
 
 C01 = CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device"

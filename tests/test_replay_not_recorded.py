@@ -11,9 +11,9 @@ import json
 import pytest
 
 from afddiag.cli import run
-from afddiag.model.run import Inputs, Observation
 from afddiag.gates import Context, gpu, resolve_fabric_ip
 from afddiag.model.gpu import gpu_facts_from_readings
+from afddiag.model.run import Inputs, Observation
 from afddiag.playbook import load as load_playbook
 from conftest import case_dirs
 

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from afddiag import diagnosis
 from afddiag.cli import cli, run
-from afddiag.model.run import Inputs, Observation
+from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
 from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice
 from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
-from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
+from afddiag.model.run import Inputs, Observation
 from afddiag.probes.load import attach_load
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 from snapfix import busy_h200, derive, fabric_case, gpu_snapshot, h200_readings, healthy_h200, link_down

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 from afddiag.model.fabric import carriers, gid_for_ipv4, ipv4_from_gid, usable_rocev2
-from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
 from afddiag.probes.fabric import probe_fabric
+from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
 from afddiag.probes.sysfs import read_text
 from conftest import CASES
 

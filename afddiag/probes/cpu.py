@@ -217,7 +217,7 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
 
 def _read_probe(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "reading cpufreq and running the fixed-work loop"
-    return {"cpu.json": read_source(run.host.cpu, lambda: read_cpu())}
+    return {"cpu.json": read_source(run.src.cpu, lambda: read_cpu())}
 
 
 def _facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:

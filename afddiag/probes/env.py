@@ -37,7 +37,7 @@ def env_text(environ: Mapping[str, str], notes: list[str]) -> str:
 
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
-    src = run.host.environ
+    src = run.src.environ
     if src is None:
         return {"env": None}
     notes: list[str] = []

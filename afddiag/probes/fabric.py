@@ -180,12 +180,12 @@ def ip_addr_json(run: Run, addresses: dict, netdevs: list[str]) -> list[dict[str
     for name in sorted(set(netdevs) | set(addresses)):
         row: dict[str, Any] = {}
         idx = run.try_read(f"{net}/{name}/ifindex")
-        if digits(idx):
+        if idx is not None and digits(idx):
             row["ifindex"] = int(idx)
         row["ifname"] = name
         mtu = run.try_read(f"{net}/{name}/mtu")
         given = addresses.get(name)
-        if digits(mtu):
+        if mtu is not None and digits(mtu):
             row["mtu"] = int(mtu)
         elif given is not None and given.mtu is not None:
             row["mtu"] = given.mtu
@@ -224,7 +224,7 @@ def _device_rows(run: Run, root: str, order: list[tuple[str, int]]) -> list[dict
 def _read(run: Run, progress: Any) -> dict[str, Any]:
     """Device index order (NETLINK_RDMA, else ``rdma -j dev show``), addresses (getifaddrs), and
     the sysfs root the trees are read under."""
-    src = run.host
+    src = run.src
     if src.root is None:
         return {"sys": None, "rdma-dev.json": None, "ip-addr.json": None, "order_source": "not read",
                 "order_notes": [], "addr_source": "none", "notes": []}

@@ -458,7 +458,7 @@ def _read(run: Run, progress: Any) -> dict[str, Any]:
                         cuda=why is not None, cuda_why=why or CUDA_NOT_NEEDED)
 
     progress.doing = "reading GPUs (NVML, CUDA driver when needed)"
-    readings = read_source(run.host.gpu, live)
+    readings = read_source(run.src.gpu, live)
     if not isinstance(readings, dict):
         return {"gpu.json": None}
     if wants_load(run.inputs) and readings.get("devices"):

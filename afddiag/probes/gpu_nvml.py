@@ -232,16 +232,14 @@ def process_name(pid: int) -> str | None:
     try:
         import psutil
     except Exception:  # noqa: BLE001 - psutil is a dependency, but the probe must not need it
-        psutil = None
-    if psutil is not None:
         try:
-            return psutil.Process(pid).name() or None
-        except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied, ZombieProcess
+            with open(f"/proc/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
+                return f.read().strip() or None
+        except (OSError, ValueError):
             return None
     try:
-        with open(f"/proc/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or None
-    except (OSError, ValueError):
+        return psutil.Process(pid).name() or None
+    except Exception:  # noqa: BLE001 - NoSuchProcess, AccessDenied, ZombieProcess
         return None
 
 

@@ -11,7 +11,7 @@ from afddiag.probes.registry import LIVE, Artifact, Probe, Run
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "gethostname"
-    src = run.host.hostname
+    src = run.src.hostname
     if src is None:
         return {"host": None}
     name = os.uname().nodename if src is LIVE else src()

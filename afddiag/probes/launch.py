@@ -112,7 +112,7 @@ def limits_from_json(data: object) -> HostLimits:
 
 def _limits_read(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "getrlimit(RLIMIT_MEMLOCK), access(/dev/infiniband/*)"
-    return {"limits.json": read_source(run.host.limits, lambda: to_jsonable(read_limits()))}
+    return {"limits.json": read_source(run.src.limits, lambda: to_jsonable(read_limits()))}
 
 
 def _limits_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def _image_wanted(run: Run) -> bool:
 def _image_read(run: Run, progress: Any) -> dict[str, Any]:
     ref = run.launch_value("AFD_IMAGE")
     progress.doing = f"image inspect {ref}"
-    got = read_source(run.host.image, lambda: run_inspect(ref, run.inputs.timeout("image_s")))
+    got = read_source(run.src.image, lambda: run_inspect(ref, run.inputs.timeout("image_s")))
     raw, engine, why = got if got is not None else (None, None, "image not inspected (no image source)")
     return {"image.json": raw, "engine": engine, "why": why}
 
@@ -148,10 +148,12 @@ def _image_facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
     if raw is not None:
         return {"image": image_from_inspect(raw, ref, r.get("engine") or "image.json")}
     if ref:
-        return {"image": ImageFacts(ref=ref, source=r.get("engine"), why=r.get("why") or "image not captured (no image.json)")}
+        return {"image": ImageFacts(ref=ref, source=r.get("engine"),
+                                    why=r.get("why") or "image not captured (no image.json)")}
     return {}
 
 
 IMAGE = Probe("image", "image probe (docker|podman image inspect)", lambda run: run.inputs.timeout("image_s") + 1.0,
-              (Artifact("image.json"),), _image_read, _image_facts, lambda why: {"image": ImageFacts(why=why, failed=why)},
+              (Artifact("image.json"),), _image_read, _image_facts,
+              lambda why: {"image": ImageFacts(why=why, failed=why)},
               _image_wanted)

@@ -49,8 +49,6 @@ from typing import Any
 
 from afddiag.model.gpu import busy_evidence
 from afddiag.probes import cudadrv, nvml
-from afddiag.probes.gpu_nvml import read_busy
-from afddiag.progress import steps
 from afddiag.probes.cudadrv import (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
@@ -61,6 +59,7 @@ from afddiag.probes.cudadrv import (
     CudaError,
     uuid_from_bytes,
 )
+from afddiag.probes.gpu_nvml import read_busy
 from afddiag.probes.load_plan import (
     BUDGET_WEIGHTS,
     FREE_FRACTION,
@@ -100,6 +99,7 @@ from afddiag.probes.load_ptx import (
     ptx_gemv,
     ptx_mma,
 )
+from afddiag.progress import steps
 
 # --- timing and sampling ------------------------------------------------------------------------
 

@@ -37,10 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from afddiag.probes import cudadrv
-from afddiag.probes.cudadrv import (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
-                                    CU_DEVICE_ATTRIBUTE_INTEGRATED)
 from afddiag.model.fabric import MemRegFacts, memreg_facts
+from afddiag.probes import cudadrv
+from afddiag.probes.cudadrv import (
+    CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
+    CU_DEVICE_ATTRIBUTE_INTEGRATED,
+)
 from afddiag.probes.qp import _err_code
 from afddiag.probes.registry import LIVE, Artifact, Probe, Run
 from afddiag.textnum import digits
@@ -404,12 +407,12 @@ def _bound(run: Run) -> float:
 
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
-    src = run.host.memreg
+    src = run.src.memreg
     if src is None:
         return {"memreg.json": None}
     progress.doing = "registering host and GPU memory (pyverbs MR, DmaBufMR; CUDA dma-buf export)"
     if src is LIVE:
-        return {"memreg.json": read_memreg(run.host.root or "/", timeout_s=_bound(run) - 3.0)}
+        return {"memreg.json": read_memreg(run.src.root or "/", timeout_s=_bound(run) - 3.0)}
     return {"memreg.json": src()}
 
 

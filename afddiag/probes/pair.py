@@ -69,8 +69,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from afddiag.model.fabric import FabricFacts
 from afddiag.model import to_jsonable
+from afddiag.model.fabric import FabricFacts
 from afddiag.model.pair import REFUSED_KEPT, BandwidthRun, PairFacts, PairPhase, PortCounters, RailQp, RefusedConnection
 from afddiag.probes.qp import (
     AH_HOP_LIMIT,

@@ -20,7 +20,7 @@ def _wanted(run: Run) -> bool:
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "taking the pair test's result"
-    return {PAIR_ARTIFACT: run.host.pair()}
+    return {PAIR_ARTIFACT: run.src.pair()}
 
 
 def _failed(why: str) -> dict[str, Any]:

@@ -119,13 +119,13 @@ def _upstream(base: str, read: Callable[[str], str], notes: list[str]) -> dict[s
 
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
-    src = run.host.pcie
+    src = run.src.pcie
     if src is None:
         return {"pcie.json": None}
     if src is not LIVE:
         return {"pcie.json": src()}
     progress.doing = "reading PCIe links (/sys/bus/pci/devices/<bdf>/*_link_*)"
-    return {"pcie.json": read_pcie(run.host.root or "/", reader=run.read)}
+    return {"pcie.json": read_pcie(run.src.root or "/", reader=run.read)}
 
 
 PROBE = Probe("pcie", "PCIe link probe (sysfs)", "fabric_s", (Artifact("pcie.json"),), _read,

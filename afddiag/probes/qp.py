@@ -50,7 +50,8 @@ RTS_MAX_RD_ATOMIC = 1
 
 
 def decode_errno(err: int | None) -> str | None:
-    """Words for an errno (sign ignored: call sites differ), or None for None (:func:`afddiag.model.fabric.errno_words`)."""
+    """Words for an errno (sign ignored: call sites differ), or None for None
+    (:func:`afddiag.model.fabric.errno_words`)."""
     return None if err is None else errno_words(err)
 
 
@@ -319,10 +320,10 @@ def _read(run: Run, progress: Any) -> dict[str, Any]:
                               failed=f"not run: {fab.failed}" if fab else "not run")}
     if not fab.devices:
         return {"qp": QpFacts(ran=False, why="no RDMA device to open")}
-    if run.host.qp is None:
+    if run.src.qp is None:
         return {"qp": QpFacts(ran=False, why="QP walk not run: this run reads no live verbs source")}
     progress.doing = "walking QPs RESET→INIT→RTR→RTS"
-    walk = probe_qp if run.host.qp is LIVE else run.host.qp
+    walk = probe_qp if run.src.qp is LIVE else run.src.qp
     return {"qp": walk(fab, run.fabric_ip(), list(run.inputs.peers), run.inputs.timeout("qp_s"))}
 
 

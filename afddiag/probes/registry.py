@@ -140,6 +140,13 @@ class Run:
         return self.root is None
 
     @property
+    def src(self) -> Sources:
+        """Where a live read reads from (``host``: a probe's ``read`` runs only in a live run or a capture)."""
+        if self.host is None:
+            raise RuntimeError("a probe read the host in a replay")
+        return self.host
+
+    @property
     def sys_root(self) -> str | None:
         """The folder sysfs/procfs paths are read under: the snapshot's, or the host's ``root`` (None: none)."""
         return str(self.root) if self.root is not None else (self.host.root if self.host else None)

@@ -30,8 +30,8 @@ from typing import Any
 
 from afddiag import proc
 from afddiag.model.fabric import RouteFacts, RouteResult
-from afddiag.probes.sysfs import entry_names
 from afddiag.probes.registry import LIVE, Artifact, Probe, Run
+from afddiag.probes.sysfs import entry_names
 
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 
@@ -382,7 +382,7 @@ def _read(run: Run, progress: Any) -> dict[str, Any]:
     ip = run.fabric_ip()
     peers = list(run.inputs.peers)
     t = min(3.0, float(run.inputs.probe_timeout_s or 3.0))
-    src, rules_src = run.host.route, run.host.rules
+    src, rules_src = run.src.route, run.src.rules
     got = {}
     if src is LIVE:
         for p in peers:
@@ -395,7 +395,7 @@ def _read(run: Run, progress: Any) -> dict[str, Any]:
         progress.doing = "ip rule show"  # a replay redoes the lookup: rules decide which table it reads
         rules = rule_table(t) if rules_src is LIVE else (rules_src() if callable(rules_src) else None)
     return {"ip-route-get.json": got if peers and src is LIVE else None, "ip-route.json": table, "ip-rule.json": rules,
-            "proc/sys/net/ipv4/conf": run.host.root, "route_source": "ip route get"}
+            "proc/sys/net/ipv4/conf": run.src.root, "route_source": "ip route get"}
 
 
 def _routes(run: Run, r: dict[str, Any], facts: RouteFacts) -> None:

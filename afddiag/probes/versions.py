@@ -12,8 +12,8 @@ import sys
 from typing import Any
 
 from afddiag import __version__, proc
-from afddiag.probes.sysfs import entry_names
 from afddiag.probes.registry import LIVE, Artifact, Probe, Run
+from afddiag.probes.sysfs import entry_names
 
 _IBV_RE = re.compile(r"libibverbs\.so\.1\.\d+\.(\d+(?:\.\d+)?)\.0$")
 
@@ -54,7 +54,7 @@ def _dmi(run: Run, root: str, name: str) -> str | None:
 
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
-    src = run.host
+    src = run.src
     progress.doing = "reading the kernel, BIOS and rdma-core versions"
     if src.rdma_core is LIVE:
         rdma = rdma_core_version()

@@ -104,8 +104,8 @@ def _render(verdicts: list, fabric=None, gpu=None) -> None:
 
 
 def _gates(obs, families: set[str], fabric_ip: str | None = None, inputs=None) -> list:
-    from afddiag.model.run import Inputs
     from afddiag.gates import Context, resolve_fabric_ip, run_gates
+    from afddiag.model.run import Inputs
 
     inputs = inputs or Inputs(fabric_ip=fabric_ip, peers=["10.0.0.9"])
     verdicts = run_gates(Context(obs, inputs, resolve_fabric_ip(obs.fabric, inputs.fabric_ip)), families)
@@ -127,10 +127,10 @@ def _json_or_none(data: bytes) -> Any:
 
 def target_ip_addr(data: bytes) -> None:
     """``ip -j addr`` output: parsed into netdevs or ValueError, then judged with a real sysfs tree."""
-    from afddiag.model.run import Observation
     from afddiag.model.fabric import QpFacts
-    from afddiag.probes.netlink import parse_ip_addr_json
+    from afddiag.model.run import Observation
     from afddiag.probes.fabric import probe_fabric
+    from afddiag.probes.netlink import parse_ip_addr_json
 
     raw = _json_or_none(data)
     try:
@@ -163,7 +163,6 @@ def target_rdma_dev(data: bytes) -> None:
 def target_env(data: bytes) -> None:
     """A snapshot ``env`` and a ``--launch-env`` file: the lenient parser never raises, the strict one
     raises only LaunchEnvError (one line naming the file and line); the values feed the fabric gates."""
-    from afddiag.model.run import Inputs, Observation
     from afddiag.envvars import (
         MAP_VAR,
         NCCL_HCA_VAR,
@@ -174,6 +173,7 @@ def target_env(data: bytes) -> None:
         parse_nccl_hca,
     )
     from afddiag.model.fabric import QpFacts
+    from afddiag.model.run import Inputs, Observation
     from afddiag.probes.fabric import probe_fabric
 
     text = data.decode("utf-8", errors="replace")
@@ -201,8 +201,8 @@ def target_env(data: bytes) -> None:
 def target_gpu(data: bytes) -> None:
     """``gpu.json``: facts from anything JSON (never raises), then every GPU gate judges them."""
     from afddiag import playbook
-    from afddiag.model.run import Inputs, Observation
     from afddiag.model.gpu import gpu_facts_from_readings
+    from afddiag.model.run import Inputs, Observation
 
     raw = _json_or_none(data)
     facts = gpu_facts_from_readings(raw)
@@ -277,10 +277,10 @@ def _edits(data: bytes) -> list:
 
 def target_sysfs(data: bytes) -> None:
     """Edits to a real case's sysfs tree → ``probe_fabric`` (never raises) → the fabric gates."""
-    from afddiag.model.run import Observation
     from afddiag.model.fabric import FabricFacts, QpFacts
-    from afddiag.probes.netlink import parse_rdma_dev_json
+    from afddiag.model.run import Observation
     from afddiag.probes.fabric import probe_fabric
+    from afddiag.probes.netlink import parse_rdma_dev_json
 
     base = CASES / "fabric" / BASE_FABRIC_CASE
     with tempfile.TemporaryDirectory(prefix="afddiag-fuzz-", dir=FAST_TMP) as tmp:
