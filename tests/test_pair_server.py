@@ -19,7 +19,7 @@ import pytest
 
 from afddiag import cli
 from afddiag.atomic import SecretFileError, read_secret
-from afddiag.facts import FabricFacts
+from afddiag.model.fabric import FabricFacts
 from afddiag.probes import pair as pm
 from test_hostile_pair import (
     GID,
