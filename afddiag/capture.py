@@ -10,7 +10,8 @@ host name and a manifest. The reads are the live run's (:func:`afddiag.runner.ca
 replay gives the live run's verdicts, the QP walk aside.
 
 Every host source is a field of :class:`Sources`, so a test points the capture at a fake root and
-fake readings (a field it leaves out is not read). Probes only read; the bundle is written atomically (temp file + rename).
+fake readings (a field it leaves out is not read). Probes only read; the bundle is written
+atomically (temp file + rename).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ def collect_bundle(src: Sources | None = None, timeout_s: float = 10.0, load: bo
                    peers: tuple[str, ...] = (),
                    fabric_ip: str | None = None) -> tuple[dict[str, bytes], str, list[str]]:
     """Read everything the probes read from ``src`` (None: this host, :meth:`Sources.live`) →
-    (``{relative path: bytes}``,
-    host name, notes): :func:`afddiag.runner.capture`. ``load`` runs the GPU load probe too;
-    ``peers``/``fabric_ip`` add the routes to the peers. Each probe runs under ``timeout_s``; one
+    (``{relative path: bytes}``, host name, notes): :func:`afddiag.runner.capture`. ``load`` runs the
+    GPU load probe too; ``peers``/``fabric_ip`` add the routes to the peers. Each probe runs under ``timeout_s``; one
     that fails or times out leaves its files out and a note (in the manifest). Never raises for a
     host problem."""
     inputs = Inputs(probe_timeout_s=timeout_s, load=load, peers=list(peers), fabric_ip=fabric_ip, run_qp=False)
