@@ -4,8 +4,11 @@ cause, never the peer, and the pair output renders unknowns as words, not None."
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
+
+import pytest
 
 from afddiag.cli import run
 from afddiag.model.fabric import FabricFacts
@@ -13,8 +16,12 @@ from afddiag.model.pair import PairFacts, pair_facts
 from afddiag.probes.pair import format_pair, pair
 
 IP = "192.0.2.77"  # TEST-NET-1: no host carries it
+# with pyverbs the stop is "no device carries the fabric IP"; without it, "pyverbs is not installed" (below)
+needs_pyverbs = pytest.mark.skipif(importlib.util.find_spec("pyverbs") is None,
+                                   reason="pyverbs not installed: the stop is then pyverbs' absence")
 
 
+@needs_pyverbs
 def test_client_records_a_local_stop_before_contacting_the_peer():
     f = pair("127.0.0.1", port=1, fabric_ip=IP, fabric=FabricFacts(), timeout_s=5)
     assert f.local_error and IP in f.local_error and f.peer_qp_num is None
@@ -26,6 +33,7 @@ def test_client_records_a_local_stop_before_contacting_the_peer():
     assert pair_facts(json.loads(json.dumps(f, default=vars))).local_error == f.local_error  # a saved result keeps it
 
 
+@needs_pyverbs
 def test_bandwidth_gate_names_this_host_not_the_peer(tmp_path):
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
@@ -44,3 +52,12 @@ def test_bandwidth_gate_names_this_host_not_the_peer(tmp_path):
 def test_format_pair_words_for_unknowns():
     text = format_pair(PairFacts(role="server"))
     assert "None" not in text and "no device" in text and "no peer" in text
+
+
+def test_missing_pyverbs_is_a_local_stop(monkeypatch):
+    import afddiag.probes.pair as pairmod
+
+    monkeypatch.setattr(pairmod, "_import_pyverbs", lambda: None)
+    f = pair("127.0.0.1", port=1, fabric_ip=IP, fabric=FabricFacts(), timeout_s=5)
+    assert f.local_error == "pyverbs is not installed: apt install python3-pyverbs"
+    assert f.peer_qp_num is None and "cannot reach" not in (f.error or "")
