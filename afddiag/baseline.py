@@ -99,10 +99,10 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
             gpus[d["uuid"]] = {"name": d.get("name"), **from_under_load(ul)}
     if not gpus and not cpu:
         raise ValueError("nothing to record: the load probe gave no figures (see `afddiag gpu --load`)")
-    data = {"schema_version": SCHEMA_VERSION, "host": host,
-            "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "versions": {"driver": readings.get("driver_version"), **(readings.get("versions") or {})},
-            "gpus": gpus, "cpu": cpu or {}}
+    data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "host": host,
+                            "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            "versions": {"driver": readings.get("driver_version"), **(readings.get("versions") or {})},
+                            "gpus": gpus, "cpu": cpu or {}}
     if forced:
         data["forced"], data["forced_over"] = True, list(forced)
     if cpu_forced and data["cpu"]:
@@ -121,13 +121,14 @@ def for_gpu(uuid: str | None, name: str | None, host_baseline: dict[str, Any] | 
             snapshot_baseline: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
     """The baseline figures to judge one GPU by, and their source, in order of precedence: the host's
     recorded baseline (by UUID), the snapshot's ``expect.baseline``, the reference table (by model)."""
-    gpus = host_baseline.get("gpus") if host_baseline else None
+    hb = host_baseline or {}
+    gpus = hb.get("gpus")
     if isinstance(gpus, dict) and uuid and isinstance(gpus.get(uuid), dict):
         figures = {k: v for k, v in gpus[uuid].items()  # a hand-edited file may hold anything
                    if k == "name" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v)}
-        return figures, (f"host baseline {host_baseline.get('path')} ({host_baseline.get('recorded_at')}"
-                         + (", FORCED over: " + "; ".join(host_baseline.get("forced_over") or ["?"])
-                            if host_baseline.get("forced") else "") + ")")
+        return figures, (f"host baseline {hb.get('path')} ({hb.get('recorded_at')}"
+                         + (", FORCED over: " + "; ".join(hb.get("forced_over") or ["?"])
+                            if hb.get("forced") else "") + ")")
     if snapshot_baseline:
         return snapshot_baseline, "snapshot expect.baseline"
     ref = REFERENCE.get(name or "")

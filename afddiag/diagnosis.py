@@ -34,7 +34,7 @@ def drains(verdict: str, action: str | None) -> bool:
     """True when a verdict with ``action`` takes the node out until a person acts: a FAIL whose action
     needs a drain (:func:`needs_drain`). A WARN or ERROR never drains (no evidence of the cause yet).
     The one rule behind a diagnosis entry's ``drain`` and every ``[ACTION, drain]`` shown."""
-    return verdict == FAIL and bool(action) and needs_drain(action)
+    return verdict == FAIL and action is not None and needs_drain(action)
 
 
 def _gate(gid: str) -> dict[str, Any]:
@@ -48,8 +48,8 @@ def depends(gid: str) -> list[str]:
 
 def fill_actions(verdicts: list[Verdict]) -> None:
     """Give every verdict its action: the gate's own choice when it set one, else the catalog's
-    default for FAIL (``action``) or WARN (``warn_action``, else ``action``), RERUN for ERROR, NONE for PASS/SKIP. Raises ValueError for an action
-    outside the closed set (a gate bug the tests catch)."""
+    default for FAIL (``action``) or WARN (``warn_action``, else ``action``), RERUN for ERROR, NONE for
+    PASS/SKIP. Raises ValueError for an action outside the closed set (a gate bug the tests catch)."""
     known = actions()
     for v in verdicts:
         if not v.action:
@@ -121,9 +121,9 @@ def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
     for v in verdicts:  # "not judged" gates point at their dependency too
         if v.verdict == SKIP and v.summary.startswith(f"{NOT_JUDGED}: "):
             dep = v.summary.split()[2]
-            r = root_of(dep) if dep in by_id else None
-            if r in roots and v.id not in roots[r]:
-                roots[r].append(v.id)
+            dep_root = root_of(dep) if dep in by_id else None
+            if dep_root in roots and v.id not in roots[dep_root]:
+                roots[dep_root].append(v.id)
     rank = {FAIL: 0, ERROR: 1, WARN: 2}
     out = []
     same: dict[tuple[str, str], dict[str, Any]] = {}  # (remedy, action) -> the entry naming that fault

@@ -111,7 +111,8 @@ def main() -> int:
             ("afddiag fabric, in-process (probe + gates)", f"{warm * 1000:.1f} ms", f"{show / warm:.0f}x faster"),
         ]
         ver = wall(AFDDIAG + ["--version"], args.repeat, first_output=True, env=env)
-        allc = wall(AFDDIAG + ["all", "--no-history", "--snapshot", str(spark)], args.repeat, first_output=True, env=env)
+        allc = wall(AFDDIAG + ["all", "--no-history", "--snapshot", str(spark)], args.repeat, first_output=True,
+                    env=env)
         bare = wall([sys.executable, "-c", "print(1)"], args.repeat, first_output=True, env=env)
         rows += [
             ("python -c print(1) (interpreter floor)", f"{bare * 1000:.0f} ms", "anchor"),
@@ -132,7 +133,8 @@ def main() -> int:
                 rows.append((f"replay {devs} devices x {nslots} slots", f"{t * 1000:.1f} ms",
                              f"{per:.1f} us/slot ({per / base:.2f}x the smallest's per-slot cost)"))
         for label, cmd in (("afddiag fabric", AFDDIAG + ["fabric", "--no-history", "--snapshot", str(spark)]),
-                           ("afddiag all (no load probe)", AFDDIAG + ["all", "--no-history", "--snapshot", str(spark)])):
+                           ("afddiag all (no load probe)",
+                            AFDDIAG + ["all", "--no-history", "--snapshot", str(spark)])):
             mb = peak_rss_mb(cmd)
             rows.append((f"peak RSS, {label}", f"{mb:.1f} MB", f"{'PASS' if mb <= 80 else 'MISS'} goal <= 80 MB"))
     w = max(len(r[0]) for r in rows)

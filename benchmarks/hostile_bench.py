@@ -50,7 +50,8 @@ def fuzz(seconds: float) -> dict:
     tmp.mkdir()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, str(REPO / "tests/fuzz/run_fuzz.py"), "--seconds", str(seconds), "--seed", "13"],
+    p = subprocess.run([sys.executable, str(REPO / "tests/fuzz/run_fuzz.py"), "--seconds", str(seconds),
+                        "--seed", "13"],
                        cwd=cwd, env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True,
                        timeout=seconds * 3 + 300)
     wall = time.monotonic() - t0
@@ -134,8 +135,9 @@ def big_snapshot(devices: int) -> dict:
     except (ValueError, KeyError, TypeError):
         n = None
     shutil.rmtree(root.parent, ignore_errors=True)
-    return {"devices": devices, "gid_slots": 4, "generate_s": round(gen, 1), "wall_s": round(wall, 1), "rc": p.returncode,
-            "devices_read": n, "peak_rss_mib": round(ru.ru_maxrss / 1024, 1), "stderr_tail": err[-300:]}
+    return {"devices": devices, "gid_slots": 4, "generate_s": round(gen, 1), "wall_s": round(wall, 1),
+            "rc": p.returncode, "devices_read": n, "peak_rss_mib": round(ru.ru_maxrss / 1024, 1),
+            "stderr_tail": err[-300:]}
 
 
 def _claimed_report(i: int, role: str, peer_ip: str) -> dict:

@@ -62,7 +62,8 @@ def main() -> int:
     args = ap.parse_args()
     af = afddiag_cmd()
     runs: dict[str, list[float]] = {"python -c pass": [], "afddiag --version": [], "afddiag all --snapshot": []}
-    for cmd in ([SYSTEM_PYTHON, "-c", "pass"], af + ["--version"], af + ["all", "--snapshot", str(CASE), "--no-history"]):
+    for cmd in ([SYSTEM_PYTHON, "-c", "pass"], af + ["--version"],
+                af + ["all", "--snapshot", str(CASE), "--no-history"]):
         first_output_s(cmd)  # warm the page cache and the bytecode caches
     for _ in range(args.repeat):
         runs["python -c pass"].append(exit_s([SYSTEM_PYTHON, "-c", "pass"]))

@@ -192,7 +192,8 @@ def start_fleet(outdir: str) -> dict:
         cfg = f"{FLEET_DIR}/sshd-{host}.conf"
         with open(cfg, "w") as f:
             f.write("\n".join([f"ListenAddress {mgmt}", "Port 22", f"HostKey {FLEET_DIR}/hostkey",
-                               f"PidFile {FLEET_DIR}/sshd-{host}.pid", f"AuthorizedKeysFile {FLEET_DIR}/authorized_keys",
+                               f"PidFile {FLEET_DIR}/sshd-{host}.pid",
+                               f"AuthorizedKeysFile {FLEET_DIR}/authorized_keys",
                                "StrictModes no", "UsePAM no", "PasswordAuthentication no",
                                "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
                                "MaxStartups 50", "LogLevel VERBOSE"]) + "\n")
@@ -206,8 +207,9 @@ def start_fleet(outdir: str) -> dict:
              f'afddiag = "{afd}"', "concurrency = 3", "timeout_s = 400", "connect_timeout_s = 30", "",
              "[expect]", f"capacity = {CAPACITY}", ""]
     for host, (role, _, mgmt, _) in HOSTS.items():
-        lines += ["[[host]]", f'name = "{host}"', f'role = "{role}"', f'ssh = "root@{mgmt}"', f'fabric_ip = "{fip(host)}"',
-                  f'launch_env = "{FLEET_DIR}/{host}.env"', "args = [" + ", ".join(f'"{a}"' for a in HOST_ARGS) + "]", ""]
+        lines += ["[[host]]", f'name = "{host}"', f'role = "{role}"', f'ssh = "root@{mgmt}"',
+                  f'fabric_ip = "{fip(host)}"', f'launch_env = "{FLEET_DIR}/{host}.env"',
+                  "args = [" + ", ".join(f'"{a}"' for a in HOST_ARGS) + "]", ""]
     inv = os.path.join(outdir, "inventory.toml")
     with open(inv, "w") as f:
         f.write("\n".join(lines))
@@ -284,7 +286,8 @@ def main() -> int:
                                       write_env("spark-b", capacity=128, device_map=own_map("spark-a")),
                                       sh(["ip", "-n", "spark-b", *DROP_RULE]))),
             ("fleet-link-down", lambda: (sh(["ip", "-n", "spark-a", "link", "set", "f0", "mtu", "1500"]),
-                                         write_env("spark-b"), sh(["ip", "-n", "spark-b", "rule", "del", *DROP_RULE[2:]]),
+                                         write_env("spark-b"),
+                                         sh(["ip", "-n", "spark-b", "rule", "del", *DROP_RULE[2:]]),
                                          sh(["ip", "-n", "spark-b", "link", "set", "f0", "down"]))),
         ):
             t = time.monotonic()

@@ -56,7 +56,8 @@ COMMON = ["--json", "--timeout", "60", "--playbook", PLAYBOOK]
 
 def build() -> None:
     sh(["modprobe", "-a", "rdma_rxe", "rdma_ucm", "veth"])
-    sh(["ip", "-batch", "-"], stdin="netns add ra\nnetns add rb\nlink add r0 netns ra type veth peer name r0 netns rb\n")
+    sh(["ip", "-batch", "-"],
+       stdin="netns add ra\nnetns add rb\nlink add r0 netns ra type veth peer name r0 netns rb\n")
     for ns, (ip, dev) in HOSTS.items():
         sh(["ip", "-n", ns, "-batch", "-"], stdin=f"link set lo up\nlink set r0 mtu 9000\naddr add {ip}/24 dev r0\n"
            "link set r0 up\n")
@@ -130,7 +131,8 @@ def main() -> int:
         # what the pair test falls back to inside a namespace host (sysfs there has no hw_counters/)
         results["captures"]["rdma_statistic"] = sh_json(["rdma", "-j", "statistic", "show", "link", "rxra/1"])
         results["captures"]["ns_counter_files"] = sh(
-            ["ip", "netns", "exec", "ra", "sh", "-c", "ls /sys/class/infiniband/rxra/ports/1/"], check=False).stdout.split()
+            ["ip", "netns", "exec", "ra", "sh", "-c", "ls /sys/class/infiniband/rxra/ports/1/"],
+            check=False).stdout.split()
         t = time.monotonic()
         import afddiag.cli  # noqa: F401 - once, before the forks, so every child starts warm
         import afddiag.probes.pair  # noqa: F401

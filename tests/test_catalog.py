@@ -90,7 +90,8 @@ def test_gpu_errors_catalog_lists_the_xids_the_gate_fails():
 
     from afddiag.gates.gpu import XID_APP, XID_FATAL
 
-    text = tomllib.loads((Path(__file__).parent.parent / "checks" / "gates.toml").read_text())["gates"]["gpu.errors"]["checks"]
+    catalog = tomllib.loads((Path(__file__).parent.parent / "checks" / "gates.toml").read_text())
+    text = catalog["gates"]["gpu.errors"]["checks"]
     listed = re.search(r"\(([\d, -]+)\) in the kernel log FAIL", text)
     assert listed, text
     fail = set()
@@ -122,7 +123,8 @@ def test_a_broken_catalog_is_one_line_naming_the_file_and_the_fix(monkeypatch, c
     monkeypatch.setattr(packaged, "read_text", fake)
     catalog.load.cache_clear()
     try:
-        for argv in (["catalog"], ["all", "--json", "--snapshot", str(CASES / "fabric" / "12-cx7-single-port-healthy")]):
+        for argv in (["catalog"],
+                     ["all", "--json", "--snapshot", str(CASES / "fabric" / "12-cx7-single-port-healthy")]):
             assert cli.run(argv) == 3
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and "checks/gates.toml" in err[0] and words in err[0] and "git checkout" in err[0], err

@@ -32,7 +32,8 @@ BASE = {"loop_mops": 11.02, "loop_mops_on_cpu": 11.1}
 def judge(cpu, base=BASE, role=None):
     o = Observation("h", "test", cpu=cpu)
     o.baseline = {"path": "/b.json", "cpu": base} if base else None
-    v = host.cpu_clock(Context(o, Inputs(playbook=load_playbook(role) if role else None), resolve_fabric_ip(None, None)))
+    inputs = Inputs(playbook=load_playbook(role) if role else None)
+    v = host.cpu_clock(Context(o, inputs, resolve_fabric_ip(None, None)))
     fill_actions([v])
     return v
 

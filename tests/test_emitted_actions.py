@@ -259,7 +259,8 @@ def _host_runs(tmp: Path, seen: Seen) -> None:
         seen.add(report(["all", "--snapshot", str(snap)])["gates"], f"pcie {nic}")
     cpus = [{"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0},
             {"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0,  # stuck, throttling
-             "thermal_zones": [{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 54.0, "trip_c": 95.0}]},  # ruled out
+             # throttling ruled out:
+             "thermal_zones": [{"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 54.0, "trip_c": 95.0}]},
             {"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0, "failed": "timed out"},
             {"model": "vCPU", "under_load_mhz": None, "max_mhz": None, "loop_mops": 8.0}]
     for i, cpu in enumerate(cpus):
@@ -330,7 +331,8 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
             ("fabric.mem-registration", "REBOOT"), ("fabric.mem-registration", "RAISE_LIMIT"),
             ("fabric.mem-registration", "LOAD_DRIVER"), ("fabric.mem-registration", "STOP_PROCESSES"),
             ("fabric.rdma-present", "RERUN"), ("fabric.rail-bandwidth", "REBOOT"),
-            ("fabric.rail-bandwidth", "CHECK_FABRIC"), ("fabric.port-counters", "FIX_LINK"), ("fabric.route", "FIX_ROUTE"), ("fabric.arp", "SET_SYSCTL"),
+            ("fabric.rail-bandwidth", "CHECK_FABRIC"), ("fabric.port-counters", "FIX_LINK"),
+            ("fabric.route", "FIX_ROUTE"), ("fabric.arp", "SET_SYSCTL"),
             ("host.pcie", "HW_INSPECTION"), ("host.cpu-clock", "AC_POWER_CYCLE"),
             ("launch.control-plane", "SET_ENV"), ("launch.control-plane", "OPEN_PORTS"),
             ("launch.fabric-address", "SET_ENV"), ("launch.memlock", "RAISE_LIMIT"),
@@ -446,7 +448,8 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     seen.add(_merge(tmp_path, reps)["gates"], "control plane advertised wildcard")
     want = {("fleet.fabric-ip", "SET_ENV"), ("fleet.fabric-ip", "FIX_ADDRESS"), ("fleet.capacity", "SET_ENV"),
             ("fleet.mtu", "SET_MTU"), ("fleet.devicemap", "SET_ENV"), ("fleet.gid-index", "SET_ENV"),
-            ("fleet.gpu", "AC_POWER_CYCLE"), ("fleet.gpu", "RERUN"), ("fleet.versions", "UPDATE_VERSIONS"), ("fleet.versions", "UPDATE_PACKAGE"),
+            ("fleet.gpu", "AC_POWER_CYCLE"), ("fleet.gpu", "RERUN"), ("fleet.versions", "UPDATE_VERSIONS"),
+            ("fleet.versions", "UPDATE_PACKAGE"),
             ("fleet.rails", "SET_ENV"), ("fleet.control-plane", "OPEN_PORTS"), ("fleet.control-plane", "SET_ENV"),
             ("fleet.control-plane", "RERUN")}
     seen.check("fleet", want)

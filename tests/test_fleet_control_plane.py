@@ -148,7 +148,8 @@ def test_a_down_link_and_a_firewall_elsewhere_are_both_named(tmp_path, capsys):
             _link_down(_report(tmp_path, capsys, "spark-b", {"coord": "unreachable"}))]
     v = _cp(_fleet(tmp_path, capsys, reps))
     assert v["verdict"] == "FAIL" and v["action"] == "OPEN_PORTS"
-    assert v["remedy"].startswith(fg.remedy("fleet.control-plane")) and "fix the fabric link first on spark-b" in v["remedy"]
+    assert v["remedy"].startswith(fg.remedy("fleet.control-plane"))
+    assert "fix the fabric link first on spark-b" in v["remedy"]
     assert {(e["source"], e["peer"]) for e in v["facts"]["explained_by_link_down"]} == \
         {("coord", "spark-b"), ("spark-b", "coord")}
 

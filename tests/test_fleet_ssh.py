@@ -82,7 +82,8 @@ def sshfleet(tmp_path_factory):
     }
     for n, text in envs.items():
         (d / f"{n}.env").write_text(text)
-    snap = {"coord": FABRIC / "10-spark-mtu-1500-vs-peer-9000", "spark-a": FABRIC / "01-spark-fabric-ip-on-nonfirst-device",
+    snap = {"coord": FABRIC / "10-spark-mtu-1500-vs-peer-9000",
+            "spark-a": FABRIC / "01-spark-fabric-ip-on-nonfirst-device",
             "spark-b": FABRIC / "02-spark-map-set-healthy", "pushed": FABRIC / "02-spark-map-set-healthy"}
     wrappers = {
         "coord": f'eval "$SSH_ORIGINAL_COMMAND --snapshot {snap["coord"]}"',
@@ -207,7 +208,8 @@ def test_cross_host_gates_name_the_host(fleet_json):
     assert cap["verdict"] == "FAIL" and cap["summary"].startswith("spark-b AFD_EXPERT_CAPACITY=128"), cap
     assert "coordinator coord's AFD_PREFILL_CAPACITY=256" in cap["summary"]
     dm = _gate(fr, "fleet.devicemap")
-    assert dm["verdict"] == "FAIL" and dm["summary"].startswith("spark-a: DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP not set")
+    assert dm["verdict"] == "FAIL"
+    assert dm["summary"].startswith("spark-a: DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP not set")
     mtu = _gate(fr, "fleet.mtu")
     assert mtu["verdict"] == "FAIL" and mtu["summary"].startswith("spark-b RoCE MTU 4096 (enp1s0f1np1 MTU 9000): "
                                                                    "differs from the fleet's 1024"), mtu

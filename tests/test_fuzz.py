@@ -115,7 +115,9 @@ device = st.fixed_dictionaries({}, optional={
 gpu_json = st.fixed_dictionaries({}, optional={
     "devices": st.one_of(st.lists(st.one_of(device, scalars), max_size=4), scalars),
     "driver_version": scalars, "cuda_driver_version": scalars, "why": scalars, "failed": scalars,
-    "host_meminfo_kb": st.one_of(st.dictionaries(st.sampled_from(["MemTotal", "MemAvailable", "MemFree", "Cached", "Buffers"]), scalars), scalars),
+    "host_meminfo_kb": st.one_of(
+        st.dictionaries(st.sampled_from(["MemTotal", "MemAvailable", "MemFree", "Cached", "Buffers"]), scalars),
+        scalars),
     "expect": st.one_of(st.dictionaries(st.sampled_from(["image_sm_count", "baseline"]), st.one_of(scalars, anyjson)),
                         scalars),
     "xid_events": st.one_of(st.lists(anyjson, max_size=3), scalars), "notes": scalars})
@@ -184,7 +186,8 @@ def test_thousands_of_devices_and_gids(tmp_path) -> None:
             (port / "gid_attrs/ndevs").mkdir(parents=True)
             (port / "state").write_text("4: ACTIVE\n")
             for g in range(4):
-                (port / "gids" / str(g)).write_text(f"0000:0000:0000:0000:0000:ffff:0a{i // 256:02x}:{i % 256:02x}{g:02x}\n")
+                mapped = f"0000:0000:0000:0000:0000:ffff:0a{i // 256:02x}:{i % 256:02x}{g:02x}"
+                (port / "gids" / str(g)).write_text(mapped + "\n")
                 (port / "gid_attrs/types" / str(g)).write_text("RoCE v2\n")
                 (port / "gid_attrs/ndevs" / str(g)).write_text(f"eth{i}\n")
         t = time.monotonic()

@@ -119,7 +119,8 @@ def test_every_engines_forced_gid_index_is_judged_alike(var):
     v = fabric.devicemap_env(ctx(host(env={var: "1"}), "10.9.0.2"))
     assert v.verdict == "PASS", v.summary
     v = fabric.devicemap_env(ctx(host(env={var: "0"}), "10.9.0.2"))
-    assert v.verdict == "FAIL" and v.summary.startswith(f"{var}=0 on arxe1 port 1 is {FE80}") and "GID index 1" in v.summary
+    assert v.verdict == "FAIL" and v.summary.startswith(f"{var}=0 on arxe1 port 1 is {FE80}")
+    assert "GID index 1" in v.summary
     assert f"{var}=1" in v.remedy and f"unset the wrong {var}" in v.remedy, v.remedy
     assert fabric.devicemap_env(ctx(host(env={var: "x"}), "10.9.0.2")).verdict == "FAIL"
     v = fabric.devicemap_env(ctx(host(v4_type="IB/RoCE v1", env={var: "1"}), "10.9.0.2"))
@@ -307,10 +308,12 @@ def test_parsers():
 
 
 @pytest.mark.parametrize("power_w,limit_w,reasons,verdict", [
-    (588.4, 35.0, 0x4, "WARN"),    # a power reading above the limit: SW power cap holds 210 MHz (open-gpu-kernel-modules #1237)
+    # a power reading above the limit: SW power cap holds 210 MHz (open-gpu-kernel-modules #1237)
+    (588.4, 35.0, 0x4, "WARN"),
     (25.0, 25.0, 0x4, "WARN"),     # a platform limit of 25 W reached: ~600 MHz (open-gpu-kernel-modules #1310)
     (100.0, 100.0, None, "WARN"),  # a 575 W card capped at 100 W: at the limit, whatever the mask says
-    (92.0, 100.0, 0x4, "WARN"),    # 92 % with SW power capping active: the limiter's running average sits under the limit
+    # 92 % with SW power capping active: the limiter's running average sits under the limit
+    (92.0, 100.0, 0x4, "WARN"),
     (92.0, 100.0, 0x0, "FAIL"),    # 92 % and no SW power cap reason: the limiter does not explain the clock
     (80.0, 100.0, 0x4, "FAIL"),    # far under the limit: the cap bit alone explains nothing
     (19.5, None, 0x0, "FAIL"),     # no enforced limit read (GB10: NOT_SUPPORTED): class A as before

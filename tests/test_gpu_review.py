@@ -116,8 +116,9 @@ def _as_mig(readings):
     3g.71gb instance of 60 SMs (its name and MIG- UUID as cuDeviceGetName/cuDeviceGetUuid give them)."""
     whole = readings["devices"][0]
     whole["cuda"] = None
-    readings["devices"].append({"index": 0, "name": "NVIDIA H200 MIG 3g.71gb", "uuid": "MIG-5f1e0000-aaaa-bbbb-cccc-000000000001",
-                                "pci_bus_id": None, "cuda": {"sm_count": 60, "compute_capability": [9, 0], "integrated": False},
+    readings["devices"].append({"index": 0, "name": "NVIDIA H200 MIG 3g.71gb",
+                                "uuid": "MIG-5f1e0000-aaaa-bbbb-cccc-000000000001", "pci_bus_id": None,
+                                "cuda": {"sm_count": 60, "compute_capability": [9, 0], "integrated": False},
                                 "cuda_ordinal": 0, "nvml": None, "under_load": None})
 
 

@@ -318,7 +318,8 @@ def test_the_table_carries_the_plain_texts_drift_and_empty_lines():
     from afddiag.history import format_text, write_history
 
     drift = {"run": 4, "at": "t4", "pass_run": 2, "pass_at": "t2",
-             "gpus": {"0": {"name": "GB10", "figures": {"clock_sm_mhz": {"now": 850, "pass": 2400, "change_pct": -64.6}}}}}
+             "gpus": {"0": {"name": "GB10",
+                            "figures": {"clock_sm_mhz": {"now": 850, "pass": 2400, "change_pct": -64.6}}}}}
     hs = {"runs": 4, "command": "gpu", "role": None, "first": "t1", "last": "t4", "gates": {}, "unchanged": 0,
           "other": [], "drift": drift}
     for summary in ({"path": "h.db", "hosts": {"n1": hs}}, {"path": "h.db", "hosts": {}, "replays": True}):

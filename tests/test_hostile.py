@@ -143,7 +143,8 @@ def _verdicts(rep):
 @pytest.mark.parametrize("part,gate", [("rdma-dev.json", "fabric.first-device"), ("ip-addr.json", "fabric.link"),
                                        ("gpu.json", "gpu.sm-count"), ("limits.json", "launch.memlock"),
                                        ("image.json", "gpu.image-arch"), ("versions.json", None),
-                                       ("ip-route-get.json", None), ("case.json", None), ("cpu.json", "host.cpu-clock")])
+                                       ("ip-route-get.json", None), ("case.json", None),
+                                       ("cpu.json", "host.cpu-clock")])
 def test_2_nested_brackets_in_a_snapshot_part_is_an_error_for_its_gates_not_a_traceback(tmp_path, capsys, part, gate):
     snap = _snap(tmp_path)
     import shutil
@@ -408,7 +409,8 @@ def spewfleet(tmp_path_factory):
         w.write_text("#!/bin/sh\n" + body + "\n")
         w.chmod(0o755)
         (d / f"sshd-{name}.conf").write_text("\n".join([
-            f"Port {ports[name]}", "ListenAddress 127.0.0.1", f"HostKey {d / 'hostkey'}", f"PidFile {d / (name + '.pid')}",
+            f"Port {ports[name]}", "ListenAddress 127.0.0.1", f"HostKey {d / 'hostkey'}",
+            f"PidFile {d / (name + '.pid')}",
             f"AuthorizedKeysFile {d / 'authorized_keys'}", "StrictModes no", "UsePAM no", "PasswordAuthentication no",
             "PermitRootLogin prohibit-password", "LogLevel ERROR", f"ForceCommand {w}"]) + "\n")
         procs.append(subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / f"sshd-{name}.conf")],

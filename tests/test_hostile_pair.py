@@ -87,8 +87,8 @@ def _free_port():
 
 def _serve(port, timeout_s=4.0):
     box = {}
-    t = threading.Thread(target=lambda: box.update(f=pm.serve(port, bind="127.0.0.1", timeout_s=timeout_s, peer="127.0.0.1",
-                                                                fabric=FabricFacts())), daemon=True)
+    t = threading.Thread(target=lambda: box.update(f=pm.serve(port, bind="127.0.0.1", timeout_s=timeout_s,
+                                                                peer="127.0.0.1", fabric=FabricFacts())), daemon=True)
     t.start()
     return t, box
 
@@ -526,7 +526,8 @@ def test_a_true_stale_band_run_is_still_judged_stale():
 @pytest.mark.parametrize("raw,words", [
     ("[1, 2]", "a JSON array"),
     ('"pair"', "a JSON string"),
-    (json.dumps({**json.loads((FIX / "bw-client.json").read_text()), "bandwidth": "fast"}), "bandwidth is a JSON string"),
+    (json.dumps({**json.loads((FIX / "bw-client.json").read_text()), "bandwidth": "fast"}),
+     "bandwidth is a JSON string"),
 ], ids=["array", "string", "bandwidth-string"])
 def test_a_pair_json_of_the_wrong_shape_is_error_not_skip(raw, words):
     v = _judge(None, raw=raw)

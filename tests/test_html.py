@@ -86,8 +86,9 @@ def test_page_is_self_contained_and_diagnosis_first(fleet_page):
 
 
 def test_text_is_escaped():
-    rep = {"host": "<b>x</b>", "gates": [{"id": "fabric.link", "verdict": "FAIL", "summary": "<script>alert(1)</script>",
-                                           "remedy": "a & b"}], "inputs": {}, "facts": {}}
+    rep = {"host": "<b>x</b>", "inputs": {}, "facts": {},
+           "gates": [{"id": "fabric.link", "verdict": "FAIL", "summary": "<script>alert(1)</script>",
+                      "remedy": "a & b"}]}
     fr = {"hosts": [{"name": "<b>x</b>", "status": "ok", "exit_code": 2}], "gates": [], "counts": {}, "exit_code": 2}
     text = render(fr, {"<b>x</b>": rep})
     assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "a &amp; b" in text
@@ -102,8 +103,8 @@ def test_faults_come_from_the_diagnosis_when_present_else_failing_gates():
     diag = [{"gate": "fabric.first-device", "verdict": "FAIL", "summary": "s", "remedy": "r", "action": "config",
              "explains": ["fabric.qp-rtr"]}]
     assert host_faults({"gates": gates, "diagnosis": diag}) == [
-        {"gate": "fabric.first-device", "verdict": "FAIL", "summary": "s", "remedy": "r", "action": "config", "drain": None,
-         "explains": ["fabric.qp-rtr"]}]
+        {"gate": "fabric.first-device", "verdict": "FAIL", "summary": "s", "remedy": "r", "action": "config",
+         "drain": None, "explains": ["fabric.qp-rtr"]}]
 
 
 def _chromium(*args, timeout=120):
@@ -143,8 +144,8 @@ def test_page_in_chromium_at_1280x800(fleet_page, tmp_path):
 const host = document.getElementById("diag-spark-a");
 const remedy = host.querySelector(".remedy");
 const box = e => { const r = e.getBoundingClientRect(); const s = getComputedStyle(e);
-  return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, visible: s.visibility === "visible" && s.display !== "none",
-          text: e.innerText}; };
+  return {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
+          visible: s.visibility === "visible" && s.display !== "none", text: e.innerText}; };
 document.title = JSON.stringify({w: innerWidth, h: innerHeight, host: box(host), remedy: box(remedy)});
 </script></body>"""))
     p = _chromium("--window-size=1280,800", "--dump-dom", probe.as_uri())
@@ -155,6 +156,7 @@ document.title = JSON.stringify({w: innerWidth, h: innerHeight, host: box(host),
     assert geo["w"] == 1280 and 600 <= geo["h"] <= 800, geo
     for part in ("host", "remedy"):
         b = geo[part]
-        assert b["visible"] and 0 <= b["top"] < b["bottom"] <= geo["h"] and 0 <= b["left"] < b["right"] <= 1280, (part, b)
+        assert b["visible"], (part, b)
+        assert 0 <= b["top"] < b["bottom"] <= geo["h"] and 0 <= b["left"] < b["right"] <= 1280, (part, b)
     assert geo["remedy"]["text"].startswith("export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1")
     assert "spark-a" in geo["host"]["text"]

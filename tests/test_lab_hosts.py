@@ -193,7 +193,8 @@ def test_fleet_link_down_on_one_peer(hostlab):
     assert rows["spark-b"]["exit_code"] == 2 and rows["spark-b"]["failing"], rows["spark-b"]
     sb = {g["id"]: g for g in fr["reports"]["spark-b"]["gates"]}
     link = sb["fabric.link"]
-    assert link["verdict"] == "FAIL" and link["summary"].startswith("rxsb0 port 1 (fabric IP 10.9.0.12, f0): port DOWN"), link
+    assert link["verdict"] == "FAIL", link
+    assert link["summary"].startswith("rxsb0 port 1 (fabric IP 10.9.0.12, f0): port DOWN"), link
     # the route the down link removed is the link's fault: not judged, pointing at fabric.link
     route = sb["fabric.route"]
     assert route["verdict"] == "SKIP" and route["summary"].startswith("not judged: fabric.link failed"), route

@@ -56,7 +56,8 @@ def test_bandwidth_run_completes_within_its_bound_and_passes_the_lab_band(railla
     g = _gates(c)
     rb = g["fabric.rail-bandwidth"]
     assert rb["verdict"] == "PASS", rb
-    assert rb["facts"]["bands_gbps"]["role"] == "lab-rxe" and rb["facts"]["gbps"] >= rb["facts"]["bands_gbps"]["healthy"]
+    assert rb["facts"]["bands_gbps"]["role"] == "lab-rxe"
+    assert rb["facts"]["gbps"] >= rb["facts"]["bands_gbps"]["healthy"]
     assert "Gb/s over 4 QPs" in rb["summary"]
     # the server's report judges the same run (the client told it the figure) with both ports' counters
     assert s["bandwidth"]["gbps"] == bw["gbps"] and s["bandwidth"]["verified"]
@@ -108,7 +109,8 @@ def test_peer_address_removed_mid_run_fails_with_a_non_power_remedy(raillab):
     print(f"fault: client counters grown: { {k: v for k, v in local.items() if v} }", file=sys.stderr)
     assert local.get("retry_exceeded_err", 0) + local.get("completer_retry_err", 0) > 0, local
     pc = _gates(c)["fabric.port-counters"]
-    assert pc["verdict"] == "WARN" and ("retry_exceeded_err +" in pc["summary"] or "completer_retry_err +" in pc["summary"])
+    assert pc["verdict"] == "WARN"
+    assert "retry_exceeded_err +" in pc["summary"] or "completer_retry_err +" in pc["summary"]
     s = _side(raillab, "bw-fault-server")
     assert s["elapsed_s"] < 50 + 5 and s["destroyed"] and c["destroyed"]
 
@@ -136,6 +138,7 @@ def test_saved_run_replays_to_the_same_verdicts(raillab, tmp_path):
         res = CliRunner().invoke(cli, ["fabric", "--json", "--no-history", "--snapshot", str(snap), "--playbook",
                                        str(REPO / "lab" / "playbook-rxe.toml")], catch_exceptions=False)
         rep = json.loads(res.stdout)
-        got = {g["id"]: g["verdict"] for g in rep["gates"] if g["id"] in ("fabric.rail-bandwidth", "fabric.port-counters")}
+        got = {g["id"]: g["verdict"] for g in rep["gates"]
+               if g["id"] in ("fabric.rail-bandwidth", "fabric.port-counters")}
         live = {k: v["verdict"] for k, v in _gates(c).items() if k in got}
         assert got == live, (tag, got, live)

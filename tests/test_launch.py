@@ -54,7 +54,8 @@ export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1
 """
 GB10_IMAGE = {"RepoTags": ["registry.example/afd/expert:2026.11"],
               "Config": {"Labels": {"afd.export.sm_count": "48"},
-                         "Env": ["CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0", "TORCH_CUDA_ARCH_LIST=12.1a"]}}
+                         "Env": ["CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0",
+                                 "TORCH_CUDA_ARCH_LIST=12.1a"]}}
 
 
 def launcher(script, env_file, *args, afddiag_args="", extra_env=None):
@@ -150,8 +151,8 @@ def test_expert_launcher_refuses_sm120_image_on_gb10(tmp_path):
     env = envfile(tmp_path, EXPERT_ENV + "AFD_IMAGE=registry.example/afd/expert:sm120\n")
     p = launcher("launch-expert.sh", env, "2", afddiag_args=f"--snapshot {snap} --expect-capacity 256")
     assert p.returncode == 2
-    assert "FAIL gpu.image-arch: GPU 0 NVIDIA GB10 is sm_121; image registry.example/afd/expert:sm120 built for sm_120a" \
-        in p.stderr
+    assert ("FAIL gpu.image-arch: GPU 0 NVIDIA GB10 is sm_121; "
+            "image registry.example/afd/expert:sm120 built for sm_120a") in p.stderr
 
 
 # --- gates through the CLI -----------------------------------------------------------------------
@@ -285,8 +286,9 @@ def test_site_adds_a_role_with_a_file(tmp_path, monkeypatch):
     pb = load("pool")
     assert pb.requires == ["rdma"] and pb.runs("fabric.link") and not pb.runs("gpu.present")
     env = envfile(tmp_path, "AFD_ROLE=pool\nPOOL_IP=192.168.100.10\n")
-    res = CliRunner().invoke(cli, ["all", "--json", "--snapshot", str(CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device"),
-                                   "--launch-env", str(env)], standalone_mode=False, catch_exceptions=False)
+    snap = CASES / "fabric" / "01-spark-fabric-ip-on-nonfirst-device"
+    res = CliRunner().invoke(cli, ["all", "--json", "--snapshot", str(snap), "--launch-env", str(env)],
+                             standalone_mode=False, catch_exceptions=False)
     rep = json.loads(res.stdout)
     assert {g["id"].split(".")[0] for g in rep["gates"]} == {"fabric"}
     assert rep["inputs"]["fabric_ip"] == "192.168.100.10"
@@ -384,7 +386,8 @@ def test_export_never_pairs_a_kept_dual_rail_hca_with_one_rails_gid_index(tmp_pa
     assert "NCCL_IB_HCA" not in res.stdout and "NCCL_IB_GID_INDEX" not in res.stdout, res.stdout
     assert "export UCX_NET_DEVICES=rocep1s0f1:1" in res.stdout
     assert ("NCCL_IB_GID_INDEX not printed: NCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1 selects ports whose IPv4 "
-            "RoCE v2 GIDs sit at different indexes (rocep1s0f1:1 GID 3, roceP2p1s0f1:1 GID 5)") in res.stderr, res.stderr
+            "RoCE v2 GIDs sit at different indexes (rocep1s0f1:1 GID 3, roceP2p1s0f1:1 GID 5)") in res.stderr, \
+        res.stderr
 
 
 def test_exported_gid_index_belongs_to_the_hca_in_effect(tmp_path):

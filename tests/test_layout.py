@@ -91,7 +91,8 @@ def test_every_subpackage_is_installed():
     on_disk = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")
                if "__pycache__" not in p.parts}
     assert {"afddiag", "afddiag.probes", "afddiag.gates"} <= on_disk  # the walk finds packages
-    assert on_disk - listed == set(), f"packages missing from pyproject.toml [tool.setuptools] packages: {on_disk - listed}"
+    assert on_disk - listed == set(), \
+        f"packages missing from pyproject.toml [tool.setuptools] packages: {on_disk - listed}"
 
 
 def test_readme_fresh_machine_commands_work_as_root_without_sudo_and_ci_runs_the_test_command():

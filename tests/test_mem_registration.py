@@ -29,8 +29,8 @@ def _dev(name, host=True, count=(64, 64, None), gpu_errno=14, dmabuf=None):
 
 def spark(**over):
     """A DGX Spark as the probe reads it: no GPUDirect RDMA, the dma-buf export refused."""
-    r = {"driver": {"version": "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05", "open_kernel_module": True,
-                    "peermem_loaded": False, "notes": []},
+    r = {"driver": {"version": "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05",
+                    "open_kernel_module": True, "peermem_loaded": False, "notes": []},
          "cma": {"cma_total_kb": 65536, "cma_free_kb": 60000, "kho_off": False, "kernel_release": "6.17.0-1014-nvidia",
                  "notes": []},
          "memlock_soft_bytes": -1,
@@ -97,7 +97,8 @@ def _dmabuf_eopnotsupp():
     (_count(spark(), 7, memlock=8 << 20), HOST, "PASS", "stopped at RLIMIT_MEMLOCK 8 MiB (launch.memlock judges it)"),
     (_count(_cma(spark(), 70000), 7, memlock=8 << 20), HOST, "WARN", "signature"),  # memlock explains the count
     (spark(verbs={"devices": [_dev("rocep1s0f0", host=False)]}), HOST, "FAIL", "cannot register host memory"),
-    (spark(verbs={"devices": [], "why": "pyverbs is not installed: apt install python3-pyverbs"}), HOST, "SKIP", "pyverbs"),
+    (spark(verbs={"devices": [], "why": "pyverbs is not installed: apt install python3-pyverbs"}), HOST, "SKIP",
+     "pyverbs"),
     (None, HOST, "SKIP", "not captured"),
 ])
 def test_mem_registration_table(readings, pb, verdict, words):

@@ -33,7 +33,8 @@ def test_fit_occupied_and_oom():
     assert predict_pool(RTX5090, 0.97, 4096, True, PLAN)["pool_bytes"] < 0  # measured: out of memory
     assert predict_pool(RTX5090, 0.97, 4096, True, PLAN)["pool_tokens"] == 0
     off = predict_pool(RTX5090, 0.97, 1024, False, PLAN)
-    assert off["pool_bytes"] - predict_pool(RTX5090, 0.97, 1024, True, PLAN)["pool_bytes"] == pytest.approx(7.95e9, abs=2)
+    on = predict_pool(RTX5090, 0.97, 1024, True, PLAN)
+    assert off["pool_bytes"] - on["pool_bytes"] == pytest.approx(7.95e9, abs=2)
 
 
 def _run(tmp_path, env_lines, total=RTX5090, role="coordinator"):

@@ -109,7 +109,8 @@ def test_merge_table_and_expectations(tmp_path, thousand, capsys):
 def _host(name: str, role: str = "expert", **kw) -> fg.HostResult:
     gates = []
     if "gid_index" in kw:
-        gates.append({"id": "fabric.rocev2-ipv4", "verdict": "PASS", "facts": {"entry": {"gid_index": kw["gid_index"]}}})
+        gates.append({"id": "fabric.rocev2-ipv4", "verdict": "PASS",
+                      "facts": {"entry": {"gid_index": kw["gid_index"]}}})
     if "under_load" in kw:
         gates.append({"id": "gpu.slow-state", "verdict": "PASS", "facts": {}})
     rep = {"schema_version": 1, "host": name, "afddiag_version": kw.get("afddiag", "0.1.0"), "gates": gates,
@@ -310,4 +311,5 @@ def test_gid_index_compares_each_host_with_its_own_forced_value():
     assert v.facts["forced_elsewhere"] == {"c": {"MC_GID_INDEX": "3"}}
     # the inventory's gid_index: every host compared with it, forced or not
     v = fg.gid_index([forced("a", 3, {nccl: "3"}), forced("c", 5, {nccl: "5"})], {"gid_index": 3})
-    assert v.verdict == "WARN" and v.summary.startswith("c GID index 5: ") and "inventory forces gid_index 3" in v.summary
+    assert v.verdict == "WARN" and v.summary.startswith("c GID index 5: ")
+    assert "inventory forces gid_index 3" in v.summary

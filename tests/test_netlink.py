@@ -27,7 +27,8 @@ def msg(mtype, body):
 
 
 def dev(name, idx):
-    body = attr(RDMA_NLDEV_ATTR_DEV_INDEX, struct.pack("=I", idx)) + attr(RDMA_NLDEV_ATTR_DEV_NAME, name.encode() + b"\0")
+    body = (attr(RDMA_NLDEV_ATTR_DEV_INDEX, struct.pack("=I", idx))
+            + attr(RDMA_NLDEV_ATTR_DEV_NAME, name.encode() + b"\0"))
     return msg((5 << 10) + 1, body)
 
 
@@ -57,7 +58,8 @@ def test_live_addresses_include_loopback():
 
 def test_ip_addr_json_parsing():
     nd = parse_ip_addr_json([{"ifname": "vc", "mtu": 9000, "operstate": "UP", "addr_info": [
-        {"family": "inet", "local": "10.9.0.2", "prefixlen": 24}, {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]}])
+        {"family": "inet", "local": "10.9.0.2", "prefixlen": 24},
+        {"family": "inet6", "local": "fe80::1", "prefixlen": 64}]}])
     assert nd["vc"].mtu == 9000 and nd["vc"].operstate == "up"
     assert nd["vc"].ipv4 == ["10.9.0.2/24"] and nd["vc"].holds_ipv4("10.9.0.2")
     with pytest.raises(ValueError):

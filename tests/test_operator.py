@@ -114,7 +114,8 @@ def test_fleet_table_at_80_columns_cuts_nothing():
 
     from conftest import fleet_table
 
-    fr, text = fleet_table([json.loads(t) for t in paths], Path(tempfile.mkdtemp()), [f"spark-{i}" for i in range(len(paths))])
+    fr, text = fleet_table([json.loads(t) for t in paths], Path(tempfile.mkdtemp()),
+                           [f"spark-{i}" for i in range(len(paths))])
     assert "…" not in text
     assert all(len(ln) <= 80 for ln in text.splitlines()[:-1])
     squashed = "".join(text.split())

@@ -25,7 +25,8 @@ def fake_host(tmp_path, nic=("32.0 GT/s PCIe", "16"), gpu=("2.5 GT/s PCIe", "16"
         d.mkdir(parents=True)
         for name, val in (("current_link_speed", speed), ("current_link_width", width),
                           ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "16"),
-                          ("vendor", "0x15b3" if bdf == NIC else "0x10de"), ("device", "0x1021" if bdf == NIC else "0x2335")):
+                          ("vendor", "0x15b3" if bdf == NIC else "0x10de"),
+                          ("device", "0x1021" if bdf == NIC else "0x2335")):
             (d / name).write_text(val + "\n")
         (r / "sys/bus/pci/devices").mkdir(parents=True, exist_ok=True)
         os.symlink(d, r / "sys/bus/pci/devices" / bdf)
@@ -103,7 +104,8 @@ def test_capture_and_replay(tmp_path, nic, verdict, words):
     snap = tmp_path / "snap"
     snap.mkdir()
     (snap / "pcie.json").write_text(files["pcie.json"].decode())
-    direct, replay = _gate(["all", "--json", "--snapshot", str(snap)]), _gate(["all", "--json", "--snapshot", str(bundle)])
+    direct = _gate(["all", "--json", "--snapshot", str(snap)])
+    replay = _gate(["all", "--json", "--snapshot", str(bundle)])
     assert direct["verdict"] == replay["verdict"] == verdict
     assert words in direct["summary"] and direct["summary"] == replay["summary"]
     if verdict == "PASS":
@@ -129,7 +131,8 @@ def _slot_host(tmp_path, port_max=("16.0 GT/s PCIe", "2"), nic=("16.0 GT/s PCIe"
     for name, val in (("max_link_speed", port_max[0]), ("max_link_width", port_max[1])):
         (port / name).write_text(val + "\n")
     for name, val in (("current_link_speed", nic[0]), ("current_link_width", nic[1]),
-                      ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "4"), ("vendor", "0x15b3"), ("device", "0x1021")):
+                      ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", "4"), ("vendor", "0x15b3"),
+                      ("device", "0x1021")):
         (d / name).write_text(val + "\n")
     (r / "sys/bus/pci/devices").mkdir(parents=True)
     os.symlink(os.path.relpath(d, r / "sys/bus/pci/devices"), r / "sys/bus/pci/devices" / NIC)
@@ -141,7 +144,8 @@ def _slot_host(tmp_path, port_max=("16.0 GT/s PCIe", "2"), nic=("16.0 GT/s PCIe"
 
 def test_probe_reads_the_upstream_ports_maximum(tmp_path):
     r = read_pcie(_slot_host(tmp_path))
-    assert r["devices"][NIC]["upstream"] == {"bdf": "0000:00:01.0", "max_link_speed": "16.0 GT/s PCIe", "max_link_width": "2"}
+    assert r["devices"][NIC]["upstream"] == {"bdf": "0000:00:01.0", "max_link_speed": "16.0 GT/s PCIe",
+                                             "max_link_width": "2"}
     (link,) = pcie_facts(r).links
     assert (link.upstream_bdf, link.upstream_max_speed_gts, link.upstream_max_width) == ("0000:00:01.0", 16.0, 2)
 
@@ -149,13 +153,15 @@ def test_probe_reads_the_upstream_ports_maximum(tmp_path):
 @pytest.mark.parametrize("port_max,nic,verdict,words", [
     # a port giving the Gen5 x4 card two lanes: trained x2 is all the slot allows: nothing to reseat, but
     # the slot's width may be the BIOS's (bifurcation, lane sharing): WARN CHECK_BIOS, no drain
-    (("16.0 GT/s PCIe", "2"), ("16.0 GT/s PCIe", "2"), "WARN", "the most its upstream port 0000:00:01.0 x2 at 16 GT/s allows"),
+    (("16.0 GT/s PCIe", "2"), ("16.0 GT/s PCIe", "2"), "WARN",
+     "the most its upstream port 0000:00:01.0 x2 at 16 GT/s allows"),
     # the port allows x4: trained x2 is a fault of this link
     (("32.0 GT/s PCIe", "4"), ("32.0 GT/s PCIe", "2"), "FAIL", "upstream port 0000:00:01.0 x4 at 32 GT/s"),
     # the port allows Gen5: a NIC at Gen4 trained a generation below what both ends support
     (("32.0 GT/s PCIe", "4"), ("16.0 GT/s PCIe", "4"), "WARN", "trained x4 at 16 GT/s"),
     # a Gen4 port: the Gen5 card at 16 GT/s x4 is at the link's maximum
-    (("16.0 GT/s PCIe", "4"), ("16.0 GT/s PCIe", "4"), "PASS", "the most its upstream port 0000:00:01.0 x4 at 16 GT/s allows"),
+    (("16.0 GT/s PCIe", "4"), ("16.0 GT/s PCIe", "4"), "PASS",
+     "the most its upstream port 0000:00:01.0 x4 at 16 GT/s allows"),
 ])
 def test_the_link_is_judged_against_both_ends(tmp_path, port_max, nic, verdict, words):
     """A link trains to the lower of its two ends' LnkCap: the port's maximum, read through the

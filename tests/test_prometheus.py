@@ -107,7 +107,8 @@ def test_numeric_gauges_in_base_units():
     rates = {x.labels["kind"]: x.value for x in fams["afddiag_gpu_load_flops_per_second"].samples}
     want = {k: ul[f] * 1e12 for k, f in (("fp32", "fp32_tflops"), ("bf16_mma", "bf16_tflops")) if ul.get(f) is not None}
     assert rates == pytest.approx(want) and want
-    bw = {x.labels["kind"]: x.value for x in fams.get("afddiag_gpu_load_bytes_per_second", type("E", (), {"samples": []})).samples}
+    empty = type("E", (), {"samples": []})
+    bw = {x.labels["kind"]: x.value for x in fams.get("afddiag_gpu_load_bytes_per_second", empty).samples}
     assert bw == pytest.approx({k: ul[f] * 1e9 for k, f in (("gemv", "gemv_gbps"), ("copy", "copy_gbps"))
                                 if ul.get(f) is not None})
     c10 = next(c for c in FABRIC if c.name.startswith("10-"))  # netdev MTU 1500 on the fabric rail

@@ -81,7 +81,8 @@ def test_expert_bands_at_each_boundary(gbps, verdict, band, action):
     v, _ = _judge(_pair(gbps), **EXPERT)
     assert (v.verdict, v.facts["band"]) == (verdict, band), v
     assert v.action == action
-    assert f"{gbps:.2f} Gb/s over 4 QPs" in v.summary and "rail mlx5_0 port 1 (192.168.100.10 <-> 192.168.100.11)" in v.summary
+    assert f"{gbps:.2f} Gb/s over 4 QPs" in v.summary
+    assert "rail mlx5_0 port 1 (192.168.100.10 <-> 192.168.100.11)" in v.summary
     if band == "stale-init":
         assert "stale-initialization signature" in v.summary and "AC" in v.remedy and "reboot" in v.remedy.lower()
     else:  # only the stale-init evidence gets a power action
@@ -122,7 +123,8 @@ def test_run_that_stopped_fails_with_the_reason_and_no_power_action():
     err = "work completion status 12 (transport retry counter exceeded (no ACK: path MTU or route)) on QP 101"
     v, c = _judge(_pair(40.0, error=err, stage="run", verified=False,
                         counters=[_pc(retry_exceeded_err=1), _pc("peer", "mlx5_1")]), **EXPERT)
-    assert v.verdict == FAIL and v.action == "CHECK_FABRIC" and "the run stopped" in v.summary and "status 12" in v.summary
+    assert v.verdict == FAIL and v.action == "CHECK_FABRIC"
+    assert "the run stopped" in v.summary and "status 12" in v.summary
     assert "not a power issue" in v.remedy and "ip route get" in v.remedy
     assert c.verdict == WARN and "retry_exceeded_err +1" in c.summary
     nothing = _judge(_pair(None, error="timed out waiting for 32 of 32 completion(s)", stage="run", verified=False),
@@ -159,7 +161,7 @@ def test_gates_skip_without_a_bandwidth_run():
 def test_counter_kinds():
     assert counter_kind("out_of_sequence") == counter_kind("packet_seq_err") == "error"
     assert counter_kind("local_ack_timeout_err") == counter_kind("rnr_nak_retry_err") == "error"
-    assert counter_kind("roce_slow_restart") == counter_kind("link_downed") == counter_kind("carrier_changes") == "error"
+    assert {counter_kind(c) for c in ("roce_slow_restart", "link_downed", "carrier_changes")} == {"error"}
     assert counter_kind("np_cnp_sent") == counter_kind("rp_cnp_handled") == "congestion"
     for rxe_err in ("out_of_seq_request", "rcvd_seq_err", "retry_exceeded_err", "retry_rnr_exceeded_err",
                     "completer_retry_err", "send_err", "duplicate_request", "rcvd_rnr_err"):
@@ -172,7 +174,8 @@ def test_error_growth_warns_naming_counter_side_and_amount():
     _, c = _judge(_pair(95.0, counters=[_pc(packet_seq_err=3, sent_pkts=90000),
                                         _pc("peer", "mlx5_1", out_of_sequence=7, local_ack_timeout_err=0)]), **EXPERT)
     assert c.verdict == WARN and c.action == "CHECK_FABRIC"
-    assert "local mlx5_0 port 1: packet_seq_err +3" in c.summary and "peer mlx5_1 port 1: out_of_sequence +7" in c.summary
+    assert "local mlx5_0 port 1: packet_seq_err +3" in c.summary
+    assert "peer mlx5_1 port 1: out_of_sequence +7" in c.summary
     assert "sent_pkts" not in c.summary and "local_ack_timeout_err" not in c.summary  # traffic and zero growth
     assert c.facts["sides"][1]["errors"] == {"out_of_sequence": 7}
 
@@ -337,7 +340,8 @@ class FakeRdma:
         if self.hang_after is not None and self.posted > self.hang_after:
             return
         if rdma and rdma[0] in MRS:
-            MRS[rdma[0]].data[rdma[1] - MRS[rdma[0]].buf:rdma[1] - MRS[rdma[0]].buf + size] = mr.data[offset:offset + size]
+            at = rdma[1] - MRS[rdma[0]].buf
+            MRS[rdma[0]].data[at:at + size] = mr.data[offset:offset + size]
         bad = self.fail_after is not None and self.posted > self.fail_after
         with self.cq.lock:
             self.cq.q.append(FakeWC(wr_id, 12 if bad else 0))
@@ -561,10 +565,12 @@ def test_saved_pair_json_parser_never_raises():
 
 def test_playbook_bands_are_validated():
     base = "[fabric]\n"
-    assert parse(base + "rail_healthy_gbps = 80\nrail_stale_init_gbps = [8, 25]\n", "x").rail_stale_init_gbps == (8.0, 25.0)
+    pb = parse(base + "rail_healthy_gbps = 80\nrail_stale_init_gbps = [8, 25]\n", "x")
+    assert pb.rail_stale_init_gbps == (8.0, 25.0)
     for bad, what in (("rail_stale_init_gbps = [25, 8]", "low <= high"), ("rail_stale_init_gbps = 8", "[low, high]"),
                       ("rail_healthy_gbps = 20\nrail_stale_init_gbps = [8, 25]", "below rail_healthy_gbps"),
-                      ("rail_healthy_gbps = -1", ">= 0"), ("rail_healthy_gbps = 10\nrail_fail_below_gbps = 20", "above")):
+                      ("rail_healthy_gbps = -1", ">= 0"),
+                      ("rail_healthy_gbps = 10\nrail_fail_below_gbps = 20", "above")):
         with pytest.raises(PlaybookError, match=what):
             parse(base + bad + "\n", "x.toml")
 
@@ -619,7 +625,8 @@ def test_lab_run_replays_pass_with_the_lab_band_and_names_rxe_retransmissions(tm
     assert rb["verdict"] == PASS and rb["facts"]["gbps"] > rb["facts"]["bands_gbps"]["healthy"] > 0
     assert rb["facts"]["bands_gbps"]["role"] == "lab-rxe" and rb["facts"]["verified"]
     # that boot's rxe retransmitted under TCG: one completer retry on the client, duplicates at the server
-    assert pc["verdict"] == WARN and "completer_retry_err +1" in pc["summary"] and "duplicate_request +40" in pc["summary"]
+    assert pc["verdict"] == WARN
+    assert "completer_retry_err +1" in pc["summary"] and "duplicate_request +40" in pc["summary"]
     sides = {s["side"]: s for s in pc["facts"]["sides"]}
     assert sides["local"]["counters_read"] >= 17 and sides["peer"]["device"] == "rxrb"
 

@@ -679,7 +679,8 @@ def test_gpu_lost_with_xid79_is_one_fault_named_once(tmp_path):
     g = gates(rep)
     assert g["gpu.errors"]["verdict"] == FAIL and g["gpu.errors"]["action"] == "REBOOT"
     for gid in ("gpu.memory", "gpu.sm-count", "gpu.clock-events"):
-        assert g[gid]["verdict"] == SKIP and g[gid]["summary"].startswith("not judged: gpu.errors failed (Xid 79"), g[gid]
+        assert g[gid]["verdict"] == SKIP, g[gid]
+        assert g[gid]["summary"].startswith("not judged: gpu.errors failed (Xid 79"), g[gid]
         assert "GPU 1 not readable" in g[gid]["summary"]
     assert "readable: GPU 0 NVIDIA H200: 140.4 GiB" in g["gpu.memory"]["summary"]
     roots = [(d["gate"], d["action"]) for d in rep["diagnosis"]]

@@ -149,7 +149,8 @@ def test_family_commands_and_all_agree_on_shared_gates(case):
 
 GB10_IMAGE = {"RepoTags": ["registry.example/afd/expert:2026.11"],
               "Config": {"Labels": {"afd.export.sm_count": "48"},
-                         "Env": ["CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0", "TORCH_CUDA_ARCH_LIST=12.0a"]}}
+                         "Env": ["CUDA_VERSION=13.0.1", "NVIDIA_REQUIRE_CUDA=cuda>=13.0",
+                                 "TORCH_CUDA_ARCH_LIST=12.0a"]}}
 
 
 def test_gpu_snapshot_with_image_judges_image_arch(tmp_path):
@@ -258,7 +259,8 @@ def test_expectations_are_resolved_once_with_their_source(tmp_path):
     assert ex.image.value == "img:1" and ex.role.value == "generic"
     ex = resolve(Inputs(launch_env={"AFD_ROLE": "expert"}, launch_env_path="e.env", expect_capacity=64), obs)
     assert (ex.sm_count.value, ex.sm_count.source) == (170, "image img:1 label afd.export.sm_count")
-    assert (ex.capacity_key.value, ex.capacity.value, ex.capacity.source) == ("AFD_EXPERT_CAPACITY", 64, "--expect-capacity")
+    assert (ex.capacity_key.value, ex.capacity.value, ex.capacity.source) == \
+        ("AFD_EXPERT_CAPACITY", 64, "--expect-capacity")
     ex = resolve(Inputs(), Observation(host="h", source="t", gpu=GpuFacts(expect_image_sm_count=132)))
     assert (ex.sm_count.value, ex.sm_count.source) == (132, "snapshot expect.image_sm_count") and ex.capacity is None
     # through the CLI: the report names what was expected, and the gate judged by it

@@ -18,6 +18,7 @@ while time.time() - t0 < float(sys.argv[1]):
     torch.cuda.synchronize()
     done += 20
     if time.time() - last > 5:
-        print(f"{time.time() - t0:6.1f} s: {2 * n ** 3 * done / (time.time() - t0) / 1e12:.0f} TFLOP/s average", flush=True)
+        tflops = 2 * n ** 3 * done / (time.time() - t0) / 1e12
+        print(f"{time.time() - t0:6.1f} s: {tflops:.0f} TFLOP/s average", flush=True)
         last = time.time()
 print(f"stopped after {time.time() - t0:.1f} s, {done} matmuls", flush=True)

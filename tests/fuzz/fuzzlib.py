@@ -423,7 +423,8 @@ def target_nested(data: bytes) -> None:
         root = Path(tmp) / "case"
         shutil.copytree(CASES / "fabric" / BASE_FABRIC_CASE, root, symlinks=True)
         (root / part).write_bytes(body)
-        _cli_promise(["all", "--json", "--no-history", "--snapshot", str(root), "--peer", "10.0.0.9", "--timeout", "20"])
+        _cli_promise(["all", "--json", "--no-history", "--snapshot", str(root), "--peer", "10.0.0.9",
+                      "--timeout", "20"])
         m = Path(tmp) / "merge.json"
         m.write_bytes(body)
         _cli_promise(["merge", "--json", str(m)])
@@ -645,7 +646,8 @@ def mutate(target: str, data: bytes, rng: random.Random) -> bytes:
         return json.dumps(_random_edits(rng, target == "snapshot")).encode()
     if target == "nested" and rng.random() < 0.3:
         depth = rng.choice([63, 64, 65, 200, 5000])
-        return bytes([rng.randrange(9)]) + (b"[" * depth + b"]" * depth if rng.random() < 0.5 else b'{"a":' * depth + b"0" + b"}" * depth)
+        nested = b"[" * depth + b"]" * depth if rng.random() < 0.5 else b'{"a":' * depth + b"0" + b"}" * depth
+        return bytes([rng.randrange(9)]) + nested
     if target == "tar" and rng.random() < 0.7:
         raw = _json_or_none(data)
         if isinstance(raw, list):
