@@ -197,7 +197,8 @@ def main() -> int:
     ap.add_argument("--devices", type=int, default=10000)
     ap.add_argument("--hung-timeout", type=float, default=2.0)
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/hostile-bench.json"))
-    ap.add_argument("--merge-hosts", type=int, default=3000, help="coordinators (and as many ranks) in the claimed merge")
+    ap.add_argument("--merge-hosts", type=int, default=3000,
+                    help="coordinators (and as many ranks) in the claimed merge")
     ap.add_argument("--only", choices=["merge"], help="run only the hostile merges (printed, not written to --out)")
     a = ap.parse_args()
     if a.only == "merge":

@@ -39,7 +39,8 @@ def run_json(args):
 
 def test_each_artifact_name_is_in_one_module_only():
     """A probe lives in one place: each JSON artifact's name is written in its probe's module only."""
-    owner = {a.name: e.module.partition(":")[0] for e in registry.PROBES for a in e.probe().artifacts if a.kind == "json"}
+    owner = {a.name: e.module.partition(":")[0] for e in registry.PROBES for a in e.probe().artifacts
+             if a.kind == "json"}
     owner[registry.CAPTURE_MANIFEST] = "afddiag.probes.registry"
     assert {"ip-addr.json", "rdma-dev.json", "image.json", "gpu.json", "limits.json", "versions.json"} <= set(owner)
     sources = {p: p.read_text(encoding="utf-8") for p in (REPO / "afddiag").rglob("*") if p.is_file()
