@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from afddiag import packaged
 from afddiag.exitcodes import CatalogError  # defined there so the CLI catches it without loading this module
 from afddiag.textlayout import wrap
 
@@ -44,16 +45,14 @@ def load() -> dict[str, Any]:
     Raises :class:`CatalogError` when checks/gates.toml is missing, unreadable or not valid TOML
     (a corrupt or stale twin is ignored, never an error).
     """
-    from afddiag.packaged import read_text
-
     try:
-        text = read_text("checks", "gates.toml")
+        text = packaged.read_text("checks", "gates.toml")
     except (OSError, UnicodeError) as e:
         raise CatalogError(f"gate catalog checks/gates.toml unreadable ({getattr(e, 'strerror', None) or e}): "
                            "reinstall afddiag (./scripts/setup.sh) or restore the file "
                            "(git checkout checks/gates.toml)") from None
     try:
-        twin = json.loads(read_text("checks", TWIN))
+        twin = json.loads(packaged.read_text("checks", TWIN))
         if twin.get("source_digest") == _digest(text):
             return twin["catalog"]
     except (OSError, ValueError, KeyError, AttributeError):  # no twin, or not ours: parse the TOML

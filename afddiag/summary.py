@@ -39,11 +39,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from afddiag.envvars import GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR
+from afddiag.expect import CAPACITY_KEYS
+from afddiag.model.gpu import LOAD_FIGURES
 from afddiag.textnum import digits
 
 SUMMARY_VERSION = 1
-CAPACITY_KEYS = ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY")
-LOAD_FIGURES = ("clock_sm_mhz", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -156,7 +157,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
                 prefixes.setdefault(addr, int(plen))
     cap = gf("launch.capacity")
     capacity = ({"key": cap["key"], "value": as_int(cap.get("value")), "set": bool(cap.get("set"))}
-                if cap.get("key") in CAPACITY_KEYS and as_int(cap.get("value")) is not None else None)
+                if cap.get("key") in CAPACITY_KEYS.values() and as_int(cap.get("value")) is not None else None)
     entry = _d(gf("fabric.rocev2-ipv4").get("entry"))
     mtu = gf("fabric.mtu")
     gpus = []
@@ -165,9 +166,7 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
             continue
         ul = _d(d.get("under_load"))
         gpus.append({"name": d.get("name"), "uuid": d.get("uuid"), "sm_count": as_int(d.get("sm_count")),
-                     "under_load": {k: _num(ul.get(k)) for k in LOAD_FIGURES if _num(ul.get(k)) is not None}})
-    from afddiag.envvars import GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR
-
+                     "under_load": {k: _num(ul.get(k)) for k, _ in LOAD_FIGURES if _num(ul.get(k)) is not None}})
     return {
         "summary_version": SUMMARY_VERSION,
         "role": inputs.get("role"),

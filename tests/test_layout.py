@@ -128,3 +128,173 @@ def test_a_gpu_run_never_loads_the_fabric_models():
                              check=True).stdout
         assert out.strip() == "[]", (target or "live", out)
 
+
+
+# ---------------------------------------------------------------- import direction and circles (issue 21)
+
+#: The layers, lowest first; a module may import its own layer or a lower one. probes and gates share a
+#: rank but never import each other (facts flow from probes to gates only through the model).
+LAYERS = {
+    "utilities": ("afddiag", "afddiag.atomic", "afddiag.baseline", "afddiag.bundle", "afddiag.catalog",
+                  "afddiag.envvars", "afddiag.exitcodes", "afddiag.packaged", "afddiag.playbook", "afddiag.proc",
+                  "afddiag.progress", "afddiag.reader", "afddiag.schema", "afddiag.termsafe", "afddiag.textlayout",
+                  "afddiag.textnum", "afddiag.fleet.validate"),
+    "model": ("afddiag.model", "afddiag.model.*", "afddiag.facts", "afddiag.verdict", "afddiag.expect",
+              "afddiag.endpoint", "afddiag.collect"),
+    "probes": ("afddiag.probes", "afddiag.probes.*"),
+    "gates": ("afddiag.gates", "afddiag.gates.*", "afddiag.diagnosis", "afddiag.summary"),
+    "runner": ("afddiag.runner", "afddiag.capture", "afddiag.fleet.inventory", "afddiag.fleet.judge",
+               "afddiag.fleet.ssh", "afddiag.slurm", "afddiag.baseline_record"),
+    # afddiag.fleet is the fleet's facade: it re-exports the runner's modules and the fleet table
+    "renderers": ("afddiag.render", "afddiag.report", "afddiag.prometheus", "afddiag.html", "afddiag.gidtable",
+                  "afddiag.history", "afddiag.fleet", "afddiag.fleet.table"),
+    "cli": ("afddiag.cli", "afddiag.commands", "afddiag.commands.*", "afddiag.__main__", "afddiag.entry"),
+}
+RANK = {"utilities": 0, "model": 1, "probes": 2, "gates": 2, "runner": 3, "renderers": 4, "cli": 5}
+
+#: Imports against the direction that another change is still removing: (importer, imported) -> why.
+#: Shrinks to nothing; do not add to it.
+UPWARD_ALLOWED = {
+    ("afddiag.runner", "afddiag.report"): "report.build (the report document) is the runner's; it moves with "
+                                          "the reporter table (issue 21, the cli part)",
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imported(mod: str, path: Path, node: ast.Import | ast.ImportFrom, mods: dict[str, Path]) -> list[str]:
+    """The afddiag modules one import statement names (``from afddiag.gates import gpu`` names the module
+    afddiag.gates.gpu; ``from afddiag.gates import Context`` the package)."""
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    else:
+        if node.level:
+            pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+            base = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+    out = []
+    for t in targets:
+        while t not in mods and "." in t:
+            t = t.rsplit(".", 1)[0]
+        if t in mods and t != mod:
+            out.append(t)
+    return out
+
+
+def _import_graph() -> dict[str, dict[str, list[int]]]:
+    """``{importer: {imported: [line, ...]}}`` over every import statement of afddiag/, at any depth
+    (function-level and ``TYPE_CHECKING`` ones included)."""
+    mods = _modules()
+    graph: dict[str, dict[str, list[int]]] = {m: {} for m in mods}
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for t in _imported(m, p, node, mods):
+                    graph[m].setdefault(t, []).append(node.lineno)
+    return graph
+
+
+def _layer(mod: str) -> str | None:
+    import fnmatch
+
+    return next((name for name, pats in LAYERS.items() if any(fnmatch.fnmatchcase(mod, p) for p in pats)), None)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in _modules() if _layer(m) is None] == []
+
+
+def test_imports_follow_the_layers():
+    """utilities < model < probes | gates < runner < renderers < cli, on every import statement."""
+    graph = _import_graph()
+    assert sum(len(v) for v in graph.values()) > 200  # the walk sees the package's imports
+    bad = []
+    for m, targets in graph.items():
+        for t, lines in targets.items():
+            a, b = _layer(m), _layer(t)
+            if a is None or b is None:
+                continue
+            sideways = {a, b} == {"probes", "gates"}
+            if (RANK[b] > RANK[a] or sideways) and (m, t) not in UPWARD_ALLOWED:
+                bad.append(f"{m} ({a}) imports {t} ({b}) at line {lines[0]}")
+    assert bad == []
+    stale = [k for k in UPWARD_ALLOWED if k[1] not in graph.get(k[0], {})]
+    assert stale == [], f"UPWARD_ALLOWED lists imports that are gone: remove {stale}"
+
+
+def _circles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(graph[w])))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circle():
+    assert _circles(_import_graph()) == []
+    # the search finds a circle when there is one
+    assert _circles({"a": {"b": [1]}, "b": {"c": [1]}, "c": {"a": [1]}, "d": {}}) == [["a", "b", "c"]]
+
+
+#: Modules whose afddiag imports are all at the top of the file (a function-level import of an afddiag
+#: module hides a dependency, and hid both circles this test now forbids). Grows as each area is done.
+TOP_LEVEL_ONLY = ("afddiag.gates", "afddiag.gates.*", "afddiag.diagnosis", "afddiag.catalog", "afddiag.summary",
+                  "afddiag.fleet.judge", "afddiag.fleet.table", "afddiag.verdict", "afddiag.textlayout")
+
+
+def test_afddiag_imports_at_the_top():
+    import fnmatch
+
+    mods = _modules()
+    late = []
+    for m, p in mods.items():
+        if not any(fnmatch.fnmatchcase(m, pat) for pat in TOP_LEVEL_ONLY):
+            continue
+        tree = ast.parse(p.read_text(), str(p))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top and _imported(m, p, node, mods):
+                late.append(f"{m}:{node.lineno}")
+    assert late == []

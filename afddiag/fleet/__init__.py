@@ -2,7 +2,8 @@
 by any other engine), then the cross-host gates (:mod:`afddiag.gates.fleet`) and one fleet table.
 
 Both commands share everything after collection: :func:`judge` turns a list of
-:class:`~afddiag.gates.fleet.HostResult` into the fleet report, :func:`write_fleet_table` renders it.
+:class:`~afddiag.gates.fleet.HostResult` into the fleet report, :func:`write_fleet_table`
+(:mod:`afddiag.fleet.table`) renders it.
 
 The package, along its seams (every public name is re-exported here, ``from afddiag.fleet import X``):
 
@@ -32,7 +33,6 @@ from afddiag.fleet.judge import (
                                      judge,
                                      load_reports,
                                      parse_report,
-                                     write_fleet_table,
 )
 from afddiag.fleet.ssh import (
                                      MAX_OUTPUT_MIB,
@@ -44,6 +44,7 @@ from afddiag.fleet.ssh import (
                                      collect,
                                      collect_async,
 )
+from afddiag.fleet.table import write_fleet_table
 from afddiag.gates.fleet import HostResult
 from afddiag.verdict import Verdict
 

@@ -1,16 +1,19 @@
 """What ``afddiag fleet`` and ``afddiag merge`` share after collection: per-host reports read and
 checked (:func:`parse_report`, :func:`load_reports`), the fleet gates run over them and the fleet
-report built (:func:`judge`), and the fleet table (:func:`write_fleet_table`)."""
+report built (:func:`judge`). The fleet table that renders it is :mod:`afddiag.fleet.table`."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from afddiag import __version__
+from afddiag.envvars import redact_report
+from afddiag.fleet.validate import report_problem
 from afddiag.gates.fleet import HostResult, run_fleet_gates
+from afddiag.model import to_jsonable
+from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, WARN
 
 FLEET_SCHEMA = "afddiag-fleet/1"  # kept in "schema" for readers of the first fleet reports
@@ -22,8 +25,6 @@ FLEET_SCHEMA_VERSION = 1  # afddiag/schema/fleet.schema.json
 def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | None]:
     """One host's stdout → ``(report, None)``, or ``(None, why)`` when it is not an afddiag report
     (not JSON, not an object, no ``schema_version``/``gates``)."""
-    from afddiag.reader import InputError, parse_json
-
     s = text.strip()
     if not s:
         return None, f"{where}: empty output"
@@ -34,8 +35,6 @@ def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | No
     why = _not_a_report(obj)
     if why:
         return None, f"{where}: {why}"
-    from afddiag.envvars import redact_report
-
     return redact_report(obj), None
 
 
@@ -43,8 +42,6 @@ def _not_a_report(obj: Any) -> str | None:
     """Why ``obj`` cannot be judged as one host's report (one line naming its first problem), else None:
     not an object, a fleet report, or a report that breaks ``report.schema.json`` (types, required
     fields, gate ids) or holds NaN (:func:`afddiag.fleet.validate.report_problem`)."""
-    from afddiag.fleet.validate import report_problem
-
     if not isinstance(obj, dict):
         return f"JSON {type(obj).__name__}, not an afddiag report object"
     if obj.get("kind") == "fleet" or obj.get("schema") == FLEET_SCHEMA:
@@ -69,9 +66,6 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
     nested deeper than its cap raises :class:`afddiag.reader.InputError` (the CLI's usage error)."""
     import hashlib
     import json
-
-    from afddiag.envvars import redact_report
-    from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 
     out: list[HostResult] = []
     names: dict[str, int] = {}
@@ -150,8 +144,6 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     invalid one), a host's gate or a fleet gate ERRORs; else 1 on any WARN; else 0. Hosts' codes come
     from their gates (:func:`_host_row`), never from the reports' own ``exit_code``. ``keep_reports`` embeds each per-host
     report under ``reports`` (for ``fleet --json``)."""
-    from afddiag.model import to_jsonable
-
     verdicts = run_fleet_gates(hosts, expect or {})
     rows = [_host_row(h) for h in hosts]
     seen = {v.verdict for v in verdicts}
@@ -175,53 +167,3 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     if keep_reports:
         out["reports"] = {h.name: h.report for h in hosts if h.ok}
     return out
-
-
-def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
-    """The fleet table: one row per host (status, exit, counts, failing gates or the error), then
-    one row per fleet gate with its remedy. Plain full-width text when ``out`` is not a terminal;
-    on a terminal (or at ``width``) rich tables whose cells fold, so 80 columns cut nothing. Names
-    and a remote's stderr are shown with control characters escaped (:mod:`afddiag.termsafe`)."""
-    from afddiag.render import COLORS, console_for, print_gate_table, wrap, write_gate_lines
-    from afddiag.termsafe import one_line
-
-    fr = one_line(fr)
-    out = out or sys.stdout
-
-    con = console_for(out, width)
-    w = max([len(r["name"]) for r in fr["hosts"]] + [4])
-    if con is None:
-        out.write(f"{'host':<{w}}  {'role':<12} {'collected':<9} exit  pass/warn/fail/skip/error  failing gates / error\n")
-        for r in fr["hosts"]:
-            c = r.get("counts") or {}
-            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
-            what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
-            out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<9} {r['exit_code']!s:<5} "
-                      f"{cnt:<26} {what}\n")
-        out.write("\n")
-        write_gate_lines(fr["gates"], out, 16)
-    else:
-        from rich import box
-        from rich.table import Table
-        from rich.text import Text
-
-        t = Table(title=Text(f"afddiag fleet — {len(fr['hosts'])} host(s) ({fr['source']})"), box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-        t.add_column("host", overflow="fold")
-        t.add_column("role", overflow="fold")
-        t.add_column("status", no_wrap=True)
-        t.add_column("exit", no_wrap=True)
-        t.add_column("p/w/f/s/e", overflow="fold")
-        t.add_column("failing gates / error", overflow="fold", ratio=1)
-        for r in fr["hosts"]:
-            c = r.get("counts") or {}
-            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
-            what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
-            t.add_row(Text(r["name"]), Text(str(r.get("role") or "-")), Text(r["status"], style="" if r["status"] == "ok"
-                      else COLORS["ERROR"]), Text(str(r["exit_code"])), Text(cnt), Text(str(what)))
-        con.print(t)
-        print_gate_table(con, fr["gates"], "cross-host gates")
-    c = fr["counts"]
-    line = (f"{fr['hosts_ok']} host(s) reported, {fr['hosts_error']} without a report; fleet gates: {c['PASS']} "
-            f"pass, {c['WARN']} warn, {c['FAIL']} fail, {c['SKIP']} skip, {c['ERROR']} error — exit {fr['exit_code']}")
-    out.write("".join(ln + "\n" for ln in (wrap(line, con.width, "", "  ") if con else [line])))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.catalog import remedy
+from afddiag.endpoint import fabric_entry
 from afddiag.envvars import (
     GID_INDEX_VARS,
     MAP_VAR,
@@ -83,8 +84,6 @@ def port_of(ctx: Context, e: Entry):
 
 def _best_carrier(ctx: Context) -> Entry | None:
     """The fabric IP's entry (:func:`afddiag.endpoint.fabric_entry`)."""
-    from afddiag.endpoint import fabric_entry
-
     return fabric_entry(ctx.obs.fabric, ctx.fabric_ip.ip)
 
 

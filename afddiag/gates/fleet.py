@@ -22,16 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag import summary
 from afddiag.catalog import remedy
+from afddiag.diagnosis import fill_actions
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, parse_device_map
+from afddiag.expect import CAPACITY_KEYS
 from afddiag.gates import declared, gate
+from afddiag.model.gpu import LOAD_FIGURES
+from afddiag.summary import as_int as _int  # one reading of an integer, with the summary
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 COORDINATOR = "coordinator"
-CAPACITY_KEYS = ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY")
 OUTLIER_FRACTION = 0.8  # a load figure below 80 % of the same-role median names the host
-LOAD_FIGURES = (("clock_sm_mhz", "MHz"), ("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"),
-                ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
 MAX_NAMED = 8  # hosts named in one summary before "and N more"
 
 
@@ -94,8 +96,6 @@ class HostResult:
         """The report's per-host summary (:mod:`afddiag.summary`; built from an older report that has
         none); {} without a report. The fleet gates read only this."""
         if self._summary is None:
-            from afddiag import summary
-
             self._summary = summary.of(self.report)
         return self._summary
 
@@ -159,8 +159,6 @@ def _minority(values: dict[str, Any]) -> tuple[Any, list[str]]:
     return common, [h for h, v in values.items() if v != common]
 
 
-from afddiag.summary import as_int as _int  # noqa: E402 - one reading of an integer, with the summary
-
 # ---------------------------------------------------------------- fleet.capacity
 
 @gate("fleet.capacity")
@@ -175,7 +173,7 @@ def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
             continue
         f = h.summary.get("capacity") or {}
         val = _int(f.get("value"))
-        if f.get("key") in CAPACITY_KEYS and val is not None:
+        if f.get("key") in CAPACITY_KEYS.values() and val is not None:
             flags[h.name] = (f["key"], val, bool(f.get("set")), h.summary.get("launch_env") or "?")
         else:
             unknown.append(h.name)
@@ -810,7 +808,5 @@ def run_fleet_gates(fleet: Fleet, expect: dict[str, Any] | None = None) -> list[
         except Exception as e:  # noqa: BLE001 - one broken gate must not hide the others
             out.append(Verdict(gate_id, ERROR, f"{gate_id}: gate failed on these reports ({type(e).__name__}: {e})",
                                "report this as an afddiag bug with the per-host reports attached"))
-    from afddiag.diagnosis import fill_actions
-
     fill_actions(out)  # every remedy carries its typed action
     return out

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 
 from afddiag.catalog import remedy
+from afddiag.expect import SM_LABEL  # noqa: F401 - image label holding the exported SM count
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, gate, probe_failed
 from afddiag.model import to_jsonable
+from afddiag.model.gpu import THROUGHPUT_FIGURES as THROUGHPUT
 from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names, is_own_process
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
@@ -20,7 +22,6 @@ IDLE_PSTATE = 8  # P8 and deeper are idle performance states; a compute load run
 POWER_LIMITED_FRACTION = 0.95  # under-load power at or above 95 % of the enforced limit: the power limiter holds the clock there
 POWER_CAPPED_FRACTION = 0.90  # ... or 90 % with SW power capping active under load (the limiter's averaging window)
 SW_POWER_CAP = 0x4
-THROUGHPUT = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"), ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
 
 
 def reason_names(mask: int | None) -> list[str]:
@@ -177,7 +178,6 @@ def present(ctx: Context, gate_id: str) -> Verdict:
                     "versions": g.versions, "notes": g.notes})
 
 
-from afddiag.expect import SM_LABEL  # noqa: E402,F401 - image label holding the exported SM count
 
 ARCH_LABEL = "afd.cuda_arch_list"  # image label; else the image's TORCH_CUDA_ARCH_LIST
 

@@ -4,7 +4,7 @@ process needs from the host (locked-memory limit, RDMA device nodes)."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.expect import CAPACITY_KEYS, OTHER_KEY  # noqa: E402,F401 - one table, with the expectations
+from afddiag.envvars import FLAG_WORDS
 from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
@@ -164,8 +164,6 @@ def memory_plan(ctx: Context, gate_id: str) -> Verdict:
     key = ctx.expect.value("capacity_key") or ""
     raw = le.get(key) if key else None
     cap = int(raw) if raw else int(pb.plan.get("default_capacity", ENGINE_DEFAULT_CAPACITY))
-    from afddiag.envvars import FLAG_WORDS
-
     d_raw = le.get("AFD_DRAFTER")
     drafter = FLAG_WORDS[d_raw.lower()] if d_raw else bool(pb.plan.get("drafter_default", True))
     r_raw = le.get("AFD_GPU_MEMORY_RESERVATION")

@@ -14,7 +14,7 @@ from afddiag.endpoint import resolve_fabric_ip
 from afddiag.gates import Context
 from afddiag.gates import gpu as gates_gpu
 from afddiag.gates import host as gates_host
-from afddiag.model.gpu import gpu_facts_from_readings
+from afddiag.model.gpu import THROUGHPUT_FIGURES, gpu_facts_from_readings
 from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import FAIL
 
@@ -53,8 +53,7 @@ def gpu_refusals(readings: dict[str, Any]) -> list[str]:
         ul = d.under_load
         assert ul is not None  # loaded: the GPUs with under-load figures
         fig = baseline.from_under_load({"clock_sm_mhz": ul.clock_sm_mhz, "power_mw": ul.power_mw,
-                                        "achieved": {k: getattr(ul, k) for k in
-                                                     ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")}})
+                                        "achieved": {k: getattr(ul, k) for k, _ in THROUGHPUT_FIGURES}})
         for k, v in fig.items():
             r = ref.get(k)
             if k != "power_mw_under_load" and isinstance(r, (int, float)) and v < baseline.FLOOR_FRACTION * r:

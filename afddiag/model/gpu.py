@@ -111,6 +111,14 @@ def busy_evidence(processes: Any, utilization_pct: Any, own_pids: set[int] | fro
     return out
 
 
+#: The load probe's throughput figures (fields of :class:`UnderLoad`) with their units, and every figure a
+#: GPU is compared by under load (the SM clock first): the one list the gates, the summary and the
+#: baseline refusals read.
+THROUGHPUT_FIGURES: tuple[tuple[str, str], ...] = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"),
+                                                   ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
+LOAD_FIGURES: tuple[tuple[str, str], ...] = (("clock_sm_mhz", "MHz"), *THROUGHPUT_FIGURES)
+
+
 @dataclass
 class UnderLoad:
     """Readings taken while the GPU was busy (a load probe or a recorded serving load)."""
