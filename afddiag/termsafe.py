@@ -8,8 +8,9 @@ Every renderer goes through it:
   clear the screen), bidi controls (U+202E and friends: text that reads in another order than it is)
   and lone surrogates (a non-UTF-8 name read from sysfs) as escapes (``\\x1b``, ``\\u202e``,
   ``\\udcff``); a field's newline is shown as ``\\n`` so one value never splits a row;
-- rich: :func:`text` gives a ``rich.text.Text`` (never markup), and :func:`afddiag.render.console_for`
-  makes consoles with markup off, so ``spark-b[/bold]`` prints as it is;
+- rich: tables take ``rich.text.Text`` cells and titles, :func:`afddiag.render.console_for` makes
+  consoles with markup off and the progress bar's labels are plain text, so ``spark-b[/bold]`` prints
+  as it is;
 - HTML: :func:`html` (escaped, then cleaned);
 - CSV: :func:`csv_cell` also neutralises a cell a spreadsheet would run as a formula (``= + - @``);
 - shell and env lines: :func:`shell_word_problem` says why a name may not be printed for a shell
@@ -45,13 +46,6 @@ def line(value: Any) -> str:
     """One value on one line: ``str(value)`` :func:`clean`-ed with its newlines (and tabs) escaped.
     For a table cell, a name in a message, a field of a plain row."""
     return clean("" if value is None else str(value), keep_newlines=False).replace("\t", "\\t")
-
-
-def text(value: Any, style: str = "") -> Any:
-    """A rich ``Text`` of :func:`line` (``value`` is never read as markup), with ``style``."""
-    from rich.text import Text
-
-    return Text(line(value), style=style)
 
 
 def html(value: Any) -> str:
