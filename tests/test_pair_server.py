@@ -70,9 +70,12 @@ def _client(port, key=None, timeout_s=4.0):
     return pm.pair("127.0.0.1", port, timeout_s=timeout_s, fabric=FabricFacts(), key=key, sizes=(64,))
 
 
-def _mac(key: bytes, label: bytes, first: str, second: str) -> str:
-    """The proof as the protocol defines it (HMAC-SHA256 over label + both nonces), computed here."""
-    return hmac.new(key, label + bytes.fromhex(first) + bytes.fromhex(second), hashlib.sha256).hexdigest()
+def _mac(key: bytes, label: bytes, first: str, second: str, hello: dict) -> str:
+    """The proof as the protocol defines it (HMAC-SHA256 over label, both nonces and the sender's QP
+    fields qpn, psn, gid, mtu, addr, rkey as a compact JSON list), computed here."""
+    bound = json.dumps([hello.get(k) for k in ("qpn", "psn", "gid", "mtu", "addr", "rkey")], separators=(",", ":"))
+    return hmac.new(key, label + bytes.fromhex(first) + bytes.fromhex(second) + bound.encode(),
+                    hashlib.sha256).hexdigest()
 
 
 def _read_line(s: socket.socket) -> dict:
@@ -125,31 +128,35 @@ def test_a_client_with_the_key_refuses_a_server_without_one(fake_rail):
     assert "asks for the pair key" in s.refused[0].reason
 
 
-def test_a_proof_for_one_challenge_is_refused_on_another_connection(fake_rail):
+def test_a_proof_for_one_challenge_or_other_qp_fields_is_refused(fake_rail):
     """Each connection gets its own server nonce: a proof recorded on one connection (a replay) does
-    not open another; the right proof on the first still does. Both wait at the door together."""
+    not open another, nor does a proof for other QP fields (a relay pointing the server's QP at its
+    own); the right proof on the first still does. All wait at the door together."""
     port = _free_port()
     t, box = _serve(port, key=KEY, timeout_s=8.0)
     nonce = "ab" * 32
-    a, b = _connect(port), _connect(port)
+    mine = {**HELLO, "nonce": nonce}
+    a, b, c = _connect(port), _connect(port), _connect(port)
     try:
-        for s in (a, b):
+        for s, hello in ((a, mine), (b, mine), (c, {**mine, "qpn": 18})):
             s.settimeout(5)
-            s.sendall(_line({**HELLO, "nonce": nonce}))
-        ca, cb = _read_line(a), _read_line(b)
-        assert ca["op"] == cb["op"] == "challenge" and ca["nonce"] != cb["nonce"]
-        b.sendall(_line({"op": "auth", "mac": _mac(KEY, pm.AUTH_CLIENT, ca["nonce"], nonce)}))  # a's proof on b
+            s.sendall(_line(hello))
+        ca, cb, cc = _read_line(a), _read_line(b), _read_line(c)
+        assert ca["op"] == cb["op"] == cc["op"] == "challenge" and len({ca["nonce"], cb["nonce"], cc["nonce"]}) == 3
+        b.sendall(_line({"op": "auth", "mac": _mac(KEY, pm.AUTH_CLIENT, ca["nonce"], nonce, mine)}))  # a's on b
         assert "does not match" in _read_line(b)["error"]
-        a.sendall(_line({"op": "auth", "mac": _mac(KEY, pm.AUTH_CLIENT, ca["nonce"], nonce)}))
+        c.sendall(_line({"op": "auth", "mac": _mac(KEY, pm.AUTH_CLIENT, cc["nonce"], nonce, mine)}))  # qpn 17's
+        assert "does not match" in _read_line(c)["error"]
+        a.sendall(_line({"op": "auth", "mac": _mac(KEY, pm.AUTH_CLIENT, ca["nonce"], nonce, mine)}))
         hello = _read_line(a)
-        assert hello["qpn"] == 33 and hello["mac"] == _mac(KEY, pm.AUTH_SERVER, nonce, ca["nonce"])
+        assert hello["qpn"] == 33 and hello["mac"] == _mac(KEY, pm.AUTH_SERVER, nonce, ca["nonce"], hello)
         assert _read_line(a)["op"] == "rts"
         a.sendall(_line({"op": "bye"}))
         s = _ended(t, box, 10, error=False)
     finally:
-        a.close()
-        b.close()
-    assert s.pair_key and s.refused_total == 1 and "does not match" in s.refused[0].reason
+        for sock in (a, b, c):
+            sock.close()
+    assert s.pair_key and s.refused_total == 2 and all("does not match" in r.reason for r in s.refused)
 
 
 @pytest.mark.parametrize("replies,words", [

@@ -37,9 +37,10 @@ write of the control channel ends at the session deadline.
 
 The pair key (protocol 3): the client's hello carries ``nonce`` (32 random bytes, hex); the server
 answers ``{"op": "challenge", nonce}``; the client sends ``{"op": "auth", mac}`` = HMAC-SHA256(key,
-"client proof" label + server nonce + client nonce); the server checks it (``hmac.compare_digest``)
-and its hello carries ``mac`` = HMAC-SHA256(key, "server proof" label + client nonce + server nonce),
-which the client checks. Fresh nonces per connection: a recorded proof opens nothing.
+"client proof" label + server nonce + client nonce + the client hello's QP fields); the server checks
+it (``hmac.compare_digest``) and its hello carries ``mac`` = HMAC-SHA256(key, "server proof" label +
+client nonce + server nonce + its own QP fields), which the client checks (:func:`_mac`). Fresh nonces
+per connection: a recorded proof opens nothing; the QP fields covered: a relay cannot redirect the QPs.
 
 Handshake protocol 2 (compatible): the client's first line says ``"proto": 2, "mode": "phases" |
 "bandwidth"``, the server's says ``"proto": 2, "modes": [...]``. A protocol-1 server (no ``modes``)
@@ -519,10 +520,17 @@ def load_key(path: str) -> bytes:
     return key
 
 
-def _mac(key: bytes, label: bytes, first_nonce: str, second_nonce: str) -> str:
-    """HMAC-SHA256 (hex) of ``label`` and two nonces (hex text): a side's proof that it holds ``key``;
-    the label keeps the server's proof from serving as a client's."""
-    return hmac.new(key, label + bytes.fromhex(first_nonce) + bytes.fromhex(second_nonce), hashlib.sha256).hexdigest()
+#: The handshake fields a proof covers: whoever relays a proven session cannot point its QPs elsewhere.
+AUTH_BOUND = ("qpn", "psn", "gid", "mtu", "addr", "rkey")
+
+
+def _mac(key: bytes, label: bytes, first_nonce: str, second_nonce: str, hello: dict[str, Any]) -> str:
+    """HMAC-SHA256 (hex) of ``label``, two nonces (hex text) and the sender's handshake fields
+    :data:`AUTH_BOUND` (compact JSON list, null where absent): a side's proof that it holds ``key``.
+    The label keeps the server's proof from serving as a client's."""
+    bound = json.dumps([hello.get(k) for k in AUTH_BOUND], separators=(",", ":")).encode()
+    return hmac.new(key, label + bytes.fromhex(first_nonce) + bytes.fromhex(second_nonce) + bound,
+                    hashlib.sha256).hexdigest()
 
 
 def _nonce(msg: dict[str, Any], key: str, what: str) -> str:
@@ -720,7 +728,7 @@ class _Admission:
         if msg.get("op") != "auth" or not isinstance(msg.get("mac"), str):
             raise PairError(f"expected the client's proof of the pair key, got {line[:60]!r}")
         assert p.server_nonce is not None and self.key is not None
-        want = _mac(self.key, AUTH_CLIENT, p.server_nonce, p.hello["nonce"])
+        want = _mac(self.key, AUTH_CLIENT, p.server_nonce, p.hello["nonce"], p.hello)
         if not hmac.compare_digest(msg["mac"].encode("utf-8", "replace"), want.encode()):
             raise PairError("the client's proof does not match this server's pair key (a different --pair-key file)")
         return self._admitted(p, p.hello)
@@ -770,7 +778,7 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
         hello_out = _hello(r, facts)
         if key is not None:
             assert got.client_nonce is not None and got.server_nonce is not None
-            hello_out["mac"] = _mac(key, AUTH_SERVER, got.client_nonce, got.server_nonce)
+            hello_out["mac"] = _mac(key, AUTH_SERVER, got.client_nonce, got.server_nonce, hello_out)
             facts.pair_key = True
         ch.send(hello_out)
         _session(r, ch, got.hello, facts, deadline, budget)
@@ -1181,7 +1189,8 @@ def _client_handshake(ch: _Chan, hello: dict[str, Any], key: bytes | None, facts
     proof. Returns the server's handshake (checked by :func:`_peer_hello`); :class:`PairError` names a
     refusal, a server without the key or with another, or a bad line."""
     nonce = secrets.token_hex(NONCE_HEX // 2) if key is not None else None
-    ch.send({**hello, "nonce": nonce} if nonce else hello)
+    hello = {**hello, "nonce": nonce} if nonce else hello
+    ch.send(hello)
     msg = ch.recv()
     _refusal(msg, facts)
     if key is None or nonce is None:
@@ -1192,12 +1201,12 @@ def _client_handshake(ch: _Chan, hello: dict[str, Any], key: bytes | None, facts
         raise PairError(f"the server at {facts.peer} did not ask for the pair key: it was started without "
                         "--pair-key (it would take any client) or is not afddiag; give both sides the same --pair-key")
     server_nonce = _nonce(msg, "nonce", "the server's challenge")
-    ch.send({"op": "auth", "mac": _mac(key, AUTH_CLIENT, server_nonce, nonce)})
+    ch.send({"op": "auth", "mac": _mac(key, AUTH_CLIENT, server_nonce, nonce, hello)})
     msg = ch.recv()
     _refusal(msg, facts)
     proof = msg.get("mac")
     if not isinstance(proof, str) or not hmac.compare_digest(proof.encode("utf-8", "replace"),
-                                                             _mac(key, AUTH_SERVER, nonce, server_nonce).encode()):
+                                                             _mac(key, AUTH_SERVER, nonce, server_nonce, msg).encode()):
         raise PairError(f"the server at {facts.peer} did not prove the pair key: not the server you meant, or "
                         "another key")
     facts.pair_key = True

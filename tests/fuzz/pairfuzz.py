@@ -132,14 +132,17 @@ def _chunks(data: bytes) -> tuple[bool, list[Any]]:
 
 def _send_all(sock: socket.socket, items: list[Any], said: list[bytes]) -> None:
     """Send ``items``; at "$PROOF"/"$BADPROOF" wait (briefly) for the challenge and answer it."""
-    client_nonce = next((x.get("nonce") for x in items if isinstance(x, dict) and isinstance(x.get("nonce"), str)), "")
+    hello = next((x for x in items if isinstance(x, dict) and isinstance(x.get("nonce"), str)), {})
     for x in items:
         if x in ("$PROOF", "$BADPROOF"):
             nonce = _challenge(sock, said)
+            bound = json.dumps([hello.get(k) for k in ("qpn", "psn", "gid", "mtu", "addr", "rkey")],
+                               separators=(",", ":")).encode()
             try:
                 mac = hmac.new(KEY if x == "$PROOF" else b"not the key", b"afddiag pair key: client proof\0"
-                               + bytes.fromhex(nonce) + bytes.fromhex(client_nonce), hashlib.sha256).hexdigest()
-            except ValueError:
+                               + bytes.fromhex(nonce) + bytes.fromhex(hello.get("nonce", "")) + bound,
+                               hashlib.sha256).hexdigest()
+            except (ValueError, TypeError):
                 mac = "00" * 32
             sock.sendall(json.dumps({"op": "auth", "mac": mac}).encode() + b"\n")
         elif isinstance(x, str):
