@@ -152,8 +152,8 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     if not out["model"]:  # aarch64 (Grace, GB10) has no model name line: name the machine instead
         for path in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
             try:
-                with open(path, "rb") as f:
-                    out["model"] = f.read().rstrip(b"\0\n").decode(errors="replace") + " CPU"
+                with open(path, "rb") as fb:
+                    out["model"] = fb.read().rstrip(b"\0\n").decode(errors="replace") + " CPU"
                 break
             except OSError:
                 continue

@@ -175,9 +175,9 @@ def _read_cuda(run: GpuRead) -> None:
 
 
 def _worker(run: GpuRead, side: str, read: Any, part: dict[str, Any], timings: dict[str, float]) -> None:
-    """One side of the probe (``side`` "nvml": :func:`read_nvml`, "cuda": :func:`_read_cuda`) in its own thread: the two driver
-    libraries initialise independently, so NVML's init and device reads overlap ``cuInit`` (the
-    slowest step on a discrete GPU) instead of following it. Records the side's wall time in
+    """One side of the probe (``side`` "nvml": :func:`read_nvml`, "cuda": :func:`_read_cuda`) in its own
+    thread: the two driver libraries initialise independently, so NVML's init and device reads overlap
+    ``cuInit`` (the slowest step on a discrete GPU) instead of following it. Records the side's wall time in
     ``timings`` (ms)."""
     t0 = time.monotonic()
     try:
@@ -259,8 +259,8 @@ def read_gpu(
       ``nvmlSystemGetCudaDriverVersion_v2`` (same encoding) when CUDA is not read or did not answer.
     - ``cuda_view``: ``{"read": bool, "why": str | None}``: whether the CUDA driver was asked, and why
       (or why not).
-    - ``versions``: ``kernel`` (``uname(2)`` release, as ``platform.release()``), ``bios`` (``/sys/class/dmi/id/bios_version``),
-      ``nvml`` (``nvmlSystemGetNVMLVersion``).
+    - ``versions``: ``kernel`` (``uname(2)`` release, as ``platform.release()``), ``bios``
+      (``/sys/class/dmi/id/bios_version``), ``nvml`` (``nvmlSystemGetNVMLVersion``).
     - ``devices`` (list), NVML index order, NVML and CUDA joined by UUID:
 
       - ``index`` (NVML index; the CUDA ordinal for a device NVML did not list), ``name``
@@ -303,7 +303,8 @@ def read_gpu(
       bound; None when it could not be read. ``xid_source``: the path read, else why not
       (``"not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"``).
     - ``timings_ms``: wall time of each part, ms: ``nvml_ms`` (nvmlInit to nvmlShutdown), ``cuda_ms``
-      (dlopen, cuInit, attributes; absent when CUDA is not read), ``xid_ms`` (the kernel log); NVML and CUDA run in parallel threads.
+      (dlopen, cuInit, attributes; absent when CUDA is not read), ``xid_ms`` (the kernel log); NVML and
+      CUDA run in parallel threads.
     - ``notes`` (list of str): what could not be read, and why.
     - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
       no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``

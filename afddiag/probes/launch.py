@@ -34,9 +34,9 @@ def image_from_inspect(data: object, ref: str | None, source: str) -> ImageFacts
     obj = data[0] if isinstance(data, list) and data else data
     if not isinstance(obj, dict):
         return ImageFacts(ref=ref, source=source, why=f"{source}: not an image inspect object")
-    cfg = obj.get("Config") if isinstance(obj.get("Config"), dict) else {}
-    labels = cfg.get("Labels") if isinstance(cfg.get("Labels"), dict) else {}
-    tags = obj.get("RepoTags") if isinstance(obj.get("RepoTags"), list) else []
+    cfg = obj["Config"] if isinstance(obj.get("Config"), dict) else {}
+    labels = cfg["Labels"] if isinstance(cfg.get("Labels"), dict) else {}
+    tags = obj["RepoTags"] if isinstance(obj.get("RepoTags"), list) else []
     return ImageFacts(ref=ref or (tags[0] if tags else obj.get("Id")), source=source,
                       labels={str(k): str(v) for k, v in labels.items()}, env=_env_list(cfg.get("Env")))
 

@@ -210,7 +210,8 @@ def _nvml_sampler(st: _State) -> None:
             st.device["clock_sm_max_mhz"] = nv.nvmlDeviceGetMaxClockInfo(handle, clock_sm)
         except Exception as e:  # noqa: BLE001
             st.note(f"NVML: nvmlDeviceGetMaxClockInfo failed: {e}")
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons_fn = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                      or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
         reads: dict[str, Callable[[], Any]] = {
             "clock_sm_mhz": lambda: nv.nvmlDeviceGetClockInfo(handle, clock_sm),
             "power_mw": lambda: nv.nvmlDeviceGetPowerUsage(handle),
@@ -600,7 +601,8 @@ def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = Fal
             busy = busy_evidence((before or {}).get("processes"), (before or {}).get("utilization_pct"),
                                  {own_pid} if isinstance(own_pid, int) else set())
             if skip_busy and busy and pre is not None:
-                pre["under_load"] = {"why": f"not run: GPU busy ({'; '.join(busy)}); `afddiag gpu --load` runs it anyway",
+                pre["under_load"] = {"why": f"not run: GPU busy ({'; '.join(busy)}); "
+                                            "`afddiag gpu --load` runs it anyway",
                                      "busy_before": before}
                 continue
             ul = run_load_probe(ordinal, budget_s)

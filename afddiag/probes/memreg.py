@@ -91,9 +91,9 @@ def read_cma(root: str = "/") -> dict[str, Any]:
                 out["cma_total_kb" if key == "CmaTotal" else "cma_free_kb"] = int(rest.split()[0])
     except OSError as e:
         out["notes"].append(f"{r / 'proc/meminfo'}: {e.strerror or e}")
-    line, why = _read_first_line(r / "proc/cmdline")
-    if line is not None:
-        out["kho_off"] = "kho=off" in line.split()
+    cmdline, why = _read_first_line(r / "proc/cmdline")
+    if cmdline is not None:
+        out["kho_off"] = "kho=off" in cmdline.split()
     elif why:
         out["notes"].append(why)
     out["kernel_release"], _ = _read_first_line(r / "proc/sys/kernel/osrelease")

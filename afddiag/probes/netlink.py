@@ -227,7 +227,7 @@ def parse_ip_addr_json(data: object) -> dict[str, Netdev]:
             mtu=link["mtu"] if isinstance(link.get("mtu"), int) else None,
             operstate=str(link["operstate"]).lower() if link.get("operstate") else None,
         )
-        for a in link.get("addr_info") if isinstance(link.get("addr_info"), list) else []:
+        for a in link["addr_info"] if isinstance(link.get("addr_info"), list) else []:
             if not isinstance(a, dict) or not a.get("local"):
                 continue
             plen = a.get("prefixlen")

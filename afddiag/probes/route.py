@@ -13,10 +13,11 @@ Sources, live (root ``/``):
 - ``/proc/sys/net/ipv4/conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` (the kernel uses
   the larger of "all" and the interface's value for each: Documentation/networking/ip-sysctl.rst).
 
-In a replay the same readings come from the snapshot (:data:`PROBE`'s artifacts); without a recorded ``ip route get`` the lookup is redone from the tables: the policy rules
-in priority order (:func:`lookup_policy`, as the kernel's ``fib_rules_lookup``), each rule's table
-by longest prefix then lowest metric; without recorded rules, the main table alone. Never raises:
-what cannot be read is None with a note.
+In a replay the same readings come from the snapshot (:data:`PROBE`'s artifacts); without a recorded
+``ip route get`` the lookup is redone from the tables: the policy rules in priority order
+(:func:`lookup_policy`, as the kernel's ``fib_rules_lookup``), each rule's table by longest prefix then
+lowest metric; without recorded rules, the main table alone. Never raises: what cannot be read is None
+with a note.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def lookup_policy(peer: str, src: str | None, rules: list[dict[str, Any]], table
     return RouteResult(peer, error="Network is unreachable (no policy rule's table has a route)", source=label)
 
 
-def _longest_prefix(peer: str, rows: list[dict[str, Any]], types: tuple[str, ...] = ("unicast",)) -> dict[str, Any] | None:
+def _longest_prefix(peer: str, rows: list[dict[str, Any]],
+                    types: tuple[str, ...] = ("unicast",)) -> dict[str, Any] | None:
     addr = ipaddress.IPv4Address(peer)
     best: tuple[int, int, dict[str, Any]] | None = None
     for r in rows:
@@ -270,7 +272,8 @@ def lookup_table(peer: str, table: list[dict[str, Any]], src: str = "route table
     except ValueError:
         return RouteResult(peer, error=f"{peer!r} is not IPv4", source=src)
     # `ip -j route show table all` also lists local, broadcast and policy tables: the main table only
-    r = _longest_prefix(peer, [x for x in table if isinstance(x, dict) and table_name(x.get("table", "main")) == "main"])
+    r = _longest_prefix(peer, [x for x in table
+                               if isinstance(x, dict) and table_name(x.get("table", "main")) == "main"])
     if r is None:
         return RouteResult(peer, error="Network is unreachable (no matching route)", source=src)
     return RouteResult(peer, dev=r.get("dev"), src=r.get("prefsrc"), via=r.get("gateway"), source=src)
@@ -330,7 +333,10 @@ def routes_from_table(peers: list[str], table: Any, src: str = "route table (lon
     return [lookup_table(p, table if isinstance(table, list) else [], src) for p in peers]
 
 
-def read_sysctls(root: str, netdevs: list[str]) -> tuple[dict[str, dict[str, int | None]], dict[str, dict[str, int | None]]]:
+SysctlsByNetdev = dict[str, dict[str, int | None]]  # netdev ("all" too) → sysctl name → value (None: unread)
+
+
+def read_sysctls(root: str, netdevs: list[str]) -> tuple[SysctlsByNetdev, SysctlsByNetdev]:
     """Raw ``conf/{all,<netdev>}/{arp_ignore,arp_announce,rp_filter}`` under ``root`` and the
     effective value per netdev (max of "all" and the netdev's; None when either is unread)."""
     base = os.path.join(root, "proc/sys/net/ipv4/conf")
