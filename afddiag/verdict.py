@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from afddiag.exitcodes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EXIT_WARN  # noqa: F401 - re-exported
+from afddiag.exitcodes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EXIT_WARN
+
+__all__ = ["ERROR", "EXIT_ERROR", "EXIT_FAIL", "EXIT_OK", "EXIT_USAGE", "EXIT_WARN", "FAIL", "PASS", "SKIP",
+           "VERDICTS", "WARN", "Verdict", "exit_code"]  # the exit codes re-exported, with the verdicts they sum
 
 PASS, WARN, FAIL, SKIP, ERROR = "PASS", "WARN", "FAIL", "SKIP", "ERROR"
 VERDICTS = (PASS, WARN, FAIL, SKIP, ERROR)

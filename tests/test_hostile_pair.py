@@ -225,7 +225,7 @@ def test_a_port_scan_does_not_take_the_session_and_the_facts_stay_bounded(fake_r
     port = _free_port()
     t, box = _serve(port, timeout_s=30)
     for _ in range(pm.REFUSED_KEPT + 8):
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        _connect(port).close()  # the first waits for the server thread to listen
     time.sleep(0.3)  # the last closes reach the server before the client below
     _hostile_client(port, HELLO, _line({"op": "bye"}))
     f = _ended(t, box, 35, error=False)
