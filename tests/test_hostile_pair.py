@@ -550,3 +550,21 @@ def test_the_lab_fixtures_are_consistent():
     for p in sorted(FIX.glob("bw-*.json")):
         f = pair_facts(json.loads(p.read_text()))
         assert bandwidth_problem(f.bandwidth, f.link_speed_mbps) is None, p.name
+
+
+def test_the_door_admits_a_bounded_number_of_connections_at_once(fake_rail):
+    """ADMIT_PENDING silent connections fill the door: the next is refused at once (nothing held for
+    it); once they close, the expected client is served."""
+    port = _free_port()
+    t, box = _serve(port, timeout_s=20)
+    silent = [_connect(port) for _ in range(pm.ADMIT_PENDING)]
+    time.sleep(0.3)  # all of them accepted
+    _, extra = _hostile_session(port)
+    for s in silent:
+        s.close()
+    time.sleep(0.3)
+    _hostile_client(port, HELLO, _line({"op": "bye"}))
+    f = _ended(t, box, 25, error=False)
+    by_port = {c.port: c.reason for c in f.refused}
+    assert f"{pm.ADMIT_PENDING} connections were already being admitted" in by_port[extra]
+    assert f.refused_total == pm.ADMIT_PENDING + 1 and f.peer_qp_num == HELLO["qpn"]
