@@ -92,7 +92,8 @@ LAT_ITERS = 20
 BW_COUNT = 16
 QUEUE_DEPTH = 32
 PROTO = 3  # handshake protocol: 1 = phases only (no "proto" key); 2 adds "modes"/"mode" and the bandwidth run;
-# 3 adds the server's refusal line ({"error"}) and the pair key's challenge-response ("nonce", "challenge", "auth", "mac")
+# 3 adds the server's refusal line ({"error"}) and the pair key's challenge-response ("nonce", "challenge", "auth",
+# "mac")
 MODES = ("phases", "bandwidth")
 # The bandwidth run: payload Gb/s = 1e9 bits/s.
 BW_SECONDS = 5.0  # per rail
@@ -460,7 +461,9 @@ def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: Pa
 def _rail_netdev(fabric: FabricFacts | None, dev: str, port: int, gid_index: int) -> tuple[str | None, int | None]:
     """The netdev of ``dev``/``port``'s GID ``gid_index`` (gid_attrs/ndevs) and its speed in Mb/s
     (/sys/class/net/<if>/speed as the fabric probe read it), None where unknown."""
-    for d in (fabric.devices if fabric else []):
+    if fabric is None:
+        return None, None
+    for d in fabric.devices:
         for p in d.ports:
             for g in p.gids:
                 if d.name == dev and p.num == port and g.index == gid_index and g.netdev:
@@ -516,7 +519,8 @@ def load_key(path: str) -> bytes:
     key = read_secret(path, KEY_MAX_BYTES).strip()
     if len(key) < KEY_MIN_BYTES:
         raise ValueError(f"{path}: holds {len(key)} bytes, a pair key needs at least {KEY_MIN_BYTES}: write one "
-                         f"with `head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}` and copy it to both hosts")
+                         f"with `head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}` and copy it to both "
+                         "hosts")
     return key
 
 
@@ -929,15 +933,15 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
         for i, (qp, psn) in enumerate(zip(qps, psns, strict=True)):
             r.connect({**hello, "qpn": int(peers[i]["qpn"]), "psn": int(peers[i]["psn"])}, qp, psn)
             bw.per_qp.append(RailQp(i, qp.qp_num, int(peers[i]["qpn"])))
-        ch.send({"qps": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns, strict=True)], "addr": mr.buf, "rkey": mr.rkey,
-                 "len": mr.length})
+        ch.send({"qps": [{"qpn": q.qp_num, "psn": p} for q, p in zip(qps, psns, strict=True)], "addr": mr.buf,
+                 "rkey": mr.rkey, "len": mr.length})
         bw.stage = "run"
         done = ch.recv()  # the client's end of run (bounded by the session deadline)
         if done.get("op") != "bw_done":
             raise PairError(f"expected the client's end of the bandwidth run, got {str(done)[:200]}")
         bw.stage = "verify"
-        seeds = done.get("seeds") if isinstance(done.get("seeds"), list) else []
-        seeds = seeds if all(isinstance(sd, int) and not isinstance(sd, bool) and 0 <= sd <= 255 for sd in seeds) else []
+        sent = done["seeds"] if isinstance(done.get("seeds"), list) else []
+        seeds = sent if all(isinstance(sd, int) and not isinstance(sd, bool) and 0 <= sd <= 255 for sd in sent) else []
         ok = len(seeds) == spec.qps and all(
             mr.read(spec.size, i * spec.size) == _pattern(spec.size, int(sd)) for i, sd in enumerate(seeds))
         local = _local_delta(facts, before)
