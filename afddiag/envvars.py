@@ -247,8 +247,6 @@ def parse_env_file(text: str) -> dict[str, str]:
     return out
 
 
-LAUNCH_KEYS = ("AFD_ROLE", "AFD_FABRIC_IP", "AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY", "AFD_PEER_FABRIC_IPS",
-               "AFD_IMAGE", "AFD_IMAGE_SM_COUNT", MAP_VAR)
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

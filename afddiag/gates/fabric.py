@@ -4,8 +4,6 @@ The rail gates (link speed, a rail's bandwidth, its port counters) are in :mod:`
 
 from __future__ import annotations
 
-from typing import Any
-
 from afddiag.catalog import remedy
 from afddiag.endpoint import fabric_entry
 from afddiag.envvars import (
@@ -13,11 +11,10 @@ from afddiag.envvars import (
     MAP_VAR,
     NCCL_HCA_VAR,
     WATCHED,
-    format_device_map,
     parse_device_map,
-    parse_nccl_hca,
 )
-from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, gate, not_probed, probe_failed
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, not_probed, probe_failed
+from afddiag.gates.devicemap import gid_slot
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import (
     ROCE_V2,
@@ -26,12 +23,10 @@ from afddiag.model.fabric import (
     carriers,
     errno_words,
     ipv4_entries,
-    is_link_local_v4,
     order_known,
     rocev2_carriers,
     usable_rocev2,
 )
-from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -96,10 +91,6 @@ def carrier_entry(ctx: Context, gate_id: str) -> Entry | Verdict:
         return Verdict(gate_id, SKIP, f"fabric IP {ctx.fabric_ip.ip}: no port carries it, so nothing to judge "
                        "(see fabric.rocev2-ipv4)", remedy("fabric.rocev2-ipv4"))
     return e
-
-
-def _where(e: Entry) -> str:
-    return f"{e.device} port {e.port} GID {e.gid_index} ({e.gid_type or 'type unknown'}, {e.netdev})"
 
 
 @gate("fabric.rdma-present")
@@ -209,7 +200,7 @@ ROCE_V1_REMEDY = ("the HCA offers this address only as RoCE v1: enable RoCE v2 o
 def _roce_v1_only(gate_id: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
     """FAIL: the IPv4 address is offered only as RoCE v1 GIDs (e.g. mlx4 ConnectX-3): the HCA's RoCE mode
     is the fault, not the address (action HW_INSPECTION; no address fix)."""
-    where = "; ".join(f"{_where(e)}, port {e.port_state}" for e in entries)
+    where = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in entries)
     head = f"fabric IP {ip}: " if ip else "no IPv4 RoCE v2 GID: "
     return Verdict(gate_id, FAIL, f"{head}only as RoCE v1: {where}", ROCE_V1_REMEDY, {"inventory": inventory},
                    action="HW_INSPECTION")
@@ -222,7 +213,7 @@ TYPE_NOT_READ_REMEDY = ("read the GID types on the host: `cat /sys/class/infinib
 def _type_not_read(gate_id: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
     """SKIP: the IPv4-mapped GIDs offer no RoCE v2 entry, but the type of some was not read
     (gid_attrs/types/<i> unreadable or missing from a capture): an unread type is neither v1 nor v2."""
-    where = "; ".join(_where(e) for e in entries if e.gid_type is None)
+    where = "; ".join(gid_slot(e) for e in entries if e.gid_type is None)
     head = f"fabric IP {ip}" if ip else "IPv4-mapped GIDs"
     return Verdict(gate_id, SKIP, f"{head}: GID type not read for {where}: cannot tell RoCE v2 from v1",
                    TYPE_NOT_READ_REMEDY, {"inventory": inventory})
@@ -262,16 +253,16 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     mine = [e for e in usable if e.ip == ip]
     if mine:
         e = mine[0]
-        return Verdict(gate_id, PASS, f"fabric IP {ip}: {_where(e)} on an ACTIVE port", "nothing to do",
+        return Verdict(gate_id, PASS, f"fabric IP {ip}: {gid_slot(e)} on an ACTIVE port", "nothing to do",
                        {"entry": to_jsonable(e), "inventory": inventory})
     down = [e for e in rocev2_carriers(fab) if e.ip == ip]
     if down:  # the GID is right; the port's link is fabric.link's concern (one fault, one remedy)
         e = down[0]
-        return Verdict(gate_id, PASS, f"fabric IP {ip}: {_where(e)}; its port is {e.port_state or 'in a state not read'} "
+        return Verdict(gate_id, PASS, f"fabric IP {ip}: {gid_slot(e)}; its port is {e.port_state or 'in a state not read'} "
                        "(fabric.link judges the link)", "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
     cs = carriers(fab, ip)
     if cs:
-        kinds = "; ".join(f"{_where(e)}, port {e.port_state}" for e in cs)
+        kinds = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in cs)
         if any(e.gid_type is None for e in cs):  # unread, not v1: never the HCA-mode remedy on it
             return _type_not_read(gate_id, cs, inventory, ip)
         if all(e.gid_type != ROCE_V2 for e in cs):
@@ -280,7 +271,7 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, FAIL, f"fabric IP {ip}: {why}: {kinds}", remedy(gate_id), {"inventory": inventory})
     stray = [e for e in entries if e.ip == ip]
     if stray:
-        return Verdict(gate_id, FAIL, f"fabric IP {ip}: GID present ({_where(stray[0])}) but netdev "
+        return Verdict(gate_id, FAIL, f"fabric IP {ip}: GID present ({gid_slot(stray[0])}) but netdev "
                        f"{stray[0].netdev} does not hold the address", remedy(gate_id), {"inventory": inventory})
     holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
     where = (f"it is on netdev {', '.join(holders)}, which no RDMA port is bound to" if holders
@@ -399,39 +390,10 @@ def first_device(ctx: Context, gate_id: str) -> Verdict:
     return Verdict(gate_id, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action)
 
 
-def _nccl_port_problem(fab, d, p, ip: str) -> tuple[str, Any]:
-    """What NCCL gets from one selected ACTIVE port: ("fabric", None) when it carries the fabric IP as
-    RoCE v2, ("rail", {port, ip, subnet, gid_index}) when it carries its own routable IPv4 RoCE v2
-    GID (fleet.rails checks a peer is on that subnet), else ("fail", why)."""
-    import ipaddress
-
-    mine = [e for e in rocev2_carriers(fab) if e.device == d.name and e.port == p.num]
-    if any(e.ip == ip for e in mine):
-        return "fabric", None
-    routable = [e for e in mine if not is_link_local_v4(e.ip) or is_link_local_v4(ip)]
-    if routable:
-        e = routable[0]
-        nd = fab.netdevs.get(e.netdev or "")
-        pre = next((a for a in (nd.ipv4 if nd else []) if a.split("/")[0] == e.ip), f"{e.ip}/32")
-        try:
-            net = str(ipaddress.IPv4Interface(pre).network)
-        except ValueError:
-            net = pre
-        return "rail", {"port": f"{d.name}:{p.num}", "ip": e.ip, "subnet": net, "gid_index": e.gid_index}
-    if mine:
-        return "fail", (f"{d.name}:{p.num} has only the link-local IPv4 {mine[0].ip} (169.254/16), which no peer "
-                        f"off that link reaches while the fabric IP {ip} is routable")
-    return "fail", (f"{d.name}:{p.num} has no IPv4 RoCE v2 GID: NCCL falls back to GID index 0 (fe80) there and "
-                    "its QP times out at RTR (errno 110)")
-
-
-def _shown(raw: str, n: int = 20) -> str:
-    """``raw`` quoted for a one-line summary: its first ``n`` characters, '…' when cut."""
-    return repr(raw[:n] + ("…" if len(raw) > n else ""))
-
-
 @gate("fabric.devicemap-env")
 def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
+    """Each variable that chooses the engine's device, port or GID names the one that carries the fabric
+    IP as RoCE v2 (its own concern only: whether that port's link is up is fabric.link's)."""
     env = ctx.obs.env
     if env is None:
         return Verdict(gate_id, SKIP, "launch environment not captured", remedy("snapshot.fabric"))
@@ -444,134 +406,30 @@ def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
     if fab is None or not fab.captured or not fab.devices:
         return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
     ip = ctx.fabric_ip.ip
-    # its own concern only: does each variable name the device/port/GID that carries the address as
-    # RoCE v2? Whether that port's link is up is fabric.link's (one fault, one remedy).
-    good = rocev2_carriers(fab)
-    fails: list[str] = []
-    warns: list[str] = []
-    # failed_vars: the variables a FAIL is about, in order (preflight --export overrides those only)
-    facts: dict = {"set": set_vars, "failed_vars": []}
-
-    def fail(var: str, why: str) -> None:
-        fails.append(why)
-        if var not in facts["failed_vars"]:
-            facts["failed_vars"].append(var)
+    found = devicemap.Findings(set_vars)
     if MAP_VAR in set_vars:
-        entries, problems = parse_device_map(set_vars[MAP_VAR])
-        for p in problems:
-            fail(MAP_VAR, f"{MAP_VAR}: {p}")
-        local = {e.ip for e in ipv4_entries(fab)} | {a.split("/")[0] for n in fab.netdevs.values() for a in n.ipv4}
-        for eip, dev in entries.items():
-            if eip not in local:
-                continue  # another host's entry in a fleet-wide map
-            ok = [e for e in good if e.ip == eip]
-            unread = [e for e in ipv4_entries(fab) if e.ip == eip and e.device == dev and e.gid_type is None
-                      and e.netdev_holds_ip]
-            if not ok and unread:  # the named device carries it; whether as RoCE v2 was not read
-                facts["not_judged"] = f"its entry {eip}={dev}: the GID type of {_where(unread[0])} was not read"
-                facts["not_judged_var"] = MAP_VAR
-                continue
-            if not any(e.device == dev for e in ok):
-                right = f" (should be {ok[0].device})" if ok else " (no device here has it as RoCE v2)"
-                fail(MAP_VAR, f"{MAP_VAR} sends {eip} to {dev}, which does not carry it as RoCE v2{right}")
-        if ip and ip not in entries:
-            first = fab.devices[0].name if order_known(fab) else None
-            gap = f"{MAP_VAR} has no entry for fabric IP {ip}: the engine falls back to the first enumerated device"
-            if first and not any(e.device == first for e in carriers(fab, ip)):
-                # the missing entry is why the engine opens the wrong device: this gate's FAIL is the root
-                # fabric.first-device's FAIL follows from (one fault, one remedy: add the entry)
-                fail(MAP_VAR, f"{gap}, {first}, which does not carry it")
-            else:
-                warns.append(gap + (f", {first}, which carries it" if first else " (device order unknown)"))
-    target = [e for e in good if e.ip == ip] if ip else []
+        devicemap.check_map(fab, ip, found)
+    target = [e for e in rocev2_carriers(fab) if e.ip == ip] if ip else []
     selectors = ([NCCL_HCA_VAR] if NCCL_HCA_VAR in set_vars else []) + gid_vars
     if selectors and not target:
-        if ip is None:
-            warns.append(f"{'/'.join(selectors)} set but the fabric IP is "
-                         f"{'ambiguous' if ctx.fabric_ip.ambiguous else 'unknown'}: give --fabric-ip")
-        else:
-            facts["not_judged"] = f"fabric IP {ip} has no RoCE v2 GID (fabric.rocev2-ipv4)"
-            for var in gid_vars:
-                raw = set_vars[var].strip()
-                v1 = [e for e in carriers(fab, ip) if e.gid_type not in (None, ROCE_V2) and digits(raw)
-                      and e.gid_index == int(raw)]
-                if v1:  # its own fault: the engine would send RoCE v1 frames, which a RoCE v2 peer drops
-                    fail(var, f"{var}={raw} selects {_where(v1[0])}: a RoCE v1 GID; the engine needs a RoCE v2 "
-                                 "GID (the peers speak RoCE v2)")
-    if NCCL_HCA_VAR in set_vars and target:
-        try:
-            spec = parse_nccl_hca(set_vars[NCCL_HCA_VAR])
-        except ValueError as e:
-            fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={_shown(set_vars[NCCL_HCA_VAR], 60)}: {e}")
-        else:
-            t = target[0]
-            picked = [(d, p) for d in fab.devices for p in d.ports if spec.selects(d.name, p.num)]
-            chosen = [f"{d.name}:{p.num}" for d, p in picked]
-            facts["nccl_selects"] = chosen
-            if not spec.selects(t.device, t.port):
-                fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} selects {', '.join(chosen) or 'nothing'}, "
-                             f"not {t.device}:{t.port} which carries {ip}")
-            else:
-                # NCCL uses every ACTIVE port it selects (ncclIbInit skips ports that are not ACTIVE)
-                rails, bad, idle = [], [], []
-                for d, p in picked:
-                    if p.state != "ACTIVE":
-                        idle.append(f"{d.name}:{p.num}")
-                        continue
-                    kind, why = _nccl_port_problem(fab, d, p, ip)
-                    if kind == "rail":
-                        rails.append(why)
-                    elif kind == "fail":
-                        bad.append(why)
-                facts["rails"] = rails
-                facts["ignored_not_active"] = idle
-                if bad:
-                    fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={set_vars[NCCL_HCA_VAR]} also selects ports NCCL cannot use to "
-                                 "reach a peer: " + "; ".join(bad))
-    for var in gid_vars if target else []:  # NCCL, Mooncake and UCX alike: the index of the fabric IP's RoCE v2 GID
-        raw = set_vars[var].strip()
-        t = target[0]
-        if not digits(raw):
-            fail(var, f"{var}={_shown(raw)} is not a GID index")
-        elif int(raw) != t.gid_index:
-            _, port = port_of(ctx, t)
-            g = next((g for g in port.gids if g.index == int(raw)), None)
-            what = f"{g.gid} ({g.type})" if g else "an empty slot"
-            fail(var, f"{var}={raw} on {t.device} port {t.port} is {what}, not {ip} as RoCE v2 "
-                         f"(that is GID index {t.gid_index})")
-    fix = []
-    if target:
-        t = target[0]
-        if MAP_VAR in set_vars:  # the map corrected, never dropped: other hosts' entries kept, this host's fixed
-            fixed = {}
-            for eip, dev in parse_device_map(set_vars[MAP_VAR])[0].items():
-                ok = [e for e in good if e.ip == eip]
-                fixed[eip] = dev if not ok or any(e.device == dev for e in ok) else ok[0].device
-            fixed[ip] = t.device
-            fix.append(f"{MAP_VAR}={format_device_map(fixed)}")
-        else:
-            fix.append(f"{MAP_VAR}={ip}={t.device}")
+        devicemap.check_without_target(fab, ip, ctx.fabric_ip.ambiguous, selectors, gid_vars, found)
+    if ip and target:
         if NCCL_HCA_VAR in set_vars:
-            fix.append(f"{NCCL_HCA_VAR}=={t.device}:{t.port}")
-        fix += [f"{var}={t.gid_index}" for var in gid_vars]
+            devicemap.check_nccl_hca(fab, ip, target[0], found)
+        devicemap.check_gid_index(fab, ip, target[0], gid_vars, found)
+    fix = devicemap.corrected(fab, set_vars, ip, target[0], gid_vars) if ip and target else []
     # unsetting the map sends the engine to the first enumerated device: only an engine's own selector may
     # go (NCCL_IB_HCA, a forced GID index: each engine then picks the RoCE v2 GID by address family)
     rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(selectors)})" if selectors else "")) if fix \
         else remedy(gate_id)
-    facts["problems"] = fails + warns
-    srcs = {k: (ctx.obs.env_sources or {}).get(k) or ctx.obs.env_source for k in set_vars}
-    facts["sources"] = srcs
-    names = ", ".join(set_vars)
-    by_src: dict[str, list[str]] = {}
-    for k, src in srcs.items():
-        by_src.setdefault(src, []).append(k)
-    # the launch env and the inherited environment both set variables: say which came from where
-    from_txt = (" (" + "; ".join(f"{', '.join(ks)} from the {src}" for src, ks in by_src.items()) + ")"
-                if len(by_src) > 1 else "")
-    if fails:
-        return Verdict(gate_id, FAIL, "; ".join(fails) + from_txt, rem, facts)
-    if warns:
-        return Verdict(gate_id, WARN, "; ".join(warns) + from_txt, rem, facts)
+    facts = found.facts
+    facts["problems"] = found.fails + found.warns
+    facts["sources"] = {k: (ctx.obs.env_sources or {}).get(k) or ctx.obs.env_source for k in set_vars}
+    from_txt = devicemap.sources_text(facts["sources"])  # the launch env and the inherited environment both set some
+    if found.fails:
+        return Verdict(gate_id, FAIL, "; ".join(found.fails) + from_txt, rem, facts)
+    if found.warns:
+        return Verdict(gate_id, WARN, "; ".join(found.warns) + from_txt, rem, facts)
     if facts.get("not_judged"):
         what = facts.get("not_judged_var") or "/".join(selectors)
         return Verdict(gate_id, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
@@ -580,9 +438,9 @@ def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
                        "(no fabric IP decided: which one the engine uses is not judged)", "nothing to do", facts)
     rail_txt = ("; rails: " + ", ".join(f"{r['port']} {r['ip']} on {r['subnet']}" for r in facts["rails"])
                 if facts.get("rails") else "")
-    return Verdict(gate_id, PASS, f"{names} {'points' if len(set_vars) == 1 else 'point'} at the fabric IP's device"
-                   + (f" ({target[0].device} GID {target[0].gid_index})" if target else "") + rail_txt + from_txt,
-                   "nothing to do", facts)
+    return Verdict(gate_id, PASS, f"{', '.join(set_vars)} {'points' if len(set_vars) == 1 else 'point'} at the "
+                   "fabric IP's device" + (f" ({target[0].device} GID {target[0].gid_index})" if target else "")
+                   + rail_txt + from_txt, "nothing to do", facts)
 
 
 def decode_errno(err: int | None) -> str:

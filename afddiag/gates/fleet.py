@@ -67,11 +67,6 @@ class HostResult:
             self._gates = {g.get("id"): g for g in (self.report or {}).get("gates") or [] if isinstance(g, dict)}
         return self._gates.get(gate_id) or {}
 
-    def gate_facts(self, gate_id: str) -> dict[str, Any]:
-        """The facts dict of the report's gate ``gate_id`` ({} when absent or not a dict)."""
-        f = self.gate(gate_id).get("facts")
-        return f if isinstance(f, dict) else {}
-
     @property
     def inputs(self) -> dict[str, Any]:
         """The report's ``inputs`` (fabric IP, role, env, launch_env path); {} without a report."""

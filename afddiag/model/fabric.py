@@ -76,10 +76,6 @@ class Gid:
     netdev: str | None = None  # gid_attrs/ndevs/<i>
     ipv4: str | None = None  # decoded from an IPv4-mapped GID
 
-    @property
-    def is_rocev2(self) -> bool:
-        return self.type == ROCE_V2
-
 
 @dataclass
 class Port:
