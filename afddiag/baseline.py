@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,44 @@ REFERENCE: dict[str, dict[str, Any]] = {
 }
 
 
+# What no GPU of the model can exceed (the vendor's dense peaks; memory figures count bytes read plus
+# written, as the load probe does): a baseline above them is no measurement but a typo or a forgery, and
+# would make every healthy run of the GPU look slow (gpu.slow-state FAIL, AC power cycle).
+PEAK: dict[str, dict[str, Any]] = {
+    "NVIDIA H200": {"fp32_tflops": 67.0, "bf16_tflops": 989.5, "gemv_gbps": 4800.0, "copy_gbps": 4800.0,
+                    "source": "NVIDIA H200 SXM datasheet: FP32 67 TFLOPS, BF16 989.5 TFLOPS dense, HBM3e 4.8 TB/s"},
+    "NVIDIA GB10": {"gemv_gbps": 273.0, "copy_gbps": 273.0,
+                    "source": "NVIDIA DGX Spark datasheet: LPDDR5x 273 GB/s"},
+}
+PEAK_MARGIN = 1.10  # a throughput reading up to 10 % over the datasheet peak is kept (timer granularity)
+CLOCK_MARGIN = 1.02  # an SM clock reading up to 2 % over NVML's maximum is kept
+
+
+class IgnoredWhy(str):
+    """Why a baseline file that is there was not used (others can write it): :func:`load`'s words, a
+    ``str``; gpu.slow-state WARNs naming it (:mod:`afddiag.expect`), where an absent baseline is silent."""
+
+
+def unreachable(figures: dict[str, Any], name: str | None, max_clock_mhz: float | None) -> list[str]:
+    """The figures of one GPU's baseline that the GPU cannot reach, in words ([] when none): a
+    figure that is not a positive finite number, an SM clock above ``max_clock_mhz`` (NVML's maximum,
+    ``nvmlDeviceGetMaxClockInfo``), a throughput above :data:`PEAK` for the model ``name``. Pure."""
+    out = []
+    peak = PEAK.get(name or "") or {}
+    for k in FIGURES:
+        v = figures.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            out.append(f"{k} {v!r} is not a positive number")
+        elif (k == "clock_sm_mhz_under_load" and isinstance(max_clock_mhz, (int, float)) and max_clock_mhz > 0
+              and v > CLOCK_MARGIN * max_clock_mhz):
+            out.append(f"{k} {v:g} MHz is above the GPU's maximum SM clock {max_clock_mhz:g} MHz")
+        elif isinstance(peak.get(k), (int, float)) and v > PEAK_MARGIN * peak[k]:
+            out.append(f"{k} {v:g} is above the {name} peak {peak[k]:g} ({peak['source']})")
+    return out
+
+
 def state_dir() -> Path:
     """The user's afddiag state directory (not created here)."""
     if os.environ.get("AFDDIAG_STATE_DIR"):
@@ -44,14 +84,42 @@ def default_path() -> Path:
     return state_dir() / "baseline.json"
 
 
+def _writable_by_others(p: Path, sticky_ok: bool) -> str | None:
+    """Why others than root and the user could have written the baseline ``p`` (the file or a folder
+    above it another user owns or can write, :mod:`afddiag.atomic`'s rules), or None (also when absent)."""
+    from afddiag.atomic import OutputTargetError, check_folder, others_can_write, trusted_uid
+
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    if not trusted_uid(st.st_uid):
+        return f"it is owned by uid {st.st_uid}, not by root or you"
+    if others_can_write(st):
+        return f"others can write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    try:
+        check_folder(p.parent, sticky_ok=sticky_ok)
+    except OutputTargetError as e:
+        return str(e.strerror)
+    except OSError:
+        return None
+    return None
+
+
 def load(path: str | os.PathLike | None = None, strict: bool = False) -> tuple[dict[str, Any] | None, str]:
     """Read a baseline file (through the bounded reader, :mod:`afddiag.reader`) → (baseline or None,
-    words on why none). Never raises, except with ``strict`` (a file the user named): a file that is
+    words on why none). A file others can write (or in a folder another user owns or can write) is
+    not read: the words are an :class:`IgnoredWhy`. Never raises, except with ``strict`` (a file the user named): a file that is
     there but refused (too big, nested too deep, not JSON, a device) or of another format raises
     :class:`afddiag.reader.InputError`, one line naming it."""
     from afddiag.reader import InputError, load_json
 
     p = Path(path) if path else default_path()
+    unsafe = _writable_by_others(p, sticky_ok=path is not None)
+    if unsafe:
+        return None, IgnoredWhy(f"baseline {p} ignored: {unsafe}, so anyone could set the figures the GPU is "
+                                "judged by; record it again with `afddiag baseline record` (written 0644 in a "
+                                "folder of yours)")
     try:
         data = load_json(p, max_bytes=16 << 20)
     except FileNotFoundError:
@@ -91,12 +159,21 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
     overridden by ``--force`` (recorded as ``forced``/``forced_over``, and named
     wherever the baseline is used); ``cpu_forced``: those of them that are the CPU's
     (recorded on the CPU figures as ``forced_over``, which host.cpu-clock names).
-    Returns the path. Raises OSError when it cannot write, ValueError when there is nothing to record."""
+    Returns the path. Raises OSError when it cannot write, ValueError when there is nothing to record
+    or a figure is one the GPU cannot reach (:func:`unreachable`)."""
+    from afddiag.model.gpu import gpu_facts_from_readings
+
+    max_clock = {d.uuid: d.clock_sm_max_mhz for d in gpu_facts_from_readings(readings).devices}
     gpus = {}
+    impossible = []
     for d in readings.get("devices") or []:
         ul = d.get("under_load")
         if isinstance(ul, dict) and not ul.get("why") and d.get("uuid"):
             gpus[d["uuid"]] = {"name": d.get("name"), **from_under_load(ul)}
+            impossible += [f"GPU {d['uuid']}: {why}" for why in
+                           unreachable(gpus[d["uuid"]], d.get("name"), max_clock.get(d["uuid"]))]
+    if impossible:
+        raise ValueError("not recorded, even with --force: figures the GPU cannot reach: " + "; ".join(impossible))
     if not gpus and not cpu:
         raise ValueError("nothing to record: the load probe gave no figures (see `afddiag gpu --load`)")
     data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "host": host,
@@ -107,9 +184,13 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
         data["forced"], data["forced_over"] = True, list(forced)
     if cpu_forced and data["cpu"]:
         data["cpu"] = {**data["cpu"], "forced_over": list(cpu_forced)}
-    p = Path(path) if path else default_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    from afddiag.atomic import atomic_write
+    from afddiag.atomic import atomic_write, private_folder
+
+    if path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        p = private_folder(state_dir()) / "baseline.json"
 
     with atomic_write(p, device_ok=path is not None) as f:
         json.dump(data, f, indent=2)
@@ -118,20 +199,32 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
 
 
 def for_gpu(uuid: str | None, name: str | None, host_baseline: dict[str, Any] | None,
-            snapshot_baseline: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
-    """The baseline figures to judge one GPU by, and their source, in order of precedence: the host's
-    recorded baseline (by UUID), the snapshot's ``expect.baseline``, the reference table (by model)."""
+            snapshot_baseline: dict[str, Any] | None,
+            max_clock_mhz: float | None = None) -> tuple[dict[str, Any], str, str]:
+    """The baseline figures to judge one GPU by, their source, and what was ignored on the way ("" when
+    nothing), in order of precedence: the host's recorded baseline (by UUID), the snapshot's
+    ``expect.baseline``, the reference table (by model). A host or snapshot baseline holding a figure
+    the GPU cannot reach (:func:`unreachable`: an SM clock above ``max_clock_mhz``, a throughput above
+    the model's peak) is ignored whole and the next source used."""
+    ignored: list[str] = []
     hb = host_baseline or {}
     gpus = hb.get("gpus")
     if isinstance(gpus, dict) and uuid and isinstance(gpus.get(uuid), dict):
         figures = {k: v for k, v in gpus[uuid].items()  # a hand-edited file may hold anything
                    if k == "name" or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v)}
-        return figures, (f"host baseline {hb.get('path')} ({hb.get('recorded_at')}"
-                         + (", FORCED over: " + "; ".join(hb.get("forced_over") or ["?"])
-                            if hb.get("forced") else "") + ")")
+        bad = unreachable(figures, name, max_clock_mhz)
+        if not bad:
+            return figures, (f"host baseline {hb.get('path')} ({hb.get('recorded_at')}"
+                             + (", FORCED over: " + "; ".join(hb.get("forced_over") or ["?"])
+                                if hb.get("forced") else "") + ")"), ""
+        ignored.append(f"host baseline {hb.get('path')} ignored for this GPU: {'; '.join(bad)}")
     if snapshot_baseline:
-        return snapshot_baseline, "snapshot expect.baseline"
+        bad = unreachable(snapshot_baseline, name, max_clock_mhz)
+        if not bad:
+            return snapshot_baseline, "snapshot expect.baseline", "; ".join(ignored)
+        ignored.append(f"snapshot expect.baseline ignored: {'; '.join(bad)}")
     ref = REFERENCE.get(name or "")
     if ref:
-        return ({k: v for k, v in ref.items() if k != "source"}, f"reference table for {name}: {ref['source']}")
-    return {}, ""
+        return ({k: v for k, v in ref.items() if k != "source"}, f"reference table for {name}: {ref['source']}",
+                "; ".join(ignored))
+    return {}, "", "; ".join(ignored)

@@ -143,10 +143,16 @@ def make_inputs(snapshot=None, timeout_s=None, fabric_ip=None, peers=(), no_qp=F
             import dataclasses
 
             pb = dataclasses.replace(pb, load_probe=False)
-    return Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
-                  probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
-                  launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
-                  baseline_path=baseline_path, xid_log=xid_log)
+    inputs = Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
+                    probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
+                    launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
+                    baseline_path=baseline_path, xid_log=xid_log)
+    from afddiag.probes.reach import bounds_problem, parse_ports
+
+    ports = parse_ports((launch_env or {}).get("AFD_ENGINE_PORTS", "")) or list(pb.engine_ports if pb else [])
+    if not snapshot and (why := bounds_problem(inputs.peers, ports)):  # the control-plane probe's bound
+        raise click.UsageError(why)
+    return inputs
 
 
 def _diagnose(cmd: str, inputs: Inputs):
@@ -819,6 +825,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         code = EXIT_SIGPIPE
+    except Exception as e:  # noqa: BLE001 - the one place an unhandled error becomes one line and exit 3
+        import contextlib
+        import os
+
+        from afddiag.exitcodes import unexpected_line
+
+        with contextlib.suppress(OSError, ValueError):
+            print(unexpected_line(e), file=sys.stderr, flush=True)
+        code = EXIT_SIGPIPE if _stdout_closed() else EXIT_ERROR
+        with contextlib.suppress(OSError, ValueError):  # unwritten output must not fail again at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if code == EXIT_SIGPIPE or _stdout_closed():
         import os
 

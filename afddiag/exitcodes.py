@@ -31,3 +31,15 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
 def help_text() -> str:
     """The exit codes as click help lines (one per code, kept unwrapped by click's ``\\b``)."""
     return "\b\nExit codes:\n" + "\n".join(f"  {c:>3}  {m}" for c, m in EXIT_CODES)
+
+
+def unexpected_line(e: BaseException) -> str:
+    """One stderr line for an error nothing else handled (the CLI then exits :data:`EXIT_ERROR`, never
+    :data:`EXIT_WARN`): an OSError's own words (a failed write of stdout: ``> /dev/full``), else the
+    exception's type and message, newlines folded, at most 400 characters."""
+    if isinstance(e, OSError) and e.strerror:
+        where = f"{e.filename}: " if e.filename else "writing the output: " if e.errno in (5, 28, 27) else ""
+        text = f"{where}{e.strerror}"
+    else:
+        text = f"unexpected error ({type(e).__name__}: {e}); this is a bug, please report it with the command line"
+    return "afddiag: " + " ".join(str(text).split())[:400]

@@ -39,6 +39,14 @@ class Expected:
 
 
 @dataclass
+class BaselineExpected(Expected):
+    """A GPU's baseline figures with what was ignored on the way to them (a host baseline others can
+    write, a figure the GPU cannot reach: :func:`afddiag.baseline.for_gpu`); gpu.slow-state WARNs naming it."""
+
+    ignored: str = ""
+
+
+@dataclass
 class Expectations:
     """What the gates judge against (see the module docstring); None: nothing gave it."""
 
@@ -112,9 +120,13 @@ def resolve(inputs: Any, obs: Any) -> Expectations:
     else:
         ex.role = Expected("generic", "default (no --role, --playbook or AFD_ROLE)")
     g = obs.gpu
+    file_ignored = obs.baseline_why if isinstance(obs.baseline_why, baseline.IgnoredWhy) else ""
     for d in (g.devices if g is not None else []):
-        figures, src = baseline.for_gpu(d.uuid, d.name, obs.baseline, g.baseline)
-        if src:
+        figures, src, ignored = baseline.for_gpu(d.uuid, d.name, obs.baseline, g.baseline, d.clock_sm_max_mhz)
+        ignored = "; ".join(x for x in (file_ignored, ignored) if x)
+        if ignored:
+            ex.gpu_baselines[d.index] = BaselineExpected(figures, src or "none", ignored)
+        elif src:
             ex.gpu_baselines[d.index] = Expected(figures, src)
     cpu = (obs.baseline or {}).get("cpu")
     if isinstance(cpu, dict) and cpu:

@@ -18,10 +18,13 @@ generic ``all`` is no repair of the gates the role skips), and lists the gates w
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
+import math
 import os
 import sqlite3
+import stat
 import sys
 import time
 from pathlib import Path
@@ -63,25 +66,79 @@ def default_path() -> Path:
     return Path(os.environ["AFDDIAG_HISTORY"]) if os.environ.get("AFDDIAG_HISTORY") else state_dir() / "history.sqlite3"
 
 
-def _limit(env: str, default: int, scale: int = 1) -> int:
-    try:
-        v = float(os.environ.get(env, ""))
-        return max(1, int(v * scale))
-    except ValueError:
+class SettingError(ValueError):
+    """A numeric environment setting that is not a finite positive number (one line naming it)."""
+
+
+def env_number(env: str, default: float, low: float = 1.0, high: float = 1e12) -> float:
+    """The number in the environment variable ``env`` (unset or empty: ``default``), finite and
+    within ``low..high``. Raises :class:`SettingError` naming the variable for anything else
+    (``inf``, ``nan``, ``1e400``, words)."""
+    raw = os.environ.get(env, "").strip()
+    if not raw:
         return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not math.isfinite(v) or not low <= v <= high:
+        raise SettingError(f"{env}={raw[:20]!r} is not a number within {low:g}..{high:g}: "
+                           "give a finite number or unset it")
+    return v
+
+
+def _limit(env: str, default: int, scale: int = 1) -> int:
+    return max(1, int(env_number(env, default / scale) * scale))
+
+
+def _open_store(p: Path, create: bool) -> None:
+    """Check the store before SQLite opens it: its folder passes the state-folder rules (root's or
+    yours, writable by no one else: SQLite puts its journal files beside it by name), and the store
+    itself is opened without following a link (``O_NOFOLLOW``), created 0600, a regular file of
+    root's or yours (an older store readable by others is made 0600). Raises OSError (one line)."""
+    from afddiag.atomic import OutputTargetError, check_folder, private_folder, target_kind, trusted_uid
+
+    try:
+        if create:
+            private_folder(p.parent)
+        else:
+            check_folder(p.parent, sticky_ok=False)
+    except FileNotFoundError:
+        if create:
+            raise
+        raise FileNotFoundError(f"no history yet ({p})") from None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    try:
+        fd = os.open(p, flags | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no history yet ({p})") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OutputTargetError(errno.EPERM, "is a symbolic link: afddiag never opens its history through a "
+                                    "link; remove it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputTargetError(errno.EPERM, f"is {target_kind(st)}, not a regular file: give a file path")
+        if not trusted_uid(st.st_uid):
+            raise OutputTargetError(errno.EPERM, f"is owned by uid {st.st_uid}, not by root or you: afddiag "
+                                    "never uses another user's history; move it aside")
+        if create and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)  # the reports in it hold host details: the owner's alone
+    finally:
+        os.close(fd)
 
 
 def connect(path: str | os.PathLike | None = None, create: bool = True,
             busy_s: float | None = None) -> sqlite3.Connection:
     """Open the store (made with its folder when ``create``), in WAL mode with a busy timeout
     (``busy_s``, default :data:`BUSY_TIMEOUT_S`: how long a held lock is waited for), in autocommit
-    mode (callers ``BEGIN IMMEDIATE`` themselves). Raises sqlite3.Error or OSError."""
+    mode (callers ``BEGIN IMMEDIATE`` themselves); the store is checked first (:func:`_open_store`).
+    Raises sqlite3.Error or OSError (FileNotFoundError without ``create`` when there is none)."""
     busy = BUSY_TIMEOUT_S if busy_s is None else max(0.05, min(BUSY_TIMEOUT_S, busy_s))
     p = Path(path) if path else default_path()
-    if create:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    elif not p.exists():
-        raise FileNotFoundError(f"no history yet ({p})")
+    _open_store(p, create)
     con = sqlite3.connect(str(p), timeout=busy, isolation_level=None)
     try:
         con.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
@@ -156,7 +213,9 @@ def append(report: dict[str, Any], command: str, path: str | os.PathLike | None 
            busy_s: float | None = None) -> int:
     """Append one run to the store and prune it, in one transaction → the run id. ``busy_s``: how
     long a lock held by another run is waited for. Raises sqlite3.Error or OSError when the store
-    cannot be written."""
+    cannot be written, :class:`SettingError` for a size limit that is no finite number."""
+    _limit("AFDDIAG_HISTORY_MAX_RUNS", MAX_RUNS)  # a bad setting is said before the store is touched
+    _limit("AFDDIAG_HISTORY_MAX_MB", MAX_BYTES, 1 << 20)
     con = connect(path, busy_s=busy_s)
     try:
         con.execute("BEGIN IMMEDIATE")
@@ -185,10 +244,10 @@ def record_run(report: dict[str, Any], command: str, enabled: bool = True,
         return None
     try:
         return append(report, command, busy_s=busy_s)
-    except (sqlite3.Error, OSError) as e:
+    except (sqlite3.Error, OSError, SettingError) as e:
         if not _warned:
             _warned = True
-            why = str(e)
+            why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
             if (isinstance(e, sqlite3.OperationalError) and "full" in why) or getattr(e, "errno", None) == 28:
                 why = "no space left on the device"
             elif isinstance(e, sqlite3.OperationalError) and "locked" in why:
@@ -201,8 +260,10 @@ def record_run(report: dict[str, Any], command: str, enabled: bool = True,
 def _figures(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Load-probe figures per GPU in a report's facts: ``{uuid or index: {name, clock_sm_mhz, ...}}``."""
     out: dict[str, dict[str, Any]] = {}
-    gpu = ((report.get("facts") or {}).get("gpu")) or {}
-    for d in gpu.get("devices") or []:
+    facts = report.get("facts")
+    gpu = facts.get("gpu") if isinstance(facts, dict) else None
+    devices = gpu.get("devices") if isinstance(gpu, dict) else None
+    for d in devices if isinstance(devices, list) else []:
         ul = d.get("under_load") if isinstance(d, dict) else None
         if not isinstance(ul, dict):
             continue
@@ -242,10 +303,17 @@ def summarize(path: str | os.PathLike | None = None, gate: str | None = None,
         if host:
             q += " AND host = ?"
             args = (host,)
-        runs = con.execute(q + " ORDER BY id", args).fetchall()
+        runs, damage = _rows(con, q + " ORDER BY id", args)
+        if damage:
+            runs = _salvage_runs(con, q, args, runs)
+        vrows, vdamage = _rows(con, "SELECT run_id, gate, verdict FROM verdicts ORDER BY run_id")
+        if vdamage:
+            vrows = [v for r in runs for v in _rows(con, "SELECT run_id, gate, verdict FROM verdicts "
+                                                         "WHERE run_id = ?", (r[0],))[0]]
+        damage = damage or vdamage
         verdicts: dict[int, dict[str, str]] = {}
-        for rid, g, v in con.execute("SELECT run_id, gate, verdict FROM verdicts ORDER BY run_id"):
-            verdicts.setdefault(rid, {})[g] = v
+        for rid, g, v in vrows:
+            verdicts.setdefault(rid, {})[str(g)] = str(v)
         by_host: dict[str, list[tuple]] = {}
         for r in runs:
             by_host.setdefault(r[2], []).append(r)
@@ -279,11 +347,63 @@ def summarize(path: str | os.PathLike | None = None, gate: str | None = None,
                 kept = {g: s for g, s in hs["gates"].items() if len(s) > 1}
                 hs["unchanged"] = len(hs["gates"]) - len(kept)
                 hs["gates"] = kept
-            hs["drift"] = _drift(con, h, replays)
-        return {"path": str(Path(path) if path else default_path()), "replays": replays,
-                "changed_only": changed_only, "hosts": hosts}
+            try:
+                hs["drift"] = _drift(con, h, replays)
+            except sqlite3.DatabaseError as e:
+                damage = damage or str(e)
+        where = str(Path(path) if path else default_path())
+        return {"path": where, "replays": replays, "changed_only": changed_only, "hosts": hosts,
+                "damaged": (f"history {where} is damaged ({damage}): showing the {len(runs)} run(s) that could be "
+                            "read; move the file aside and afddiag starts a new one") if damage else None}
     finally:
         con.close()
+
+
+SALVAGE_IDS = 50000  # a damaged store: at most this many run ids are looked up one range at a time
+
+
+def _rows(con: sqlite3.Connection, sql: str, args: tuple = ()) -> tuple[list[tuple], str | None]:
+    """The rows of ``sql`` read until the store's damage stops the read → (rows, SQLite's words for
+    the damage or None)."""
+    out: list[tuple] = []
+    try:
+        cur = con.execute(sql, args)
+        while batch := cur.fetchmany(256):
+            out.extend(batch)
+    except sqlite3.DatabaseError as e:
+        return out, str(e)
+    return out, None
+
+
+def _salvage_runs(con: sqlite3.Connection, q: str, args: tuple, got: list[tuple]) -> list[tuple]:
+    """The runs of a damaged store past the damage: ``q`` (a runs query) re-read by id ranges of 64,
+    a range that fails read id by id, up to the highest id SQLite still knows (at most
+    :data:`SALVAGE_IDS` ids past the last good one)."""
+    top = None
+    for sql in ("SELECT max(id) FROM runs", "SELECT seq FROM sqlite_sequence WHERE name = 'runs'"):
+        rows, _ = _rows(con, sql)
+        if rows and isinstance(rows[0][0], int):
+            top = rows[0][0]
+            break
+    start = (got[-1][0] + 1) if got else 1
+    if top is None:
+        return got
+    out = list(got)
+    for lo in range(start, min(top, start + SALVAGE_IDS) + 1, 64):
+        rows, bad = _rows(con, q + " AND id BETWEEN ? AND ? ORDER BY id", args + (lo, lo + 63))
+        if bad:
+            rows = [r for i in range(lo, lo + 64) for r in _rows(con, q + " AND id = ?", args + (i,))[0]]
+        out.extend(r for r in rows if not out or r[0] > out[-1][0])
+    return out
+
+
+def _report_json(text: Any) -> dict[str, Any]:
+    """A stored report's JSON, or {} when the text is damaged."""
+    try:
+        rep = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return rep if isinstance(rep, dict) else {}
 
 
 def _drift(con: sqlite3.Connection, host: str, replays: bool = False) -> dict[str, Any] | None:
@@ -292,7 +412,7 @@ def _drift(con: sqlite3.Connection, host: str, replays: bool = False) -> dict[st
     for rid, gen, rep in con.execute(
             "SELECT r.id, r.generated_at, r.report FROM runs r JOIN verdicts v ON v.run_id = r.id "
             f"WHERE r.host = ? AND {kind} AND v.gate = 'gpu.slow-state' ORDER BY r.id DESC", (host,)):
-        figs = _figures(json.loads(rep))
+        figs = _figures(_report_json(rep))
         if figs:
             latest = (rid, gen, figs)
             break
@@ -304,7 +424,7 @@ def _drift(con: sqlite3.Connection, host: str, replays: bool = False) -> dict[st
             f"WHERE r.host = ? AND {kind} AND v.gate = 'gpu.slow-state' AND v.verdict = 'PASS' AND r.id < ? "
             "ORDER BY r.id DESC",
             (host, latest[0])):
-        figs = _figures(json.loads(rep))
+        figs = _figures(_report_json(rep))
         if figs:
             ref = (rid, gen, figs)
             break
@@ -392,6 +512,8 @@ def format_text(summary: dict[str, Any]) -> str:
         lines.extend(_drift_lines(hs.get("drift")))
     if not summary["hosts"]:
         lines.append(_none_recorded(summary))
+    if summary.get("damaged"):
+        lines.append(summary["damaged"])
     return "\n".join(lines)
 
 
@@ -435,3 +557,5 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
             con.print(Text(title, overflow="fold"))
         for line in _notes(hs, summary) + _drift_lines(hs.get("drift")):
             con.print(Text(line, overflow="fold"))
+    if summary.get("damaged"):
+        con.print(Text(summary["damaged"], overflow="fold"))

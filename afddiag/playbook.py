@@ -8,6 +8,7 @@ looked up in ``$AFDDIAG_PLAYBOOK_DIR``, then ``/etc/afddiag/playbooks``, then th
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ _LAUNCH = {"capacity_key", "memlock_min_bytes", "require_fabric_address", "engin
 DEFAULT_TIMEOUTS = {"fabric_s": 10.0, "qp_s": 5.0, "gpu_s": 10.0, "load_s": 30.0, "cpu_s": 10.0,
                     "image_s": 10.0, "limits_s": 5.0}
 _TIMEOUTS = set(DEFAULT_TIMEOUTS)
+
+
+#: The gate that judges each component a role ``requires`` (its absence FAILs there): a playbook
+#: whose gates leave one out would pass a host without it.
+REQUIRED_BY = {"gpu": "gpu.present", "rdma": "fabric.rdma-present"}
 
 
 class PlaybookError(ValueError):
@@ -88,6 +94,9 @@ def parse(text: str, path: str) -> Playbook:
         if extra:
             raise PlaybookError(f"playbook {path}: unknown key(s) {', '.join(sorted(extra))}"
                                 f"{' in [' + table + ']' if table else ''}; known: {', '.join(sorted(allowed))}")
+    for key in ("gates", "requires"):
+        if not isinstance(d.get(key, []), list) or not all(isinstance(x, str) for x in d.get(key, [])):
+            raise PlaybookError(f"playbook {path}: {key} must be a list of strings (e.g. [\"gpu\", \"rdma\"])")
     bad_req = set(d.get("requires", [])) - {"gpu", "rdma"}
     if bad_req:
         raise PlaybookError(f"playbook {path}: requires may hold 'gpu' and 'rdma', not {sorted(bad_req)}")
@@ -120,8 +129,25 @@ def parse(text: str, path: str) -> Playbook:
             timeouts={str(k): float(v) for k, v in d.get("timeouts", {}).items()},
             path=path,
         )
-    except (TypeError, ValueError, AttributeError) as e:
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise PlaybookError(f"playbook {path}: bad value ({e})") from None
+    numbers = {"gpu.reserve_fraction": pb.reserve_fraction, "fabric.rail_healthy_gbps": pb.rail_healthy_gbps,
+               "fabric.rail_fail_below_gbps": pb.rail_fail_below_gbps,
+               **{f"fabric.rail_stale_init_gbps[{i}]": x for i, x in enumerate(pb.rail_stale_init_gbps)},
+               **{f"plan.{k}": v for k, v in pb.plan.items()}, **{f"timeouts.{k}": v for k, v in pb.timeouts.items()}}
+    bad_num = [k for k, v in numbers.items() if not math.isfinite(v)]
+    if bad_num:
+        raise PlaybookError(f"playbook {path}: {', '.join(bad_num)}: give a finite number (not inf or nan)")
+    unjudged = [f"{what} (gate {gate})" for what, gate in REQUIRED_BY.items()
+                if what in pb.requires and not pb.runs(gate)]
+    if unjudged:
+        raise PlaybookError(f"playbook {path}: requires {', '.join(unjudged)}, but its gates "
+                            f"{pb.gates} do not run that gate: add it to gates or drop it from requires")
+    from afddiag.probes.reach import MAX_ATTEMPTS
+
+    if len(pb.engine_ports) > MAX_ATTEMPTS:
+        raise PlaybookError(f"playbook {path}: launch.engine_ports lists {len(pb.engine_ports)} ports, over the "
+                            f"control-plane probe's limit of {MAX_ATTEMPTS} peer × port connects: name the engines' ports")
     if not 0.0 <= pb.reserve_fraction <= 1.0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
     if any(not 0 < x < 65536 for x in pb.engine_ports):
@@ -186,12 +212,25 @@ def _packaged() -> list[str]:
     return [n for n in names("playbooks") if n.endswith(".toml")]
 
 
+MAX_PLAYBOOK_BYTES = 1 << 20  # the packaged playbooks are ~4 KB
+
+
 def _read(ref: str) -> str:
+    """A playbook's text: a packaged one, or a file through the bounded reader (a regular file of at
+    most :data:`MAX_PLAYBOOK_BYTES`, UTF-8, read within its time bound: a FIFO, /dev/zero or a
+    folder is refused). Raises :class:`PlaybookError` naming the file and why."""
     if ref.startswith("<packaged>/"):
         from afddiag.packaged import read_text
 
         return read_text("playbooks", ref.split("/", 1)[1])
-    return Path(ref).read_text(encoding="utf-8")
+    from afddiag.reader import InputError, read_text as read_bounded
+
+    try:
+        return read_bounded(ref, max_bytes=MAX_PLAYBOOK_BYTES, timeout_s=10.0)
+    except FileNotFoundError:
+        raise PlaybookError(f"playbook {ref}: no such file") from None
+    except InputError as e:
+        raise PlaybookError(f"playbook {e}") from None
 
 
 def load(role: str | None = None, path: str | None = None) -> Playbook:
@@ -200,10 +239,7 @@ def load(role: str | None = None, path: str | None = None) -> Playbook:
     Raises :class:`PlaybookError` for an unknown role (listing the known ones) or a bad file.
     """
     if path:
-        try:
-            return parse(Path(path).read_text(encoding="utf-8"), path)
-        except OSError as e:
-            raise PlaybookError(f"playbook {path}: {e.strerror}") from None
+        return parse(_read(path), path)
     role = role or "generic"
     roles = available()
     if role not in roles:

@@ -92,11 +92,11 @@ def test_1_output_to_a_fifo_or_socket_is_a_usage_error_and_left_alone(tmp_path, 
         keep.close()
 
 
-def test_1_output_keeps_the_old_files_mode_and_owner(tmp_path):
+def test_1_output_keeps_the_old_files_mode_and_group(tmp_path):
     out = tmp_path / "r.prom"
     out.write_text("old\n")
     os.chmod(out, 0o600)
-    owner = (1234, 2345) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    owner = (os.geteuid(), 2345) if os.geteuid() == 0 else (os.getuid(), os.getgid())
     os.chown(out, *owner)
     code = run(["fabric", "--snapshot", str(FABRIC[0]), "--no-history", "--format", "prometheus", "--output", str(out)])
     assert code == 2  # case 01: fabric.first-device FAILs
@@ -105,13 +105,16 @@ def test_1_output_keeps_the_old_files_mode_and_owner(tmp_path):
     assert "afddiag_gate_status" in out.read_text()
 
 
-def test_1_output_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp_path):
+def test_1_output_through_a_symlink_is_refused_and_its_target_kept(tmp_path, capsys):
+    """Issue 22 reverses issue 13's choice: a link at the target is never followed (O_NOFOLLOW)."""
     real = tmp_path / "real.json"
     real.write_text("{}")
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    assert run(["fabric", "--snapshot", str(FABRIC[0]), "--no-history", "--json", "--output", str(link)]) == 2
-    assert link.is_symlink() and json.loads(real.read_text())["gates"]
+    assert run(["fabric", "--snapshot", str(FABRIC[0]), "--no-history", "--json", "--output", str(link)]) == 64
+    err = capsys.readouterr().err
+    assert f"--output {link}: is a symbolic link" in err and "Traceback" not in err
+    assert link.is_symlink() and real.read_text() == "{}"
 
 
 # 2. / 6. snapshot parts, merge input and baselines through the bounded reader ----------------------

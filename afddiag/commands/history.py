@@ -34,9 +34,11 @@ def history(gate, host, command, role, replays, all_gates, as_json, path) -> int
     except FileNotFoundError as e:
         click.echo(f"afddiag history: {e}", err=True)
         return 1
-    except sqlite3.Error as e:
-        click.echo(f"afddiag history: {path or default_path()}: {e}", err=True)
+    except (sqlite3.Error, OSError) as e:
+        click.echo(f"afddiag history: {path or default_path()}: {getattr(e, 'strerror', None) or e}", err=True)
         return 1
+    if s.get("damaged") and as_json:
+        click.echo(f"afddiag: {s['damaged']}", err=True)
     if gate and s["hosts"] and not any(h["gates"] or h["unchanged"] for h in s["hosts"].values()):
         click.echo(f"afddiag history: no recorded gate matches {gate!r} (ids as in `afddiag catalog`)", err=True)
         return 1

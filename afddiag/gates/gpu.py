@@ -400,6 +400,11 @@ POWER_LIMITED_REMEDY = ("the power limiter holds the clock, not the slow state: 
                         "indicated by this evidence")
 
 
+BASELINE_IGNORED_REMEDY = ("record the baseline again on this healthy host (`afddiag baseline record`, into a folder only "
+                           "root or you can write) and find out who changed it; the GPU was judged against the "
+                           "reference table meanwhile")
+
+
 EXPLAINED_REMEDY = ("fix what gpu.clock-events names first (cooling, power delivery), then re-run `afddiag gpu --load`; "
                     "an AC power cycle is advised only for low figures no clock event reason explains")
 
@@ -416,7 +421,7 @@ def slow_state(ctx: Context, gate_id: str) -> Verdict:
     facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
                    "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
     busy_seen: list[str] = []
-    explained_seen = power_seen = False
+    explained_seen = power_seen = ignored_seen = False
     for d in g.devices:
         ul = d.under_load
         label = _label(d)
@@ -449,6 +454,9 @@ def slow_state(ctx: Context, gate_id: str) -> Verdict:
             continue
         eb = ctx.expect.gpu_baselines.get(d.index)  # host baseline, snapshot expect, reference table
         base, src = (eb.value, eb.source) if eb is not None else ({}, "")
+        if ignored := getattr(eb, "ignored", ""):  # a baseline others could write, or one the GPU cannot reach
+            ignored_seen = True
+            verdicts.append((WARN, f"{label}: {ignored}"))
         f: dict = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "clock_sm_max_mhz": d.clock_sm_max_mhz,
                    "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct,
                    "baseline": base, "baseline_source": src or None}
@@ -501,7 +509,8 @@ def slow_state(ctx: Context, gate_id: str) -> Verdict:
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
-    rem = {FAIL: remedy(gate_id), WARN: BUSY_REMEDY if busy_seen else EXPLAINED_REMEDY if explained_seen else
+    rem = {FAIL: remedy(gate_id), WARN: BASELINE_IGNORED_REMEDY if ignored_seen else BUSY_REMEDY if busy_seen else
+           EXPLAINED_REMEDY if explained_seen else
            POWER_LIMITED_REMEDY if power_seen else
            "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]

@@ -27,7 +27,8 @@ def gpu_refusals(readings: dict[str, Any]) -> list[str]:
     - the GPU is busy with another job (gpu.slow-state's evidence: other compute processes in NVML,
       utilization just before the load probe);
     - a GPU gate FAILs on them (clock events, Xid/ECC errors, the slow state against the reference table);
-    - a figure is below :data:`afddiag.baseline.FLOOR_FRACTION` of the reference table's for the model.
+    - a figure is below :data:`afddiag.baseline.FLOOR_FRACTION` of the reference table's for the model;
+    - a figure the GPU cannot reach (:func:`afddiag.baseline.unreachable`; ``record`` refuses it even forced).
 
     Pure: judges the readings with the GPU gates, touches nothing."""
     facts = gpu_facts_from_readings(readings)
@@ -54,6 +55,7 @@ def gpu_refusals(readings: dict[str, Any]) -> list[str]:
         assert ul is not None  # loaded: the GPUs with under-load figures
         fig = baseline.from_under_load({"clock_sm_mhz": ul.clock_sm_mhz, "power_mw": ul.power_mw,
                                         "achieved": {k: getattr(ul, k) for k, _ in THROUGHPUT_FIGURES}})
+        out += [f"GPU {d.index} {d.name or '?'}: {why}" for why in baseline.unreachable(fig, d.name, d.clock_sm_max_mhz)]
         for k, v in fig.items():
             r = ref.get(k)
             if k != "power_mw_under_load" and isinstance(r, (int, float)) and v < baseline.FLOOR_FRACTION * r:

@@ -220,11 +220,22 @@ def _walk(pv: dict[str, Any], res: QpResult, port: int, sgid_index: int | None) 
         res.elapsed_ms = round((time.monotonic() - t0) * 1000.0, 3)
 
 
+#: The whole QP walk takes at most this many walks' time (``qp_s`` each), however many devices
+#: and peers there are (:func:`total_bound`); walks past it are recorded as not tried.
+QP_WALKS_IN_BOUND = 8
+
+
+def total_bound(timeout_s: float) -> float:
+    """Seconds the whole QP walk may take when one walk may take ``timeout_s``."""
+    return timeout_s * QP_WALKS_IN_BOUND
+
+
 def probe_qp(
     fabric: FabricFacts,
     fabric_ip: str | None,
     peers: list[str],
     timeout_s: float = 5.0,
+    total_s: float | None = None,
 ) -> QpFacts:
     """Walk an RC QP RESET→INIT→RTR→RTS on every device of ``fabric`` (enumeration order).
 
@@ -239,6 +250,10 @@ def probe_qp(
       the result says ``"timed out after Ns"`` with the steps seen so far. pyverbs holds the GIL
       inside ``ibv_modify_qp``, so the bound is noticed only once the kernel call returns (the
       kernel's own address resolution is itself bounded, ~1–2 s for RoCE).
+    - ``total_s``: seconds the whole walk may take (default :func:`total_bound`); each walk gets the
+      smaller of ``timeout_s`` and what is left, and a walk that cannot start in time is recorded
+      ``"timed out: not tried ..."`` (its gate says ERROR, not judged), so peers × devices never
+      stretch the run.
 
     Returns ``QpFacts(ran=False, why=...)`` when pyverbs cannot be imported. Never raises.
     """
@@ -252,15 +267,18 @@ def probe_qp(
             return facts
         targets: list[str] = list(peers) if peers else ["loopback"]
         with steps("QP walk", len(fabric.devices) * len(targets)) as bar:
-            _walk_all(pv, fabric, fabric_ip, targets, timeout_s, facts, bar)
+            deadline = time.monotonic() + (total_bound(timeout_s) if total_s is None else total_s)
+            _walk_all(pv, fabric, fabric_ip, targets, timeout_s, facts, bar, deadline)
         return facts
     except Exception as exc:  # noqa: BLE001 - never raise
         return QpFacts(ran=False, why=f"QP probe failed unexpectedly: {exc!r}")
 
 
 def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list[str], timeout_s: float,
-              facts: QpFacts, bar: Any) -> None:
-    """One bounded walk per (device, target), in enumeration order; ``bar`` shows which is running."""
+              facts: QpFacts, bar: Any, deadline: float = float("inf")) -> None:
+    """One bounded walk per (device, target), in enumeration order, all before ``deadline``
+    (``time.monotonic()``); ``bar`` shows which is running."""
+    skipped = 0
     for dev in fabric.devices:
         choice = choose_sgid(dev, fabric_ip)
         for target in targets:
@@ -275,6 +293,12 @@ def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list
                 dgid=destination_gid(target, choice.sgid),
             )
             facts.results.append(res)
+            left = deadline - time.monotonic()
+            if left < min(timeout_s, 0.1):
+                res.error = "timed out: not tried, the QP walk's time bound was used up by the walks before it"
+                skipped += 1
+                continue
+            each = min(timeout_s, left)
             t = threading.Thread(
                 target=_walk,
                 args=(pv, res, choice.port, choice.sgid_index),
@@ -283,17 +307,20 @@ def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list
             )
             t0 = time.monotonic()
             t.start()
-            t.join(timeout_s)
+            t.join(each)
             if t.is_alive():
                 res.elapsed_ms = round((time.monotonic() - t0) * 1000.0, 3)
-                res.error = f"timed out after {timeout_s:g}s" + (
+                res.error = f"timed out after {each:g}s" + (
                     f" (last: {res.error})" if res.error else ""
                 )
                 res.destroyed = False
                 facts.notes.append(
-                    f"{dev.name} → {target}: walk still running after {timeout_s:g}s; "
+                    f"{dev.name} → {target}: walk still running after {each:g}s; "
                     "its QP is released when this process exits"
                 )
+    if skipped:
+        facts.notes.append(f"{skipped} QP walk(s) not tried: the whole walk's time bound was used up "
+                           f"({QP_WALKS_IN_BOUND} walks of {timeout_s:g} s; give fewer peers or a smaller --qp-timeout)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,9 +328,8 @@ def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list
 
 
 def _bound(run: Run) -> float:
-    fab = run.obs.fabric
-    n = len(fab.devices) if fab else 1
-    return run.inputs.timeout("qp_s") * max(1, n) * max(1, len(run.inputs.peers)) + 2
+    """The runner's bound on the walk: its own deadline (:func:`total_bound`), whatever the peer count."""
+    return total_bound(run.inputs.timeout("qp_s")) + 2
 
 
 def _not_run(why: str, failed: bool = False) -> dict[str, Any]:

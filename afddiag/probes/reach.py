@@ -4,11 +4,16 @@ Each attempt binds the socket to the fabric IP (so it leaves over the fabric, as
 connections do), connects with a time bound, and records the outcome: connected, refused (the peer
 answered: nothing listens there yet), or timed out / unreachable (a firewall drops it, or no route).
 Nothing is sent; every socket is closed. Never raises. The readings are plain JSON.
+
+Bounded: only the named peers (literal IPv4 addresses, no name lookup) and at most
+:data:`MAX_ATTEMPTS` peer × port pairs (:func:`bounds_problem`: the CLI refuses more as a usage
+error, and :func:`read_reach` tries none of a larger set), all within one time bound.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import re
 import socket
 import time
@@ -16,7 +21,41 @@ from typing import Any
 
 from afddiag.model.host import ReachFacts, reach_facts
 from afddiag.probes.registry import Artifact, Probe, Run, read_source
-from afddiag.textnum import digits
+
+MAX_ATTEMPTS = 256  # peers × engine ports one run connects to (e.g. 16 ranks × 16 ports)
+
+
+def parse_ports(raw: str) -> list[int]:
+    """``AFD_ENGINE_PORTS`` ("29500,29501" or space-separated) → the TCP ports 1..65535 in it, in
+    order, each once (other tokens are left out: the launch env's own check names them)."""
+    out: list[int] = []
+    for tok in re.split(r"[,\s]+", raw.strip()):
+        if re.fullmatch(r"[0-9]{1,5}", tok) and 0 < int(tok) < 65536 and int(tok) not in out:
+            out.append(int(tok))
+    return out
+
+
+def bounds_problem(peers: list[str], ports: list[int]) -> str | None:
+    """Why the control-plane probe must not run on ``peers`` × ``ports``, or None: more than
+    :data:`MAX_ATTEMPTS` pairs (a port range in AFD_ENGINE_PORTS would make it a port scanner), or a
+    peer that is not a literal IPv4 address. One line naming the limit and the fix."""
+    bad = [p for p in peers if not _literal_ipv4(p)]
+    if bad:
+        return f"peer {bad[0][:64]!r} is not an IPv4 address: the control-plane probe connects only to named peers"
+    n = len(dict.fromkeys(peers)) * len(dict.fromkeys(ports))
+    if n > MAX_ATTEMPTS:
+        return (f"{len(dict.fromkeys(peers))} peer(s) × {len(dict.fromkeys(ports))} engine port(s) = {n} TCP "
+                f"connects, over the control-plane probe's limit of {MAX_ATTEMPTS}: name only the engines' ports "
+                "(AFD_ENGINE_PORTS, the playbook's engine_ports) and the peers this host talks to")
+    return None
+
+
+def _literal_ipv4(peer: str) -> bool:
+    try:
+        ipaddress.IPv4Address(peer)
+    except ValueError:
+        return False
+    return True
 
 
 def connect_once(peer: str, port: int, source: str | None, timeout_s: float) -> dict[str, Any]:
@@ -54,12 +93,19 @@ def connect_once(peer: str, port: int, source: str | None, timeout_s: float) -> 
 
 def read_reach(peers: list[str], ports: list[int], source: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
     """Every (peer, port) once, each bounded by a share of ``timeout_s`` (at most 2 s, at least
-    0.2 s); attempts past the whole bound are recorded as not tried. Returns ``{"source", "peers",
+    0.2 s); attempts past the whole bound are recorded as not tried; a set over :data:`MAX_ATTEMPTS`
+    pairs or with a peer that is no IPv4 address is not tried at all (a note says why). Returns ``{"source", "peers",
     "ports", "attempts": [connect_once(...)], "notes"}``. Never raises."""
+    peers, ports = list(dict.fromkeys(peers)), list(dict.fromkeys(ports))
+    out: dict[str, Any] = {"source": source, "peers": peers[:MAX_ATTEMPTS], "ports": ports[:MAX_ATTEMPTS],
+                           "attempts": [], "notes": []}
+    refused = bounds_problem(peers, ports)
+    if refused:
+        out["notes"].append(f"not tried: {refused}")
+        return out
     pairs = [(p, port) for p in peers for port in ports]
     each = max(0.2, min(2.0, timeout_s / max(1, len(pairs))))
     deadline = time.monotonic() + timeout_s
-    out: dict[str, Any] = {"source": source, "peers": list(peers), "ports": list(ports), "attempts": [], "notes": []}
     for peer, port in pairs:
         if time.monotonic() + each > deadline:
             out["notes"].append(f"{peer}:{port} not tried: the {timeout_s:g} s bound was used up")
@@ -76,7 +122,7 @@ def engine_ports(run: Run) -> list[int]:
     """The peers' engine ports: the launch env's AFD_ENGINE_PORTS, else the playbook's engine_ports."""
     raw = run.launch_value("AFD_ENGINE_PORTS")
     if raw:
-        return [int(v) for v in re.split(r"[,\s]+", raw.strip()) if digits(v)]
+        return parse_ports(raw)
     pb = run.inputs.playbook
     return list(pb.engine_ports) if pb is not None else []
 
