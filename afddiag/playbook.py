@@ -147,7 +147,8 @@ def parse(text: str, path: str) -> Playbook:
 
     if len(pb.engine_ports) > MAX_ATTEMPTS:
         raise PlaybookError(f"playbook {path}: launch.engine_ports lists {len(pb.engine_ports)} ports, over the "
-                            f"control-plane probe's limit of {MAX_ATTEMPTS} peer × port connects: name the engines' ports")
+                            f"control-plane probe's limit of {MAX_ATTEMPTS} peer × port connects: "
+                            "name the engines' ports")
     if not 0.0 <= pb.reserve_fraction <= 1.0:
         raise PlaybookError(f"playbook {path}: gpu.reserve_fraction {pb.reserve_fraction} is not within 0..1")
     if any(not 0 < x < 65536 for x in pb.engine_ports):
@@ -223,7 +224,8 @@ def _read(ref: str) -> str:
         from afddiag.packaged import read_text
 
         return read_text("playbooks", ref.split("/", 1)[1])
-    from afddiag.reader import InputError, read_text as read_bounded
+    from afddiag.reader import InputError
+    from afddiag.reader import read_text as read_bounded
 
     try:
         return read_bounded(ref, max_bytes=MAX_PLAYBOOK_BYTES, timeout_s=10.0)

@@ -55,7 +55,8 @@ def gpu_refusals(readings: dict[str, Any]) -> list[str]:
         assert ul is not None  # loaded: the GPUs with under-load figures
         fig = baseline.from_under_load({"clock_sm_mhz": ul.clock_sm_mhz, "power_mw": ul.power_mw,
                                         "achieved": {k: getattr(ul, k) for k, _ in THROUGHPUT_FIGURES}})
-        out += [f"GPU {d.index} {d.name or '?'}: {why}" for why in baseline.unreachable(fig, d.name, d.clock_sm_max_mhz)]
+        out += [f"GPU {d.index} {d.name or '?'}: {why}"
+                for why in baseline.unreachable(fig, d.name, d.clock_sm_max_mhz)]
         for k, v in fig.items():
             r = ref.get(k)
             if k != "power_mw_under_load" and isinstance(r, (int, float)) and v < baseline.FLOOR_FRACTION * r:

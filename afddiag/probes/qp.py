@@ -320,7 +320,8 @@ def _walk_all(pv: Any, fabric: FabricFacts, fabric_ip: str | None, targets: list
                 )
     if skipped:
         facts.notes.append(f"{skipped} QP walk(s) not tried: the whole walk's time bound was used up "
-                           f"({QP_WALKS_IN_BOUND} walks of {timeout_s:g} s; give fewer peers or a smaller --qp-timeout)")
+                           f"({QP_WALKS_IN_BOUND} walks of {timeout_s:g} s; give fewer peers or a smaller "
+                           "--qp-timeout)")
 
 
 # ---------------------------------------------------------------------------------------------
