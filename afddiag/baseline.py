@@ -110,8 +110,8 @@ def load(path: str | os.PathLike | None = None, strict: bool = False) -> tuple[d
     """Read a baseline file (through the bounded reader, :mod:`afddiag.reader`) → (baseline or None,
     words on why none). A file others can write (or in a folder another user owns or can write) is
     not read: the words are an :class:`IgnoredWhy`. Never raises, except with ``strict`` (a file the
-    user named): a file that is there but refused (too big, nested too deep, not JSON, a device) or of another format raises
-    :class:`afddiag.reader.InputError`, one line naming it."""
+    user named): a file that is there but refused (too big, nested too deep, not JSON, a device) or
+    of another format raises :class:`afddiag.reader.InputError`, one line naming it."""
     from afddiag.reader import InputError, load_json
 
     p = Path(path) if path else default_path()
