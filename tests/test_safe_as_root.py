@@ -308,7 +308,7 @@ def test_the_qp_walk_ends_by_its_own_deadline_whatever_the_peer_count(monkeypatc
 
 def test_the_runners_bound_on_the_qp_walk_does_not_grow_with_peers():
     from afddiag.model.run import Inputs
-    from afddiag.probes.registry import _qp_bound
+    from afddiag.probes.qp import _bound as _qp_bound
 
     one = _qp_bound(types.SimpleNamespace(inputs=Inputs(peers=["10.0.0.1"])))
     many = _qp_bound(types.SimpleNamespace(inputs=Inputs(peers=[f"10.0.1.{i}" for i in range(1, 200)])))
