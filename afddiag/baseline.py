@@ -161,17 +161,15 @@ def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
     (recorded on the CPU figures as ``forced_over``, which host.cpu-clock names).
     Returns the path. Raises OSError when it cannot write, ValueError when there is nothing to record
     or a figure is one the GPU cannot reach (:func:`unreachable`)."""
-    from afddiag.model.gpu import gpu_facts_from_readings
-
-    max_clock = {d.uuid: d.clock_sm_max_mhz for d in gpu_facts_from_readings(readings).devices}
     gpus = {}
     impossible = []
     for d in readings.get("devices") or []:
         ul = d.get("under_load")
         if isinstance(ul, dict) and not ul.get("why") and d.get("uuid"):
             gpus[d["uuid"]] = {"name": d.get("name"), **from_under_load(ul)}
+            nvml = d.get("nvml") if isinstance(d.get("nvml"), dict) else {}
             impossible += [f"GPU {d['uuid']}: {why}" for why in
-                           unreachable(gpus[d["uuid"]], d.get("name"), max_clock.get(d["uuid"]))]
+                           unreachable(gpus[d["uuid"]], d.get("name"), nvml.get("clock_sm_max_mhz"))]
     if impossible:
         raise ValueError("not recorded, even with --force: figures the GPU cannot reach: " + "; ".join(impossible))
     if not gpus and not cpu:

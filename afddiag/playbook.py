@@ -42,6 +42,11 @@ _TIMEOUTS = set(DEFAULT_TIMEOUTS)
 REQUIRED_BY = {"gpu": "gpu.present", "rdma": "fabric.rdma-present"}
 
 
+#: The control-plane probe's bound (afddiag.probes.reach): at most this many TCP connects a run,
+#: peers × engine ports; more is a usage error naming it.
+MAX_ATTEMPTS = 256
+
+
 class PlaybookError(ValueError):
     """A playbook that cannot be used (the message names the file or role and the fix)."""
 
@@ -143,8 +148,6 @@ def parse(text: str, path: str) -> Playbook:
     if unjudged:
         raise PlaybookError(f"playbook {path}: requires {', '.join(unjudged)}, but its gates "
                             f"{pb.gates} do not run that gate: add it to gates or drop it from requires")
-    from afddiag.probes.reach import MAX_ATTEMPTS
-
     if len(pb.engine_ports) > MAX_ATTEMPTS:
         raise PlaybookError(f"playbook {path}: launch.engine_ports lists {len(pb.engine_ports)} ports, over the "
                             f"control-plane probe's limit of {MAX_ATTEMPTS} peer × port connects: "

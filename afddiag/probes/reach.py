@@ -20,9 +20,8 @@ import time
 from typing import Any
 
 from afddiag.model.host import ReachFacts, reach_facts
+from afddiag.playbook import MAX_ATTEMPTS  # peers × engine ports one run connects to (e.g. 16 ranks × 16 ports)
 from afddiag.probes.registry import Artifact, Probe, Run, read_source
-
-MAX_ATTEMPTS = 256  # peers × engine ports one run connects to (e.g. 16 ranks × 16 ports)
 
 
 def parse_ports(raw: str) -> list[int]:
