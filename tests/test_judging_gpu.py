@@ -290,3 +290,91 @@ def test_slow_state_busy_gpu_and_no_figures():
     v = slow(dev())
     assert (v.verdict, v.action) == (SKIP, "NONE")
     assert v.summary.endswith("no under-load readings (idle clocks are low by design)")
+
+
+# ---------------------------------------------------------------- gpu.present, gpu.sm-count, gpu.memory, gpu.processes
+
+def test_present_every_verdict():
+    from afddiag.playbook import Playbook
+
+    v = judge("gpu.present", gpu(dev(sm_count=132, compute_capability=(9, 0)), driver_version="580.1"))
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "1 GPU(s): GPU 0 NVIDIA H200 (132 SMs, cc 9.0); driver 580.1"
+    v = judge("gpu.present", gpu(dev()), playbook=Playbook(name="expert", gpu_model="GB10"))
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV") and v.summary.endswith("role expert expects a GB10")
+    nogpu = observation(gpu=GpuFacts(why="no NVIDIA driver"))
+    v = judge("gpu.present", nogpu)
+    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary == "no NVIDIA driver"
+    v = judge("gpu.present", nogpu, playbook=Playbook(name="expert", requires=["gpu"]))
+    assert (v.verdict, v.action) == (FAIL, "INSTALL") and v.summary.endswith("; role expert requires a GPU")
+    v = judge("gpu.present", observation(), playbook=Playbook(name="expert", requires=["gpu"]))
+    assert (v.verdict, v.action) == (FAIL, "RERUN")  # not looked at: nothing to install
+    fell = observation(gpu=GpuFacts(why="no GPU", xid_events=[{"xid": 79, "pci": "0000:3b:00", "text": "x"}]))
+    v = judge("gpu.present", fell, playbook=Playbook(name="expert", requires=["gpu"]))
+    assert v.verdict == SKIP and v.summary.startswith("not judged: gpu.errors failed (Xid 79")
+    v = judge("gpu.errors", fell)
+    assert (v.verdict, v.action) == (FAIL, "REBOOT")
+
+
+def test_sm_count_every_verdict():
+    v = judge("gpu.sm-count", gpu(dev(sm_count=132)), expect_sm=132)
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "1 GPU(s) have 132 SMs, as the image expects (--expect-sm)"
+    v = judge("gpu.sm-count", gpu(dev(sm_count=114)), expect_sm=132)
+    assert (v.verdict, v.action) == (FAIL, "REBUILD_IMAGE")
+    assert v.summary == "GPU 0 NVIDIA H200: image built for 132 SMs, this GPU has 114"
+    mig = GpuDevice(0, name="NVIDIA H200 MIG 3g.71gb", sm_count=60)
+    v = judge("gpu.sm-count", gpu(mig), expect_sm=132)
+    assert (v.verdict, v.action) == (FAIL, "RESET_GPU") and "a MIG instance (3g.71gb, 60 SMs)" in v.summary
+    v = judge("gpu.sm-count", gpu(dev()), expect_sm=132)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "SM count could not be read" in v.summary
+    v = judge("gpu.sm-count", gpu(dev(sm_count=132)))
+    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary.startswith("no expected SM count")
+    v = judge("gpu.sm-count", observation(gpu=GpuFacts(why="no driver")), expect_sm=132)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "but no GPU is seen (no driver)" in v.summary
+
+
+def test_memory_edges():
+    from afddiag.playbook import Playbook
+
+    total = 100 * 2**30
+    pb = Playbook(name="coordinator", reserve_fraction=0.5, min_memory_bytes=80 * 10**9)
+    d = dev(memory_total_bytes=total, memory_free_bytes=total // 2, memory_source="nvml")
+    v = judge("gpu.memory", gpu(d), playbook=pb)
+    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary == "GPU 0 NVIDIA H200: 100.0 GiB (nvml)"
+    d.memory_free_bytes = total // 2 - 1
+    v = judge("gpu.memory", gpu(d), playbook=pb)
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "a 50% reservation needs 50.00 GiB" in v.summary
+    small = dev(memory_total_bytes=80 * 10**9 - 1, memory_free_bytes=80 * 10**9 - 1)
+    v = judge("gpu.memory", gpu(small), playbook=pb)
+    assert v.verdict == FAIL and "role coordinator needs 80 GB" in v.summary
+    v = judge("gpu.memory", gpu(dev(memory_total_bytes=total)), playbook=pb)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "free memory not read" in v.summary
+    v = judge("gpu.memory", gpu(dev()))
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "total memory not read" in v.summary
+    v = judge("gpu.memory", observation("snapshot /tmp/s", gpu=GpuFacts(available=True, devices=[dev()])))
+    assert v.verdict == SKIP and "total memory not recorded in the snapshot" in v.summary
+    unified = dev(memory_total_bytes=total, unified=True, memory_source="meminfo, unified memory")
+    assert judge("gpu.memory", gpu(unified), playbook=pb).verdict == PASS  # gpu.headroom judges unified memory
+
+
+def test_processes_every_verdict():
+    from afddiag.playbook import Playbook
+
+    other = {"pid": 4242, "name": "python3", "used_bytes": 2 * 2**30, "type": "compute"}
+    v = judge("gpu.processes", gpu(dev(processes=[other])))
+    assert (v.verdict, v.action) == (WARN, "STOP_PROCESSES")
+    assert v.summary == "other processes hold GPU memory: GPU 0 NVIDIA H200: pid 4242 python3 2.00 GiB"
+    v = judge("gpu.processes", gpu(dev(processes=[other])), playbook=Playbook(name="c", reserve_fraction=0.9))
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "(a 90% memory reservation will fail)" in v.summary
+    v = judge("gpu.processes", gpu(dev(processes=[other])), playbook=Playbook(name="c", reserve_bytes=8 * 2**30))
+    assert v.verdict == FAIL and "(the 8.0 GiB reservation of role c may not fit)" in v.summary
+    own = {"pid": 7, "name": "afddiag", "type": "compute"}
+    xorg = {"pid": 9, "name": "Xorg", "type": "graphics", "used_bytes": 2**20}
+    v = judge("gpu.processes", gpu(dev(processes=[own, xorg])))
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert "(afddiag's own context left out: pid 7)" in v.summary and "graphics (display server)" in v.summary
+    v = judge("gpu.processes", gpu(dev(processes="NOT_SUPPORTED")))
+    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary.startswith("GPU process list not read")
+    v = judge("gpu.processes", gpu(dev(processes=[]), GpuDevice(1, name="NVIDIA H200")))
+    assert v.verdict == PASS and v.summary.startswith("1 GPU(s): no other compute process")
