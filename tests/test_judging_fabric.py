@@ -325,3 +325,64 @@ def test_arp_one_rail_per_subnet_and_not_captured():
     assert (v.verdict, v.action) == (ERROR, "RERUN")
     v = fab("fabric.arp", fabric(dev("mlx5_0", 0, netdev="enp0")))
     assert v.verdict == SKIP and v.summary.startswith("no IPv4 address on any RDMA netdev")
+
+
+# ---------------------------------------------------------------- fabric.devicemap-env
+
+def dm(env, f=None, **kw):
+    return fab("fabric.devicemap-env", f, env=env, **kw)
+
+
+def test_devicemap_env_map_entries():
+    v = dm({MAP_VAR: "10.0.0.1=mlx5_1"})
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == f"{MAP_VAR} points at the fabric IP's device (mlx5_1 GID 3)"
+    v = dm({MAP_VAR: "10.0.0.1=mlx5_0"})
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert v.summary == f"{MAP_VAR} sends 10.0.0.1 to mlx5_0, which does not carry it as RoCE v2 (should be mlx5_1)"
+    assert v.remedy.startswith(f"set {MAP_VAR}=10.0.0.1=mlx5_1") and v.facts["failed_vars"] == [MAP_VAR]
+    v = dm({MAP_VAR: "10.0.0.1=mlx5_1,10.0.0.7=mlx5_0"})  # another host's entry: not this host's concern
+    assert v.verdict == PASS
+    v = dm({MAP_VAR: "10.0.0.1=mlx5_1,bogus"})
+    assert v.verdict == FAIL and f"{MAP_VAR}: entry 'bogus' is not ip=device" in v.summary
+    # no entry for the fabric IP: the engine falls back to the first device, which does not carry it
+    v = dm({MAP_VAR: "10.0.0.7=mlx5_0"})
+    assert v.verdict == FAIL
+    assert "has no entry for fabric IP 10.0.0.1" in v.summary and "mlx5_0, which does not" in v.summary
+    one = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"))
+    v = dm({MAP_VAR: "10.0.0.7=mlx5_0"}, one)
+    assert (v.verdict, v.action) == (WARN, "SET_ENV") and v.summary.endswith("mlx5_1, which carries it")
+
+
+def test_devicemap_env_nccl_and_gid_index():
+    v = dm({"NCCL_IB_HCA": "=mlx5_1:1", "NCCL_IB_GID_INDEX": "3"})
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    v = dm({"NCCL_IB_HCA": "=mlx5_0:1"})
+    assert v.verdict == FAIL
+    assert v.summary == "NCCL_IB_HCA==mlx5_0:1 selects mlx5_0:1, not mlx5_1:1 which carries 10.0.0.1"
+    v = dm({"NCCL_IB_HCA": "mlx5"})  # a prefix: selects mlx5_0 too, whose port has no IPv4 RoCE v2 GID
+    assert v.verdict == FAIL and "also selects ports NCCL cannot use to reach a peer: mlx5_0:1 has no IPv4" in v.summary
+    v = dm({"NCCL_IB_GID_INDEX": "0"})
+    assert v.verdict == FAIL
+    assert v.summary.startswith("NCCL_IB_GID_INDEX=0 on mlx5_1 port 1 is fe80") and "(that is GID index 3)" in v.summary
+    v = dm({"MC_GID_INDEX": "x3"})
+    assert v.verdict == FAIL and v.summary == "MC_GID_INDEX='x3' is not a GID index"
+    v = dm({"UCX_IB_GID_INDEX": "7"})
+    assert v.verdict == FAIL and "is an empty slot" in v.summary
+
+
+def test_devicemap_env_skips_and_warns():
+    v = dm({})
+    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary.startswith(f"none of {MAP_VAR}")
+    v = judge("fabric.devicemap-env", observation(fabric=fabric(), env=None))
+    assert (v.verdict, v.summary) == (SKIP, "launch environment not captured")
+    nds = {"enp0": Netdev("enp0", 9000, "up", ["10.0.0.1/24"]), "enp1": Netdev("enp1", 9000, "up", ["10.1.0.1/24"])}
+    two = fabric(dev("mlx5_0", 0, "10.0.0.1", "enp0"), dev("mlx5_1", 1, "10.1.0.1", "enp1"), netdevs=nds)
+    v = dm({"NCCL_IB_GID_INDEX": "3"}, two)
+    assert (v.verdict, v.action) == (WARN, "SET_ENV")
+    assert v.summary == "NCCL_IB_GID_INDEX set but the fabric IP is ambiguous: give --fabric-ip"
+    v = dm({MAP_VAR: "10.0.0.1=mlx5_0,10.1.0.1=mlx5_1"}, two)
+    assert v.verdict == PASS and "(no fabric IP decided" in v.summary
+    v = dm({"NCCL_IB_GID_INDEX": "3"}, fabric_ip="10.9.9.9")
+    assert v.verdict == SKIP and v.summary == "NCCL_IB_GID_INDEX not judged: fabric IP 10.9.9.9 has no RoCE v2 GID " \
+                                              "(fabric.rocev2-ipv4)"
