@@ -179,3 +179,40 @@ def test_port_counters_congestion_unknown_one_side_and_unread():
                                             "around the run (hw_counters: EACCES)")
     v = rail(pair(run(180.0, counters=[], stage="setup")), gate_id="fabric.port-counters")
     assert v.summary.endswith("(the run stopped at stage setup)")
+
+
+# ---------------------------------------------------------------- fabric.link-speed
+
+def speed_host(mbps, errno_=None, source="live"):
+    from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, RdmaDevice
+
+    gid = Gid(3, "0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2", "enp1", "10.0.0.1")
+    f = FabricFacts(devices=[RdmaDevice("mlx5_1", 0, ports=[Port(1, "ACTIVE", "LinkUp", "Ethernet", "200 Gb/sec",
+                                                                 [gid])])],
+                    netdevs={"enp1": Netdev("enp1", 9000, "up", ["10.0.0.1/24"], speed_mbps=mbps,
+                                            speed_errno=errno_)}, order_source="netlink")
+    return observation(source, fabric=f)
+
+
+@pytest.mark.parametrize("mbps, verdict, action", [
+    (200000, PASS, "NONE"), (199999, WARN, "FIX_LINK"), (100001, WARN, "FIX_LINK"), (100000, FAIL, "FIX_LINK"),
+    (400000, PASS, "NONE")])
+def test_link_speed_edges_at_the_expectation_and_half_of_it(mbps, verdict, action):
+    v = judge("fabric.link-speed", speed_host(mbps), playbook=BANDS)
+    assert (v.verdict, v.action) == (verdict, action)
+    assert v.summary.startswith("enp1 (mlx5_1 port 1, fabric IP 10.0.0.1): negotiated")
+
+
+def test_link_speed_unread_unknown_and_no_expectation():
+    v = judge("fabric.link-speed", speed_host(None, 22), playbook=BANDS)
+    assert (v.verdict, v.action) == (SKIP, "NONE")
+    assert v.summary.endswith("negotiated speed not read: the kernel refused the read (EINVAL), as it does while the "
+                              "link is down")
+    v = judge("fabric.link-speed", speed_host(None, None, "snapshot /tmp/s"), playbook=BANDS)
+    assert v.summary.endswith("not read: not captured in this snapshot (no sys/class/net/enp1/speed)")
+    v = judge("fabric.link-speed", speed_host(None, 13), playbook=BANDS)
+    assert v.summary.endswith("not read: reading sys/class/net/enp1/speed failed (EACCES: Permission denied)")
+    v = judge("fabric.link-speed", speed_host(-1), playbook=BANDS)
+    assert v.verdict == SKIP and "SPEED_UNKNOWN" in v.summary
+    v = judge("fabric.link-speed", speed_host(25000))
+    assert (v.verdict, v.action) == (PASS, "NONE") and v.summary.endswith("(role generic sets no expected speed)")
