@@ -378,3 +378,47 @@ def test_processes_every_verdict():
     assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary.startswith("GPU process list not read")
     v = judge("gpu.processes", gpu(dev(processes=[]), GpuDevice(1, name="NVIDIA H200")))
     assert v.verdict == PASS and v.summary.startswith("1 GPU(s): no other compute process")
+
+
+# ---------------------------------------------------------------- gpu.headroom
+
+def headroom(d: GpuDevice, meminfo=None, **pb):
+    from afddiag.playbook import Playbook
+
+    return judge("gpu.headroom", gpu(d, host_meminfo_kb=meminfo), playbook=Playbook(name="expert", **pb))
+
+
+def test_unified_headroom_memfree_and_memavailable_edges():
+    gb10 = GpuDevice(0, name="NVIDIA GB10", unified=True, memory_total_bytes=128 * 2**30)
+    need = 64 * 2**30
+    kib = need // 1024
+    v = headroom(gb10, {"MemFree": kib, "MemAvailable": kib}, reserve_bytes=need)
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    v = headroom(gb10, {"MemFree": kib - 1, "MemAvailable": kib, "Cached": 10, "Buffers": 1}, reserve_bytes=need)
+    assert (v.verdict, v.action) == (WARN, "DROP_CACHES")
+    v = headroom(gb10, {"MemFree": kib - 1, "MemAvailable": kib - 1, "Cached": 10}, reserve_bytes=need)
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES")
+    assert "processes hold the memory, dropping caches will not free it" in v.summary
+    v = headroom(gb10, {"MemAvailable": kib}, reserve_bytes=need)
+    assert v.verdict == PASS and "(MemFree not captured" in v.summary
+    v = headroom(gb10, {}, reserve_bytes=need)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "MemAvailable not read" in v.summary
+    v = headroom(gb10, {"MemFree": kib, "MemAvailable": kib}, reserve_fraction=0.5)
+    assert v.verdict == PASS and "50% reservation of role expert" in v.summary
+    v = headroom(gb10, {"MemFree": kib, "MemAvailable": kib})
+    assert (v.verdict, v.action) == (SKIP, "NONE") and "plans no reservation" in v.summary
+
+
+def test_discrete_headroom_nvml_free_edge():
+    need = 40 * 2**30
+    d = dev(memory_total_bytes=141 * 2**30, memory_free_bytes=need)
+    v = headroom(d, reserve_bytes=need)
+    assert (v.verdict, v.action) == (PASS, "NONE") and "NVML free 40.00 GiB covers the 40.00 GiB" in v.summary
+    d.memory_free_bytes = need - 1
+    v = headroom(d, reserve_bytes=need)
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "is below the 40.00 GiB reservation" in v.summary
+    d.memory_free_bytes = None
+    v = headroom(d, reserve_bytes=need)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "NVML free memory not read" in v.summary
+    v = headroom(dev(memory_total_bytes=141 * 2**30), reserve_fraction=0.9)
+    assert v.verdict == SKIP and "gpu.memory judges NVML free memory against the 90% reservation" in v.summary
