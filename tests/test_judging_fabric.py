@@ -386,3 +386,59 @@ def test_devicemap_env_skips_and_warns():
     v = dm({"NCCL_IB_GID_INDEX": "3"}, fabric_ip="10.9.9.9")
     assert v.verdict == SKIP and v.summary == "NCCL_IB_GID_INDEX not judged: fabric IP 10.9.9.9 has no RoCE v2 GID " \
                                               "(fabric.rocev2-ipv4)"
+
+
+# ---------------------------------------------------------------- fabric.mem-registration
+
+def memreg(*devices, pb=None, **kw):
+    from afddiag.model.fabric import MemRegFacts
+
+    return judge("fabric.mem-registration", observation(memreg=MemRegFacts(devices=list(devices), **kw)), playbook=pb)
+
+
+OK = {"ok": True}
+
+
+def test_mem_registration_every_verdict():
+    v = memreg({"name": "mlx5_0", "host_mr": OK, "gpu_mr": OK})
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == ("mlx5_0: host memory yes; GPU memory yes (nvidia-peermem); role generic does not say which "
+                         "memory its engine registers")
+    v = memreg({"name": "mlx5_0", "host_mr": OK, "gpu_mr": {"ok": False, "errno": 14}},
+               pb=Playbook(name="expert", engine_registers="gpu"))
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert "GPU memory no (GPU pointer registration on mlx5_0: errno 14" in v.summary
+    assert "(nvidia_peermem not loaded)" in v.summary
+    v = memreg({"name": "mlx5_0", "host_mr": OK, "dmabuf_mr": OK}, pb=Playbook(name="expert", engine_registers="gpu"))
+    assert v.verdict == PASS and "GPU memory yes (dma-buf)" in v.summary
+    v = memreg({"name": "mlx5_0", "host_mr": {"ok": False, "errno": 12}}, memlock_soft_bytes=64 * 2**20)
+    assert (v.verdict, v.action) == (FAIL, "RAISE_LIMIT")
+    v = memreg({"name": "mlx5_0", "host_mr": {"ok": False, "errno": 12}}, memlock_soft_bytes=-1)
+    assert (v.verdict, v.action) == (FAIL, "LOAD_DRIVER")
+    v = memreg({"name": "mlx5_0", "open_error": {"errno": 13, "error": "EACCES"}})
+    assert (v.verdict, v.action) == (FAIL, "LOAD_DRIVER")
+    assert "cannot register host memory (mlx5_0: errno 13" in v.summary
+
+
+def test_mem_registration_pinned_count_and_the_cma_signature():
+    short = {"name": "mlx5_0", "host_mr": OK, "host_mr_count": {"registered": 100, "wanted": 512, "errno": 12}}
+    v = memreg(short, memlock_soft_bytes=-1)
+    assert (v.verdict, v.action) == (WARN, "STOP_PROCESSES") and "only 100 of 512 x 1 MiB held at once" in v.summary
+    v = memreg(short, memlock_soft_bytes=511 * 2**20)  # the limit stopped the count: launch.memlock's
+    assert v.verdict == PASS and "the count stopped at RLIMIT_MEMLOCK 511 MiB" in v.summary
+    v = memreg(short, memlock_soft_bytes=512 * 2**20)
+    assert v.verdict == WARN
+    cma = {"cma_total_kb": 100, "cma_free_kb": 101, "kho_off": False, "kernel_release": "6.11.0-nvidia"}
+    v = memreg(short, memlock_soft_bytes=-1, **cma)
+    assert (v.verdict, v.action) == (FAIL, "REBOOT") and "Spark registration-bug signature: CmaFree 101 kB" in v.summary
+    v = memreg({"name": "mlx5_0", "host_mr": OK}, **cma)
+    assert (v.verdict, v.action) == (WARN, "REBOOT")
+    assert memreg({"name": "mlx5_0", "host_mr": OK}, **{**cma, "cma_free_kb": 100}).verdict == PASS
+    assert memreg({"name": "mlx5_0", "host_mr": OK}, **{**cma, "kho_off": True}).verdict == PASS
+
+
+def test_mem_registration_skips():
+    v = memreg(verbs_why="pyverbs is not installed")
+    assert (v.verdict, v.summary) == (SKIP, "no registration tried: pyverbs is not installed")
+    v = judge("fabric.mem-registration", observation())
+    assert (v.verdict, v.summary) == (SKIP, "memory registration (--no-qp skips it) not probed")
