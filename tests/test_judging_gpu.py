@@ -422,3 +422,50 @@ def test_discrete_headroom_nvml_free_edge():
     assert (v.verdict, v.action) == (WARN, "RERUN") and "NVML free memory not read" in v.summary
     v = headroom(dev(memory_total_bytes=141 * 2**30), reserve_fraction=0.9)
     assert v.verdict == SKIP and "gpu.memory judges NVML free memory against the 90% reservation" in v.summary
+
+
+# ---------------------------------------------------------------- gpu.image-arch
+
+def image(arch="", cc=(9, 0), driver_cuda=12080, **env):
+    from afddiag.model.host import ImageFacts
+
+    img = ImageFacts(ref="afd:1", labels={"afd.cuda_arch_list": arch} if arch else {}, env=env)
+    o = observation(gpu=GpuFacts(available=True, cuda_driver_version=driver_cuda,
+                                 devices=[GpuDevice(0, name="NVIDIA H200", compute_capability=cc)]), image=img)
+    return judge("gpu.image-arch", o)
+
+
+@pytest.mark.parametrize("arch, verdict", [
+    ("9.0", PASS), ("9.0a", PASS), ("sm_90", PASS), ("90", PASS), ("8.0 9.0a", PASS),
+    ("8.9", FAIL), ("8.0+PTX", WARN), ("compute_80", WARN), ("10.0", FAIL), ("10.0+PTX", FAIL), ("7.5a", FAIL)])
+def test_image_arch_against_the_gpus_compute_capability(arch, verdict):
+    v = image(arch)
+    assert (v.verdict, v.action) == (verdict, "REBUILD_IMAGE" if verdict != PASS else "NONE")
+
+
+def test_binary_compatibility_holds_within_one_major_only():
+    v = image("12.0", cc=(12, 1))
+    assert (v.verdict, v.action) == (WARN, "REBUILD_IMAGE") and "runs by binary compatibility" in v.summary
+    assert image("12.0a", cc=(12, 1)).verdict == FAIL  # arch-specific kernels are for that one SM only
+    assert image("12.1", cc=(12, 0)).verdict == FAIL
+
+
+def test_image_arch_cuda_version_edge_and_skips():
+    v = image("9.0", NVIDIA_REQUIRE_CUDA="cuda>=12.8 brand=tesla")
+    assert v.verdict == PASS and v.summary == "image afd:1 has kernels for sm_90; needs CUDA 12.8, driver has 12.8"
+    v = image("9.0", driver_cuda=12070, CUDA_VERSION="12.8.1")
+    assert (v.verdict, v.action) == (FAIL, "REBUILD_IMAGE")
+    assert v.summary == "the driver supports CUDA 12.7, image afd:1 needs 12.8"
+    v = image("", TORCH_CUDA_ARCH_LIST="9.0")
+    assert v.verdict == PASS
+    v = image("")
+    assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary.startswith("image afd:1: no arch list")
+    from afddiag.model.host import ImageFacts
+
+    g = GpuFacts(available=True, devices=[GpuDevice(0, name="NVIDIA H200")])
+    v = judge("gpu.image-arch", observation(gpu=g, image=ImageFacts(failed="docker inspect timed out")))
+    assert (v.verdict, v.action) == (ERROR, "RERUN")
+    v = judge("gpu.image-arch", observation(gpu=g))
+    assert v.summary == "image not inspected: no image given (--launch-env with AFD_IMAGE)"
+    v = judge("gpu.image-arch", observation(gpu=g), launch_env={"AFD_ROLE": "expert"})
+    assert v.summary == "image not inspected: no AFD_IMAGE in the launch env"
