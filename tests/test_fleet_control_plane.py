@@ -148,8 +148,8 @@ def test_a_down_link_and_a_firewall_elsewhere_are_both_named(tmp_path, capsys):
             _link_down(_report(tmp_path, capsys, "spark-b", {"coord": "unreachable"}))]
     v = _cp(_fleet(tmp_path, capsys, reps))
     assert v["verdict"] == "FAIL" and v["action"] == "OPEN_PORTS"
-    assert v["remedy"].startswith(fg.remedy("fleet.control-plane"))
-    assert "fix the fabric link first on spark-b" in v["remedy"]
+    assert v["remedy"].startswith("open the engine ports between the fabric addresses on the side that drops")
+    assert "; and fix the fabric link first on spark-b" in v["remedy"]
     assert {(e["source"], e["peer"]) for e in v["facts"]["explained_by_link_down"]} == \
         {("coord", "spark-b"), ("spark-b", "coord")}
 
@@ -163,7 +163,9 @@ def test_both_ways_dropped_is_plain_failure_on_each_side(tmp_path, capsys):
     assert v["verdict"] == "FAIL" and "asymmetric" not in v["summary"], v["summary"]
     assert "coord cannot reach spark-a (10.9.0.11) port 29500 unreachable, 29501 unreachable" in v["summary"]
     assert "spark-a cannot reach coord (10.9.0.10) port 29501 timeout" in v["summary"]
-    assert v["remedy"] == fg.remedy("fleet.control-plane") and v["facts"]["asymmetric"] == []
+    # both sides drop: the generic firewall remedy, not the one-sided "open port(s) on <host>" of an asymmetric pair
+    assert v["remedy"].startswith("open the engine ports between the fabric addresses on the side that drops")
+    assert "its firewall drops connections it does not start" not in v["remedy"] and v["facts"]["asymmetric"] == []
 
 
 def test_a_source_that_cannot_bind_is_no_firewall_on_the_peer(tmp_path, capsys):
