@@ -2,10 +2,10 @@
 benchmarks/results/h200-2026-12-01/issue15-*, made by benchmarks/h200/issue15.sh).
 
 The folder goes through the path every replay takes (the registry's artifacts → facts, the runner, the
-gates), as the coordinator with the launch env the live run had. What the H200 run printed
-(summary.txt) is the reference: the verdicts of fabric.mem-registration, gpu.memory, gpu.headroom,
-host.pcie and launch.memory-plan, every figure with its unit in their summaries, and the readings it
-listed (CUDA attributes, the dma-buf export, the driver flavour, meminfo, NVML free memory).
+gates), as the coordinator with the launch env the live run had. The readings the H200 run listed
+(CUDA attributes, the dma-buf export, the driver flavour, meminfo, NVML free memory; summary.txt) must
+be the facts the replay reads; the verdicts are asserted from what those readings imply, not compared
+with the verdicts that run printed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from afddiag.cli import diagnose_full, make_inputs
 from conftest import REPO
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpu" / "h200-issue15"
-ORIG = REPO / "benchmarks" / "results" / "h200-2026-12-01"
 GATES = ("fabric.mem-registration", "gpu.memory", "gpu.headroom", "host.pcie", "launch.memory-plan")
 GIB = 2**30
 
@@ -43,30 +42,25 @@ def replay():
     return rep, obs, {g["id"]: g for g in rep["gates"]}
 
 
-def test_fixtures_are_the_recorded_files():
-    for fix, orig in (("gpu.json", "issue15-gpu.json"), ("memreg.json", "issue15-memreg.json"),
-                      ("pcie.json", "issue15-pcie.json"), ("summary.txt", "issue15-summary.txt")):
-        assert (FIX / fix).read_bytes() == (ORIG / orig).read_bytes(), fix
-
-
-def test_summary_lists_every_gate_compared():
-    verdicts, _ = _printed()
-    assert set(verdicts) == set(GATES)
+# What the readings imply, per gate (written from the readings, not taken from the verdicts the H200 printed):
+# no pyverbs there (nothing registered); 140.4 GiB of NVML memory with 139.8 free covers the coordinator's
+# 97 % reservation (136.2 GiB); a discrete GPU's reservation is gpu.memory's, not gpu.headroom's; the GPU's
+# link trained x16 at 32 GT/s, its maximum; the launch env's capacity 1024 with the drafter on leaves a pool.
+EXPECTED = {"fabric.mem-registration": ("SKIP", ["no registration tried: pyverbs is not installed"]),
+            "gpu.memory": ("PASS", ["140.4 GiB (nvml)"]),
+            "gpu.headroom": ("SKIP", ["discrete GPU: gpu.memory judges NVML free memory against the 97% reservation"]),
+            "host.pcie": ("PASS", ["1 link(s) at their maximum width", "x16 32 GT/s"]),
+            "launch.memory-plan": ("PASS", ["140.40 GiB", "reservation 97% (role coordinator)",
+                                            "AFD_PREFILL_CAPACITY=1024", "AFD_DRAFTER=1"])}
 
 
 @pytest.mark.parametrize("gid", GATES)
-def test_verdict_and_figures_as_the_h200_printed(replay, gid):
-    rep, _, gates = replay
-    want_verdict, want_summary = _printed()[0][gid]
-    g = gates[gid]
-    assert g["verdict"] == want_verdict, (gid, g["summary"])
-    # every figure with its unit (and each count) the H200 printed is in the replay's summary
-    figures = re.findall(r"\d[\d,.]*\s?(?:GiB|GT/s|M tokens|%|full)|x\d+|\b\d+ SMs|\d+ link", want_summary)
-    assert figures or want_verdict == "SKIP", want_summary
-    if want_verdict == "SKIP":  # no figure: the reason is the claim
-        assert g["summary"] == want_summary
-    for f in figures:
-        assert f in g["summary"], (gid, f, g["summary"])
+def test_verdict_and_figures_follow_from_the_readings(replay, gid):
+    _, _, gates = replay
+    verdict, words = EXPECTED[gid]
+    assert gates[gid]["verdict"] == verdict, (gid, gates[gid]["summary"])
+    for w in words:
+        assert w in gates[gid]["summary"], (gid, w, gates[gid]["summary"])
 
 
 def test_registration_readings_as_printed(replay, report_schema):
@@ -107,9 +101,16 @@ def test_memory_readings_as_printed(replay):
     assert (f"{mem['free_bytes'] / GIB:.2f}", f"{mem['total_bytes'] / GIB:.2f}") == (free, total)
     assert mem["source"] == "nvml" and mem["unified"] is False  # discrete: gpu.headroom leaves it to gpu.memory
     plan = gates["launch.memory-plan"]["facts"]
-    pool = re.search(r"KV pool ([\d.]+) GiB = ([\d.]+) M tokens = (\d+) full", _printed()[0]["launch.memory-plan"][1])
-    assert (f"{plan['pool_bytes'] / GIB:.2f}", f"{plan['pool_tokens'] / 1e6:.2f}", str(plan["full_contexts"])) == \
-        pool.groups()
+    # pool = reservation x GPU memory - headroom - weights - drafter - fit offset - activation x capacity, from the
+    # coordinator playbook's [plan] constants (docs/MEMORY-PLAN.md), computed here, not read from a printout
+    import tomllib
+
+    c = tomllib.loads((REPO / "playbooks" / "coordinator.toml").read_text())["plan"]
+    want = (0.97 * mem["total_bytes"] - c["runtime_headroom_bytes"] - c["weights_bytes"] - c["drafter_bytes"]
+            - c["fit_offset_bytes"] - c["activation_bytes_per_capacity"] * 1024)
+    assert abs(plan["pool_bytes"] - want) <= 1
+    assert plan["pool_tokens"] == int(plan["pool_bytes"] // c["kv_bytes_per_token"])
+    assert plan["full_contexts"] == plan["pool_tokens"] // c["max_context_tokens"] > 0
     assert plan["total_bytes"] == mem["total_bytes"] and plan["capacity"] == 1024 and plan["drafter"] is True
     link = gates["host.pcie"]["facts"]["links"][0]
     assert (link["bdf"], link["kind"], link["current_width"], link["current_speed_gts"]) == \
