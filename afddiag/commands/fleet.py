@@ -52,7 +52,8 @@ def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = No
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet report (with every host's report) on stdout.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
               help="known_hosts file to verify host keys against (default: the inventory's, else ~/.ssh/known_hosts).")
-@click.option("--identity", type=click.Path(dir_okay=False), help="Client private key (default: agent and ~/.ssh/id_*).")
+@click.option("--identity", type=click.Path(dir_okay=False),
+              help="Client private key (default: agent and ~/.ssh/id_*).")
 @click.option("--concurrency", type=click.IntRange(1, 1024), help="Hosts collected at once (default 16).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600),
               help="Per-host time bound, seconds, connect to last byte (default 120).")

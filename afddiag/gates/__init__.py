@@ -14,7 +14,7 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from afddiag import catalog
 from afddiag.endpoint import FabricIp, resolve_fabric_ip  # noqa: F401 - the one place that decides
@@ -77,6 +77,17 @@ def not_probed(gate_id: str, facts: Any, what: str, remedy_text: str) -> Verdict
         notes = getattr(facts, "notes", None) or []
         return Verdict(gate_id, SKIP, "; ".join(notes) if notes else f"{what} not probed", remedy_text)
     return None
+
+
+F = TypeVar("F")  # a probe's facts
+
+
+def probed(gate_id: str, facts: F | None, what: str, remedy_text: str) -> F | Verdict:
+    """:func:`not_probed` that hands back what it checked: the Verdict to return, else ``facts``
+    themselves, not None (a gate's preamble: ``p = probed(...)``; ``if isinstance(p, Verdict): return p``)."""
+    if facts is None:
+        return Verdict(gate_id, SKIP, f"{what} not probed", remedy_text)
+    return not_probed(gate_id, facts, what, remedy_text) or facts
 
 
 # "fleet" gates judge several hosts' reports (afddiag/gates/fleet.py, signature (hosts, expect)); only

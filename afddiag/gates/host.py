@@ -4,7 +4,7 @@ PCIe links of the RDMA NICs and GPUs."""
 from __future__ import annotations
 
 from afddiag.catalog import remedy
-from afddiag.gates import Context, declared, gate, not_probed, probe_failed
+from afddiag.gates import Context, declared, gate, probe_failed, probed
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 SLOW_CLOCK_FRACTION = 0.5
@@ -140,7 +140,7 @@ def cpu_clock(ctx: Context, gate_id: str) -> Verdict:
         if min_mhz and clk < min_mhz:
             low_clock = f"clock under load {clk:.0f} MHz, below the role's {min_mhz} MHz"
             limit = max(min_mhz, half) if half is not None and clk < half else min_mhz
-        elif half is not None and clk < half:
+        elif half is not None and mx and clk < half:
             low_clock = f"clock under load {clk:.0f} MHz is {clk / mx:.0%} of max {mx:.0f} MHz"
             limit = half
     slow = ref is not None and rate is not None and rate < SLOW_LOOP_FRACTION * ref
@@ -153,8 +153,8 @@ def cpu_clock(ctx: Context, gate_id: str) -> Verdict:
             return Verdict(gate_id, WARN, f"{model}: {low_clock}, explained by {cause}: not the stuck state", rem,
                            {**facts, "explained_by": cause}, action=action)
         if ref is not None and rate is not None and not slow:
-            return Verdict(gate_id, WARN, f"{model}: {low_clock}, but the loop runs at {rate / ref:.0%} of the baseline "
-                           f"{ref:g} Mop/s: the cpufreq reading and the work disagree, inconclusive",
+            return Verdict(gate_id, WARN, f"{model}: {low_clock}, but the loop runs at {rate / ref:.0%} of the "
+                           f"baseline {ref:g} Mop/s: the cpufreq reading and the work disagree, inconclusive",
                            TIMING_REMEDY, facts, action="RERUN")
         if not isinstance(cpu.get("throttle_events"), int) and hot_zones(cpu) is None:
             # No throttle counters (ARM) and no thermal zone read: thermal throttling reads the same as the
@@ -208,7 +208,9 @@ def judge_pcie_link(link) -> tuple[str, str | None]:
     limit (a Gen5 NIC in a Gen4 slot). Without the
     port's reading a narrower link still FAILs, and the finding says the port's maximum was not read.
     ``finding`` names the device. Pure."""
-    who = f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf}" + (f" ({', '.join(link.names)})" if link.kind == "nic" and link.names else "")
+    who = f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf}"
+    if link.kind == "nic" and link.names:
+        who += f" ({', '.join(link.names)})"
     if None in (link.current_width, link.max_width, link.current_speed_gts, link.max_speed_gts):
         return SKIP, f"{who}: link figures not readable"
     cap_speed, cap_width, port_known = _link_cap(link)
@@ -246,16 +248,16 @@ def _port_narrow(link) -> bool:
 
 @gate("host.pcie")
 def pcie(ctx: Context, gate_id: str) -> Verdict:
-    p = ctx.obs.pcie
-    if (v := not_probed(gate_id, p, "PCIe links", "run on the host, or replay a capture made with this afddiag")) is not None:
-        return v
+    p = probed(gate_id, ctx.obs.pcie, "PCIe links", "run on the host, or replay a capture made with this afddiag")
+    if isinstance(p, Verdict):
+        return p
     if not p.links:
         return Verdict(gate_id, SKIP, "no PCI RDMA NIC or NVIDIA GPU found through sysfs device links"
                        + (f" ({'; '.join(p.notes[:2])})" if p.notes else ""), "nothing to check", {"notes": p.notes})
     judged = [(link, *judge_pcie_link(link)) for link in p.links]
     facts = {"links": [vars(link) for link in p.links], "notes": p.notes}
     for worst in (FAIL, WARN):
-        found = [(link, f) for link, v, f in judged if v == worst]
+        found = [(link, f) for link, v, f in judged if v == worst and f is not None]  # a FAIL or WARN names its finding
         if found:
             unknown = [link for link, _ in found if not _link_cap(link)[2]]
             rem = (remedy("host.pcie.port-unknown").format(bdfs=", ".join(link.bdf for link in unknown)) + " "
@@ -266,9 +268,9 @@ def pcie(ctx: Context, gate_id: str) -> Verdict:
             return Verdict(gate_id, worst, "; ".join(f for _, f in found), rem, facts)
     ok = [link for link, v, _ in judged if v == PASS]
     if not ok:
-        return Verdict(gate_id, SKIP, "; ".join(f for _, _, f in judged), "run on the host as a user that can read "
-                       "/sys/bus/pci/devices/*/current_link_*", facts)
-    idle = [link for link in ok if link.kind == "gpu" and link.current_speed_gts < (_link_cap(link)[0] or 0)]
+        return Verdict(gate_id, SKIP, "; ".join(f for _, _, f in judged if f),
+                       "run on the host as a user that can read /sys/bus/pci/devices/*/current_link_*", facts)
+    idle = [link for link in ok if link.kind == "gpu" and (link.current_speed_gts or 0) < (_link_cap(link)[0] or 0)]
     slot = [f for _, v, f in judged if v == PASS and f]
     text = ", ".join(f"{'NIC' if link.kind == 'nic' else 'GPU'} {link.bdf} x{link.current_width} "
                      f"{link.current_speed_gts:g} GT/s" for link in ok)

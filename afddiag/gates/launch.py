@@ -73,7 +73,8 @@ def memlock(ctx: Context, gate_id: str) -> Verdict:
     if lim is None or not lim.captured:
         notes = "; ".join(lim.notes) if lim and lim.notes else ""
         return Verdict(gate_id, SKIP, notes if notes.startswith("limits not captured") else
-                       "limits not captured" + (f" ({notes})" if notes else ""), "run on the host, or replay a capture of it (`afddiag capture`)")
+                       "limits not captured" + (f" ({notes})" if notes else ""),
+                       "run on the host, or replay a capture of it (`afddiag capture`)")
     soft = lim.memlock_soft_bytes
     facts = {"memlock_soft_bytes": soft, "memlock_hard_bytes": lim.memlock_hard_bytes, "user": lim.user,
              "in_container": lim.in_container}
@@ -87,7 +88,8 @@ def memlock(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, FAIL, f"{text}; role {ctx.playbook.name} needs unlimited (verbs registrations pin "
                        "memory)", remedy(gate_id), facts)
     if need > 0 and soft < need:
-        return Verdict(gate_id, FAIL, f"{text}, below the {_gib(need)} role {ctx.playbook.name} needs", remedy(gate_id), facts)
+        return Verdict(gate_id, FAIL, f"{text}, below the {_gib(need)} role {ctx.playbook.name} needs",
+                       remedy(gate_id), facts)
     if need == 0:
         return Verdict(gate_id, WARN, f"{text}: RDMA engines register GPU and host buffers; unlimited is expected",
                        remedy(gate_id), facts)
@@ -100,7 +102,8 @@ def uverbs_access(ctx: Context, gate_id: str) -> Verdict:
     if (v := probe_failed(gate_id, lim)) is not None:
         return v
     if lim is None or not lim.captured:
-        return Verdict(gate_id, SKIP, "device nodes not captured", "run on the host, or replay a capture of it (`afddiag capture`)")
+        return Verdict(gate_id, SKIP, "device nodes not captured",
+                       "run on the host, or replay a capture of it (`afddiag capture`)")
     fab = ctx.obs.fabric
     has_rdma = bool(fab and fab.devices)
     nodes = lim.device_nodes
@@ -117,9 +120,11 @@ def uverbs_access(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, FAIL, f"{', '.join(n.path for n in bad)} not readable and writable by {lim.user}",
                        remedy(gate_id), facts)
     if not any(n.path.endswith("rdma_cm") for n in nodes):
-        return Verdict(gate_id, WARN, f"{len(uverbs)} uverbs node(s) usable by {lim.user}, but no /dev/infiniband/rdma_cm "
-                       f"{where} (engines that connect through RDMA CM need it)", remedy(gate_id), facts)
-    return Verdict(gate_id, PASS, f"{len(uverbs)} uverbs node(s) and rdma_cm readable and writable by {lim.user} {where}",
+        return Verdict(gate_id, WARN, f"{len(uverbs)} uverbs node(s) usable by {lim.user}, but no "
+                       f"/dev/infiniband/rdma_cm {where} (engines that connect through RDMA CM need it)",
+                       remedy(gate_id), facts)
+    return Verdict(gate_id, PASS,
+                   f"{len(uverbs)} uverbs node(s) and rdma_cm readable and writable by {lim.user} {where}",
                    "nothing to do", facts)
 
 
@@ -170,7 +175,8 @@ def memory_plan(ctx: Context, gate_id: str) -> Verdict:
     reserve = float(r_raw) if r_raw else pb.reserve_fraction
     src = {"capacity": f"{key}={cap}" if raw else f"capacity {cap} (default)",
            "drafter": f"AFD_DRAFTER={d_raw}" if d_raw else f"drafter {'on' if drafter else 'off'} (default)",
-           "reservation": f"AFD_GPU_MEMORY_RESERVATION={r_raw}" if r_raw else f"reservation {reserve:.0%} (role {pb.name})"}
+           "reservation": (f"AFD_GPU_MEMORY_RESERVATION={r_raw}" if r_raw
+                           else f"reservation {reserve:.0%} (role {pb.name})")}
     if not reserve:
         return Verdict(gate_id, SKIP, f"role {pb.name} sets no memory reservation (gpu.reserve_fraction or "
                        "AFD_GPU_MEMORY_RESERVATION)", "give the engine's reservation", {"sources": src})
@@ -182,8 +188,9 @@ def memory_plan(ctx: Context, gate_id: str) -> Verdict:
     gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
     if p["pool_bytes"] <= 0:
         return Verdict(gate_id, FAIL, f"{subject}: out of memory predicted: weights, drafter and activations need "
-                       f"{gib(p['occupied_bytes'])} of the {gib(p['reserved_bytes'] - pb.plan.get('runtime_headroom_bytes', 0))} "
-                       f"left after the runtime headroom ({gib(-p['pool_bytes'])} short)", remedy(gate_id), facts)
+                       f"{gib(p['occupied_bytes'])} of the "
+                       f"{gib(p['reserved_bytes'] - pb.plan.get('runtime_headroom_bytes', 0))} left after the "
+                       f"runtime headroom ({gib(-p['pool_bytes'])} short)", remedy(gate_id), facts)
     pool = (f"KV pool {gib(p['pool_bytes'])} = {p['pool_tokens'] / 1e6:.2f} M tokens"
             + (f" = {p['full_contexts']} full {int(pb.plan['max_context_tokens']):,}-token context(s)"
                if p["full_contexts"] is not None else ""))

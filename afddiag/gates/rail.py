@@ -92,7 +92,8 @@ def link_speed(ctx: Context, gate_id: str) -> Verdict:
     if isinstance(e, Verdict):
         return e
     _, port = port_of(ctx, e)
-    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
+    fabric = ctx.obs.fabric  # read, or carrier_entry would have stopped the gate
+    nd = fabric.netdevs.get(e.netdev or "") if fabric else None
     speed = nd.speed_mbps if nd else None
     expect = ctx.playbook.link_speed_mbps
     facts = {"netdev": e.netdev, "speed_mbps": speed, "expected_mbps": expect or None, "device": e.device,
@@ -100,7 +101,8 @@ def link_speed(ctx: Context, gate_id: str) -> Verdict:
     subject = f"{e.netdev} ({e.device} port {e.port}, fabric IP {ctx.fabric_ip.ip})"
     why = speed_unread(nd.speed_errno if nd else None, ctx.obs.source.startswith("snapshot"), e.netdev)
     verdict, summary = judge_link_speed(subject, speed, expect, ctx.playbook.name, why)
-    rem = {PASS: "nothing to do", SKIP: "read it on the host (`ethtool <netdev>`; capture includes sys/class/net/<if>/speed)"}
+    rem = {PASS: "nothing to do",
+           SKIP: "read it on the host (`ethtool <netdev>`; capture includes sys/class/net/<if>/speed)"}
     return Verdict(gate_id, verdict, summary, rem.get(verdict) or remedy(gate_id).format(netdev=e.netdev), facts)
 
 
@@ -118,7 +120,8 @@ def _bandwidth_run(ctx: Context, gate_id: str):
     if (v := _local_stop(gate_id, p)) is not None:
         return v
     if p.bandwidth is None:
-        return Verdict(gate_id, SKIP, "the pair test ran its short SEND/WRITE phases only (no --bandwidth)", f"run {how}")
+        return Verdict(gate_id, SKIP, "the pair test ran its short SEND/WRITE phases only (no --bandwidth)",
+                       f"run {how}")
     return p, p.bandwidth
 
 
@@ -128,7 +131,8 @@ def _rail(p) -> str:
     peer = (p.peer or "no peer").rsplit(":", 1)[0]
     if p.device is None:
         return f"rail of {p.fabric_ip or 'no fabric IP'} (no RDMA device chosen here) <-> {peer}"
-    return f"rail {p.device} port {p.port if p.port is not None else 'not read'} ({p.fabric_ip or 'no fabric IP'} <-> {peer})"
+    port = p.port if p.port is not None else "not read"
+    return f"rail {p.device} port {port} ({p.fabric_ip or 'no fabric IP'} <-> {peer})"
 
 
 def _local_stop(gate_id: str, p) -> Verdict | None:
@@ -137,8 +141,8 @@ def _local_stop(gate_id: str, p) -> Verdict | None:
     if not getattr(p, "local_error", None):
         return None
     if gate_id != "fabric.rail-bandwidth":  # one fault, named once: by the rail's bandwidth gate
-        return Verdict(gate_id, SKIP, f"{_rail(p)}: not read: the pair test stopped on this host (fabric.rail-bandwidth "
-                       "names why)", "see fabric.rail-bandwidth", {"local_error": p.local_error})
+        return Verdict(gate_id, SKIP, f"{_rail(p)}: not read: the pair test stopped on this host "
+                       "(fabric.rail-bandwidth names why)", "see fabric.rail-bandwidth", {"local_error": p.local_error})
     return Verdict(gate_id, ERROR, f"{_rail(p)}: not measured: stopped on this host before contacting the peer: "
                    f"{p.local_error}", remedy("fabric.rail-bandwidth.local"),
                    {"local_error": p.local_error, "fabric_ip": p.fabric_ip, "peer": p.peer}, action="RERUN")
@@ -188,7 +192,8 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
              "gbps": bw.gbps, "seconds": bw.seconds, "seconds_asked": bw.seconds_asked, "bytes": bw.bytes,
              "size": bw.size, "qps": bw.qps, "depth": bw.depth, "verified": bw.verified, "stage": bw.stage,
              "error": bw.error or p.error, "per_qp_gbps": [q.gbps for q in bw.per_qp],
-             "bands_gbps": {"healthy": pb.rail_healthy_gbps or None, "stale_init": list(pb.rail_stale_init_gbps) or None,
+             "bands_gbps": {"healthy": pb.rail_healthy_gbps or None,
+                            "stale_init": list(pb.rail_stale_init_gbps) or None,
                             "fail_below": pb.rail_fail_below_gbps or None, "role": pb.name},
              "error_counters_grew": {k: v for k, v in errs.items() if v}}
     error = bw.error or p.error
@@ -207,10 +212,12 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
             return Verdict(gate_id, ERROR, f"{rail}: not measured: {error or 'the bandwidth run did not start'}",
                            remedy(gate_id + ".not-run"), facts, action="RERUN")
         if p.role == "server":  # the client measures: its figures never came
-            return Verdict(gate_id, FAIL, f"{rail}: the client's end of the run never arrived ({error or 'no figures'}, "
-                           f"stage {bw.stage})", remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"),
+            return Verdict(gate_id, FAIL, f"{rail}: the client's end of the run never arrived "
+                           f"({error or 'no figures'}, stage {bw.stage})",
+                           remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"),
                            facts, action="CHECK_FABRIC")
-        return Verdict(gate_id, FAIL, f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
+        return Verdict(gate_id, FAIL,
+                       f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
                        remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
                        action="CHECK_FABRIC")
     per = [q.gbps for q in bw.per_qp if q.gbps is not None]
@@ -246,14 +253,15 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, PASS, f"{rail}: {figure}; role {pb.name} sets no band ([fabric] rail_healthy_gbps)",
                        "nothing to do (set [fabric] rail_healthy_gbps in the role's playbook to judge it)", facts)
     if band == "healthy":
-        return Verdict(gate_id, PASS, f"{rail}: {figure}, at or above role {pb.name}'s {h:g} Gb/s", "nothing to do", facts)
+        return Verdict(gate_id, PASS, f"{rail}: {figure}, at or above role {pb.name}'s {h:g} Gb/s", "nothing to do",
+                       facts)
     if band == "stale-init":
-        return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band with the "
-                       f"{link} and no error counter grown: the NIC's stale-initialization signature",
+        return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band "
+                       f"with the {link} and no error counter grown: the NIC's stale-initialization signature",
                        remedy(gate_id + ".stale"), facts, action="REBOOT")
     if band == "stale-unconfirmed":
-        return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band, but the "
-                       "link speed was not read, so the signature is not confirmed",
+        return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band, "
+                       "but the link speed was not read, so the signature is not confirmed",
                        remedy(gate_id + ".unconfirmed").format(**fmt), facts, action="CHECK_FABRIC")
     if band == "far-below":
         return Verdict(gate_id, FAIL, f"{rail}: {figure}, below role {pb.name}'s {pb.rail_fail_below_gbps:g} Gb/s{why}",
@@ -285,13 +293,16 @@ def port_counters(ctx: Context, gate_id: str) -> Verdict:
                        + (f" ({notes})" if notes else f" (the run stopped at stage {bw.stage})"),
                        "read them on the host: `rdma statistic show link <dev>/<port>`, /sys/class/infiniband/<dev>/"
                        "ports/<port>/hw_counters/", facts)
-    during = f"during the {bw.seconds:.1f} s run" if bw.seconds and bw.seconds > 0 else f"around the run (stopped at stage {bw.stage})"
+    if bw.seconds and bw.seconds > 0:
+        during = f"during the {bw.seconds:.1f} s run"
+    else:
+        during = f"around the run (stopped at stage {bw.stage})"
     errors = [(c, grown(c, "error")) for c in read]
     errors = [(c, e) for c, e in errors if e]
-    cong = [(c, grown(c, "congestion")) for c in read]
-    cong = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items()) for c, g in cong if g)
-    unknown = [(c, grown(c, "unknown")) for c in read]
-    unknown = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items()) for c, g in unknown if g)
+    cong = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items())
+                     for c in read if (g := grown(c, "congestion")))
+    unknown = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in g.items())
+                        for c in read if (g := grown(c, "unknown")))
     tail = ((f"; congestion signals (the fabric paced the traffic, not a port error): {cong}" if cong else "")
             + (f"; changed, not judged (names afddiag does not know): {unknown}" if unknown else "")
             + ("" if len(read) > 1 else "; the peer's counters were not received"))
@@ -299,8 +310,8 @@ def port_counters(ctx: Context, gate_id: str) -> Verdict:
         flap = any(k in LINK_FLAP_NAMES for _, e in errors for k in e)
         text = "; ".join(f"{_side(c)}: " + ", ".join(f"{k} +{v}" for k, v in e.items()) for c, e in errors)
         return Verdict(gate_id, WARN, f"{_rail(p)}: error counters grew {during}: {text}{tail}",
-                       remedy(gate_id + ".flap" if flap else gate_id).format(netdev=p.netdev or "the fabric netdev"), facts,
-                       action="FIX_LINK" if flap else "CHECK_FABRIC")
+                       remedy(gate_id + ".flap" if flap else gate_id).format(netdev=p.netdev or "the fabric netdev"),
+                       facts, action="FIX_LINK" if flap else "CHECK_FABRIC")
     sides = "; ".join(f"{_side(c)}: {sum(len(v) for v in c.delta.values())} counters" for c in read)
     return Verdict(gate_id, PASS, f"{_rail(p)}: no error counter grew {during} ({sides}){tail}", "nothing to do", facts)
 
