@@ -28,6 +28,7 @@ from afddiag.diagnosis import fill_actions
 from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.expect import CAPACITY_KEYS
 from afddiag.gates import declared, gate
+from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
 from afddiag.model.gpu import LOAD_FIGURES
 from afddiag.summary import as_int as _int  # one reading of an integer, with the summary
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
@@ -634,26 +635,35 @@ def rails(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
 
 # ---------------------------------------------------------------- fleet.control-plane
 
-REACHED = ("connected", "refused")  # refused: the peer's kernel answered (nothing listens yet before launch)
-DROPPED = ("timeout", "unreachable")  # a firewall drops (or rejects with host-unreachable), or no route
 
 
-def _owners(fleet: Fleet) -> dict[str, str]:
-    """IPv4 address → the host holding it: each host's fabric IP first, then every other address its
-    netdevs hold (summary ``ipv4_prefixlen``)."""
-    own: dict[str, str] = {}
-    for h in fleet:
-        if h.ok and h.fip:
-            own.setdefault(h.fip, h.name)
-    for h in fleet:
-        if h.ok:
-            for addr in h.summary.get("ipv4_prefixlen") or {}:
-                own.setdefault(str(addr), h.name)
-    return own
-
-
-def _ports_txt(cells: dict[int, str]) -> str:
-    return ", ".join(f"{p} {o}" for p, o in sorted(cells.items()))
+def _control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]],
+                    by_link: dict[tuple[str, str], dict[int, str]], asym: list[dict[str, Any]], link_down: dict[str, str],
+                    advertised: dict[str, list[dict[str, str]]], fip: dict[str, str | None]) -> tuple[str, str]:
+    """fleet.control-plane's FAIL remedy and action: FIX_LINK when every dropped connection is explained
+    by a fabric link that is down; OPEN_PORTS for dropped connections (the firewall rule to open on the
+    dropping side when each is one-way); SET_ENV when only advertised addresses are wrong."""
+    link_fix = ("fix the fabric link first on " + "; on ".join(
+        f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
+            {h for k in by_link for h in k if h in link_down}))
+        + ": the connections to and from it are judged again once it is up") if by_link else ""
+    if down and len(by_link) == len(down):  # every dropped connection is explained by a link that is down
+        return link_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else ""), "FIX_LINK"
+    if not down:
+        return remedy("launch.control-plane.advertised"), "SET_ENV"
+    if asym and len(asym) == len(down) - len(by_link):
+        fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
+                          f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
+                          f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
+                          f"{a['ports'][0]}`, or nftables/iptables)" for a in asym)
+        rem = fixes + ": its firewall drops connections it does not start (the other way works)"
+    else:
+        rem = remedy(gate_id)
+    if link_fix:
+        rem += "; and " + link_fix
+    if advertised:
+        rem += "; and " + remedy("launch.control-plane.advertised")
+    return rem, "OPEN_PORTS"
 
 
 @gate("fleet.control-plane")
@@ -665,38 +675,8 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
     side that drops is named), and launch-env addresses advertised as a wildcard or loopback on any
     host. WARN names the pairs a role requires (coordinator ↔ every rank) that a host never tested
     (the fleet member is not in its peer list). Hosts whose report has no connects are not judged."""
-    owner = _owners(fleet)
     fip = {h.name: h.fip for h in fleet if h.ok}
-    matrix: dict[str, dict[str, dict[int, str]]] = {}
-    not_tried: dict[str, set[str]] = defaultdict(set)
-    advertised: dict[str, list[dict[str, str]]] = {}
-    unjudged: list[str] = []
-    for h in fleet:
-        if not h.ok:
-            continue
-        cp = h.summary.get("control_plane")
-        if not isinstance(cp, dict):
-            unjudged.append(f"{h.name} (no control-plane facts: launch gates not run, or an afddiag before them)")
-            continue
-        bad = [b for b in cp.get("advertised_bad") or [] if isinstance(b, dict)]
-        if bad:
-            advertised[h.name] = bad
-        row: dict[str, dict[int, str]] = {}
-        for a in cp.get("attempts") or []:
-            port = _int((a or {}).get("port")) if isinstance(a, dict) else None
-            if port is None or not isinstance(a.get("peer"), str):
-                continue
-            dst = owner.get(a["peer"], a["peer"])
-            if dst == h.name:
-                continue
-            row.setdefault(dst, {})[port] = str(a.get("outcome") or "error")
-        for t in cp.get("not_tried") or []:
-            if isinstance(t, dict) and isinstance(t.get("peer"), str):
-                not_tried[h.name].add(owner.get(t["peer"], t["peer"]))
-        if row:
-            matrix[h.name] = row
-        else:
-            unjudged.append(f"{h.name} (launch.control-plane {cp.get('verdict') or '?'}: no connection tried)")
+    matrix, not_tried, advertised, unjudged = connect_matrix(fleet, owners(fleet))
     down = {(s, d): {p: o for p, o in cells.items() if o not in REACHED}
             for s, row in matrix.items() for d, cells in row.items()}
     down = {k: v for k, v in down.items() if v}
@@ -704,31 +684,16 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
     link_down = {h.name: str(h.summary["fabric_link"].get("summary") or "") for h in fleet
                  if h.ok and isinstance(h.summary.get("fabric_link"), dict) and h.summary["fabric_link"].get("verdict") == FAIL}
     by_link = {k: v for k, v in down.items() if k[0] in link_down or k[1] in link_down}
-    reached = {(s, d) for s, row in matrix.items() for d, cells in row.items()
-               if any(o in REACHED for o in cells.values())}
-    asym: list[dict[str, Any]] = []
-    for (s, d), cells in down.items():
-        # d reaches s on every port it tried, s's connects to d are dropped (not a source that could not bind)
-        if (s, d) in by_link:  # a link that is down is no firewall
-            continue
-        if (d, s) in reached and (d, s) not in down and all(o in DROPPED for o in cells.values()):
-            asym.append({"reaches": d, "cannot_reach_back": s, "drops": d, "ports": sorted(cells),
-                         "outcomes": {p: o for p, o in sorted(cells.items())}})
-    # the pairs a role requires: the coordinator(s) ↔ every rank
+    asym = asymmetric(matrix, down, by_link)
     roles = {h.name: h.host_role for h in fleet if h.ok}
-    coords = [n for n, r in roles.items() if r == COORDINATOR]
-    ranks = [n for n, r in roles.items() if r != COORDINATOR]
-    required = [(c, r) for c in coords for r in ranks] + [(r, c) for c in coords for r in ranks]
-    not_tested: dict[str, list[str]] = defaultdict(list)
-    for s, d in required:
-        if s in matrix and d not in matrix[s] and fip.get(d):
-            not_tested[s].append(d)
+    untested_pairs = not_tested(matrix, [n for n, r in roles.items() if r == COORDINATOR],
+                                [n for n, r in roles.items() if r != COORDINATOR], fip)
     facts: dict[str, Any] = {
         "matrix": {s: {d: {str(p): o for p, o in sorted(cells.items())} for d, cells in row.items()}
                    for s, row in matrix.items()},
         "unreachable": [{"source": s, "peer": d, "peer_ip": fip.get(d) or d, "port": p, "outcome": o}
                         for (s, d), cells in down.items() for p, o in sorted(cells.items())],
-        "asymmetric": asym, "not_tested": dict(not_tested),
+        "asymmetric": asym, "not_tested": untested_pairs,
         "link_down": link_down,
         "explained_by_link_down": [{"source": s, "peer": d} for (s, d) in by_link],
         "not_tried": {n: sorted(v) for n, v in not_tried.items()},
@@ -745,40 +710,20 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
             continue
         why = (f": {s}'s fabric link is down" if s in link_down else
                f": {d}'s fabric link is down" if d in link_down else "")
-        fails.append(f"{s} cannot reach {d} ({fip.get(d) or d}) port {_ports_txt(cells)}{why}")
+        fails.append(f"{s} cannot reach {d} ({fip.get(d) or d}) port {ports_txt(cells)}{why}")
     for a in asym:
         s, d = a["cannot_reach_back"], a["reaches"]
         fails.append(f"asymmetric: {d} reaches {s}, but {s} cannot reach {d} ({fip.get(d) or d}) port "
-                     f"{_ports_txt(down[(s, d)])}: {d}'s side drops incoming connections")
+                     f"{ports_txt(down[(s, d)])}: {d}'s side drops incoming connections")
     for n, bad in advertised.items():
         fails.append(f"{n} advertises " + ", ".join(f"{b.get('key')}={b.get('value')} ({b.get('why')})" for b in bad))
     untested = [f"{s} never tested {_names(ds)}" + (" (time bound used up)" if set(ds) & not_tried.get(s, set())
                                                      else " (not in its peer list)")
-                for s, ds in not_tested.items()]
+                for s, ds in untested_pairs.items()]
     if fails:
         txt = "; ".join(fails) + (f"; also {'; '.join(untested)}" if untested else "")
-        link_fix = ("fix the fabric link first on " + "; on ".join(
-            f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
-                {h for k in by_link for h in k if h in link_down}))
-            + ": the connections to and from it are judged again once it is up") if by_link else ""
-        if down and len(by_link) == len(down):  # every dropped connection is explained by a link that is down
-            rem = link_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else "")
-            return Verdict(gate_id, FAIL, txt + tail, rem, facts, action="FIX_LINK")
-        if down:
-            if asym and len(asym) == len(down) - len(by_link):
-                fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
-                                  f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
-                                  f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
-                                  f"{a['ports'][0]}`, or nftables/iptables)" for a in asym)
-                rem = fixes + ": its firewall drops connections it does not start (the other way works)"
-            else:
-                rem = remedy(gate_id)
-            if link_fix:
-                rem += "; and " + link_fix
-            if advertised:
-                rem += "; and " + remedy("launch.control-plane.advertised")
-            return Verdict(gate_id, FAIL, txt + tail, rem, facts, action="OPEN_PORTS")
-        return Verdict(gate_id, FAIL, txt + tail, remedy("launch.control-plane.advertised"), facts, action="SET_ENV")
+        rem, action = _control_remedy(gate_id, down, by_link, asym, link_down, advertised, fip)
+        return Verdict(gate_id, FAIL, txt + tail, rem, facts, action=action)
     n_att = sum(len(c) for row in matrix.values() for c in row.values())
     n_ref = sum(1 for row in matrix.values() for c in row.values() for o in c.values() if o == "refused")
     if untested:

@@ -1,0 +1,108 @@
+"""The connect matrix ``fleet.control-plane`` judges (the gate is :func:`afddiag.gates.fleet.control_plane`):
+which host reached which peer's engine port, from each host's summary ``control_plane`` (its
+``launch.control-plane`` TCP connects from its fabric IP). Pure functions over the hosts'
+:class:`~afddiag.gates.fleet.HostResult` (read through ``name``, ``ok``, ``fip`` and ``summary``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from afddiag.summary import as_int
+
+REACHED = ("connected", "refused")  # refused: the peer's kernel answered (nothing listens yet before launch)
+DROPPED = ("timeout", "unreachable")  # a firewall drops (or rejects with host-unreachable), or no route
+
+Matrix = dict[str, dict[str, dict[int, str]]]  # source host -> peer host -> port -> outcome
+
+
+def owners(fleet: Iterable[Any]) -> dict[str, str]:
+    """IPv4 address → the host holding it: each host's fabric IP first, then every other address its
+    netdevs hold (summary ``ipv4_prefixlen``)."""
+    hosts = [h for h in fleet if h.ok]
+    own: dict[str, str] = {}
+    for h in hosts:
+        if h.fip:
+            own.setdefault(h.fip, h.name)
+    for h in hosts:
+        for addr in h.summary.get("ipv4_prefixlen") or {}:
+            own.setdefault(str(addr), h.name)
+    return own
+
+
+def ports_txt(cells: dict[int, str]) -> str:
+    """``"5000 timeout, 5001 connected"``: each port tried and its outcome, by port."""
+    return ", ".join(f"{p} {o}" for p, o in sorted(cells.items()))
+
+
+def connect_matrix(fleet: Iterable[Any], owner: dict[str, str]
+                   ) -> tuple[Matrix, dict[str, set[str]], dict[str, list[dict[str, str]]], list[str]]:
+    """``(matrix, not_tried, advertised, unjudged)`` from the hosts' summaries: the outcome of each
+    connect by source host, peer host (an address no host holds stays the address) and port; the peers
+    a host did not try (its time bound used up); each host's launch-env addresses advertised as a
+    wildcard or loopback; the hosts not judged, each with why."""
+    matrix: Matrix = {}
+    not_tried: dict[str, set[str]] = defaultdict(set)
+    advertised: dict[str, list[dict[str, str]]] = {}
+    unjudged: list[str] = []
+    for h in fleet:
+        if not h.ok:
+            continue
+        cp = h.summary.get("control_plane")
+        if not isinstance(cp, dict):
+            unjudged.append(f"{h.name} (no control-plane facts: launch gates not run, or an afddiag before them)")
+            continue
+        bad = [b for b in cp.get("advertised_bad") or [] if isinstance(b, dict)]
+        if bad:
+            advertised[h.name] = bad
+        row: dict[str, dict[int, str]] = {}
+        for a in cp.get("attempts") or []:
+            port = as_int((a or {}).get("port")) if isinstance(a, dict) else None
+            if port is None or not isinstance(a.get("peer"), str):
+                continue
+            dst = owner.get(a["peer"], a["peer"])
+            if dst == h.name:
+                continue
+            row.setdefault(dst, {})[port] = str(a.get("outcome") or "error")
+        for t in cp.get("not_tried") or []:
+            if isinstance(t, dict) and isinstance(t.get("peer"), str):
+                not_tried[h.name].add(owner.get(t["peer"]) or t["peer"])
+        if row:
+            matrix[h.name] = row
+        else:
+            unjudged.append(f"{h.name} (launch.control-plane {cp.get('verdict') or '?'}: no connection tried)")
+    return matrix, not_tried, advertised, unjudged
+
+
+def asymmetric(matrix: Matrix, down: dict[tuple[str, str], dict[int, str]],
+               by_link: dict[tuple[str, str], dict[int, str]]) -> list[dict[str, Any]]:
+    """The pairs where d reaches s on every port it tried while s's connects to d are dropped (not a
+    source that could not bind, not a link that is down): d's side drops what it does not start."""
+    reached = {(s, d) for s, row in matrix.items() for d, cells in row.items()
+               if any(o in REACHED for o in cells.values())}
+    asym: list[dict[str, Any]] = []
+    for (s, d), cells in down.items():
+        if (s, d) in by_link:  # a link that is down is no firewall
+            continue
+        if (d, s) in reached and (d, s) not in down and all(o in DROPPED for o in cells.values()):
+            asym.append({"reaches": d, "cannot_reach_back": s, "drops": d, "ports": sorted(cells),
+                         "outcomes": {p: o for p, o in sorted(cells.items())}})
+    return asym
+
+
+def not_tested(matrix: Matrix, coords: list[str], ranks: list[str], fip: dict[str, str | None]) -> dict[str, list[str]]:
+    """The pairs a role requires (each coordinator ↔ every rank) that the source host never tested:
+    ``{source: [peer, ...]}``, coordinators' rows first. Walks the pairs without building them (a
+    fleet of thousands of ranks)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for c in coords:
+        if c in matrix:
+            for r in ranks:
+                if r not in matrix[c] and fip.get(r):
+                    out[c].append(r)
+    for c in coords:
+        for r in ranks:
+            if r in matrix and c not in matrix[r] and fip.get(c):
+                out[r].append(c)
+    return dict(out)
