@@ -113,6 +113,29 @@ def check_folder(folder: str | os.PathLike, sticky_ok: bool = True) -> tuple[str
     return real, shared
 
 
+def written_by_others(p: str | os.PathLike, sticky_ok: bool) -> str | None:
+    """Why users other than root and the one running afddiag could have written the input ``p`` (a
+    baseline, a playbook: the file, or a folder above it, another user owns or can write; a sticky
+    folder counts as safe with ``sticky_ok``), or None (also when absent). Read it only when None."""
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None  # not read at all (afddiag.reader names what it is)
+    if not trusted_uid(st.st_uid):
+        return f"it is owned by uid {st.st_uid}, not by root or you"
+    if others_can_write(st):
+        return f"others can write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    try:
+        check_folder(os.path.dirname(os.path.abspath(p)), sticky_ok=sticky_ok)
+    except OutputTargetError as e:
+        return str(e.strerror)
+    except OSError:
+        return None
+    return None
+
+
 def private_folder(folder: str | os.PathLike, create: bool = True) -> Path:
     """The state folder (baseline, history): created 0700 (with its parents) when ``create``, and
     refused (:class:`OutputTargetError`, one line) when another user owns it or others can write it

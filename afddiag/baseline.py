@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import math
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -84,28 +83,6 @@ def default_path() -> Path:
     return state_dir() / "baseline.json"
 
 
-def _writable_by_others(p: Path, sticky_ok: bool) -> str | None:
-    """Why others than root and the user could have written the baseline ``p`` (the file or a folder
-    above it another user owns or can write, :mod:`afddiag.atomic`'s rules), or None (also when absent)."""
-    from afddiag.atomic import OutputTargetError, check_folder, others_can_write, trusted_uid
-
-    try:
-        st = os.stat(p)
-    except OSError:
-        return None
-    if not trusted_uid(st.st_uid):
-        return f"it is owned by uid {st.st_uid}, not by root or you"
-    if others_can_write(st):
-        return f"others can write it (mode {stat.S_IMODE(st.st_mode):04o})"
-    try:
-        check_folder(p.parent, sticky_ok=sticky_ok)
-    except OutputTargetError as e:
-        return str(e.strerror)
-    except OSError:
-        return None
-    return None
-
-
 def load(path: str | os.PathLike | None = None, strict: bool = False) -> tuple[dict[str, Any] | None, str]:
     """Read a baseline file (through the bounded reader, :mod:`afddiag.reader`) → (baseline or None,
     words on why none). A file others can write (or in a folder another user owns or can write) is
@@ -115,7 +92,9 @@ def load(path: str | os.PathLike | None = None, strict: bool = False) -> tuple[d
     from afddiag.reader import InputError, load_json
 
     p = Path(path) if path else default_path()
-    unsafe = _writable_by_others(p, sticky_ok=path is not None)
+    from afddiag.atomic import written_by_others
+
+    unsafe = written_by_others(p, sticky_ok=path is not None)
     if unsafe:
         return None, IgnoredWhy(f"baseline {p} ignored: {unsafe}, so anyone could set the figures the GPU is "
                                 "judged by; record it again with `afddiag baseline record` (written 0644 in a "

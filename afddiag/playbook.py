@@ -222,14 +222,19 @@ MAX_PLAYBOOK_BYTES = 1 << 20  # the packaged playbooks are ~4 KB
 def _read(ref: str) -> str:
     """A playbook's text: a packaged one, or a file through the bounded reader (a regular file of at
     most :data:`MAX_PLAYBOOK_BYTES`, UTF-8, read within its time bound: a FIFO, /dev/zero or a
-    folder is refused). Raises :class:`PlaybookError` naming the file and why."""
+    folder is refused), refused when others could have written it
+    (:func:`afddiag.atomic.written_by_others`). Raises :class:`PlaybookError` naming the file and why."""
     if ref.startswith("<packaged>/"):
         from afddiag.packaged import read_text
 
         return read_text("playbooks", ref.split("/", 1)[1])
+    from afddiag.atomic import written_by_others
     from afddiag.reader import InputError
     from afddiag.reader import read_text as read_bounded
 
+    if unsafe := written_by_others(ref, sticky_ok=True):  # it decides which gates run and what they expect
+        raise PlaybookError(f"playbook {ref}: refused: {unsafe}, so anyone could choose the gates and thresholds "
+                            "a node is judged by: give a file only root or you can write")
     try:
         return read_bounded(ref, max_bytes=MAX_PLAYBOOK_BYTES, timeout_s=10.0)
     except FileNotFoundError:

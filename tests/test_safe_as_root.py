@@ -493,3 +493,37 @@ def test_an_unexpected_error_is_one_line_and_exit_3_never_the_warn_code(monkeypa
     assert e.value.code == 3
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "KeyError" in err and "Traceback" not in err
+
+
+# beyond the list: a playbook others can write, Ctrl-C ------------------------------------------------
+
+@pytest.mark.parametrize("how", ["file writable by all", "folder writable by all"])
+def test_a_playbook_others_can_write_is_refused(tmp_path, capsys, how):
+    """A role playbook decides the gates and the bands (a stale-initialization band around the healthy
+    figure says REBOOT): one others could have written is no playbook."""
+    d = tmp_path / "playbooks"
+    d.mkdir()
+    p = d / "expert.toml"
+    p.write_text('name = "expert"\n')
+    os.chmod(p if how.startswith("file") else d, 0o666 if how.startswith("file") else 0o777)
+    err = _playbook_run(capsys, p)
+    assert "refused" in err and "writ" in err
+
+
+def test_a_playbook_of_your_own_still_loads(tmp_path):
+    p = tmp_path / "expert.toml"
+    p.write_text('name = "expert"\n')
+    assert run(["fabric", "--snapshot", str(FABRIC[0]), "--playbook", str(p), "--no-history", "--json",
+                "--output", str(tmp_path / "r.json")]) in (0, 1, 2)
+
+
+def test_ctrl_c_during_a_run_is_one_line_and_130(monkeypatch, capsys):
+    from afddiag import cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_diagnose", interrupted)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["fabric", "--snapshot", str(FABRIC[0]), "--no-history"])
+    assert e.value.code == 130 and capsys.readouterr().err.strip() == "afddiag: aborted"
