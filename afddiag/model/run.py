@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from afddiag.model.gpu import GpuFacts
 from afddiag.model.host import HostLimits, ImageFacts, PcieFacts, ReachFacts
+from afddiag.playbook import Playbook, timeout_for
 
 if TYPE_CHECKING:  # field types only: a gpu run never loads the fabric models
     from afddiag.model.fabric import FabricFacts, MemRegFacts, QpFacts, RouteFacts
@@ -29,7 +30,7 @@ class Inputs:
     launch_env: dict[str, str] | None = None  # parsed --launch-env file (afddiag's key names)
     launch_env_path: str | None = None
     expect_capacity: int | None = None
-    playbook: Any = None  # afddiag.playbook.Playbook
+    playbook: Playbook | None = None
     load: bool = False  # run the GPU load probe (also when the playbook asks)
     load_budget_s: float = 3.0
     baseline_path: str | None = None
@@ -48,8 +49,6 @@ class Inputs:
         """Seconds the probe ``kind`` ("fabric_s", "qp_s", "gpu_s", "load_s", "cpu_s", "image_s",
         "limits_s") may take: --qp-timeout for qp_s, --timeout for the others but load_s, else the
         playbook's ``[timeouts]``, else the defaults (:data:`afddiag.playbook.DEFAULT_TIMEOUTS`)."""
-        from afddiag.playbook import timeout_for
-
         if kind == "qp_s" and self.qp_timeout_s is not None:
             return float(self.qp_timeout_s)
         if kind not in ("qp_s", "load_s") and self.probe_timeout_s is not None:

@@ -19,7 +19,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from afddiag import proc
+from afddiag.collect import guarded
 from afddiag.model.pair import NOT_COUNTERS, PortCounters
+from afddiag.probes import sysfs
 
 GROUPS = ("hw_counters", "counters")
 MAX_FILES = 512  # per folder: a driver with more counters than this is cut (and says so)
@@ -32,10 +35,7 @@ def read_port_counters(device: str, port: int, netdev: str | None, root: str = "
     files and absent folders are notes (rxe has no ``counters/``; ``hw_counters/lifespan`` is the
     stats cache's lifetime in ms, not a counter). Bounded by ``timeout_s`` seconds (an mlx5 counter
     read is a firmware command); past it, the reading is empty with a note. Never raises."""
-    from afddiag.collect import guarded
-    from afddiag.probes.sysfs import read_text
-
-    read = reader or read_text
+    read = reader or sysfs.read_text
     stat = rdma_statistic if reader is None else None  # a fake tree (tests) is never mixed with this host's netlink
     base = os.path.join(root, "sys", "class", "infiniband", device, "ports", str(port))
 
@@ -120,8 +120,6 @@ def rdma_statistic(device: str, port: int, timeout_s: float = 3.0) -> tuple[dict
     import json
     import shutil
     import subprocess
-
-    from afddiag import proc
 
     exe = shutil.which("rdma")
     if not exe:

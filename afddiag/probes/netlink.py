@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 
+from afddiag import proc
 from afddiag.model.fabric import Netdev
 
 NETLINK_RDMA = 20
@@ -104,8 +105,6 @@ def rdma_devices_iproute(timeout_s: float = 3.0) -> list[tuple[str, int]]:
     exe = shutil.which("rdma")
     if not exe:
         raise OSError("the rdma command (iproute2) is not installed")
-    from afddiag import proc
-
     p = proc.run([exe, "-j", "dev", "show"], timeout_s)
     if p.returncode != 0:
         raise subprocess.CalledProcessError(p.returncode, p.args, p.stdout, p.stderr)

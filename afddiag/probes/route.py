@@ -33,6 +33,7 @@ from afddiag import proc
 from afddiag.model.fabric import RouteFacts, RouteResult
 from afddiag.probes.registry import LIVE, Artifact, Probe, Run
 from afddiag.probes.sysfs import entry_names
+from afddiag.reader import RefusedRead, confined_reader
 
 SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 
@@ -40,8 +41,6 @@ SYSCTLS = ("arp_ignore", "arp_announce", "rp_filter")
 def _read_small(path: str, root: str) -> str:
     """One sysctl or version file, at most 4 KiB; under a snapshot ``root`` confined to it and
     regular files only (a link to /dev/zero or out of the snapshot raises OSError)."""
-    from afddiag.reader import confined_reader
-
     if root in ("/", ""):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
@@ -52,8 +51,6 @@ def _read_small(path: str, root: str) -> str:
 
 
 def _read_int(path: str, root: str = "/") -> int | None:
-    from afddiag.reader import RefusedRead
-
     try:
         return int(_read_small(path, root))
     except (OSError, ValueError, RefusedRead):  # RefusedRead: a link out of the snapshot, a device
