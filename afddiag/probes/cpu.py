@@ -121,6 +121,27 @@ def run_loop(work_s: float, samples: int = SAMPLES) -> list[dict[str, float]]:
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's name: ``model name`` of /proc/cpuinfo, else the device tree's machine model + " CPU"
+    (aarch64: Grace, GB10 have no model name line), else ``platform.processor()``/the machine type."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.processor():
+        return platform.processor()
+    for path in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
+        try:
+            with open(path, "rb") as fb:
+                return fb.read().rstrip(b"\0\n").decode(errors="replace") + " CPU"
+        except OSError:
+            continue
+    return f"{platform.machine()} CPU"
+
+
 def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     """CPU facts: ``model``, ``logical_cpus``, ``max_mhz``, ``idle_mhz`` (median of per-CPU current),
     ``under_load_mhz`` (median of the loop core's current clock sampled every 50 ms while it runs the
@@ -139,25 +160,8 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
     except ImportError:
         return {"why": "psutil is not installed (apt install python3-psutil, or pip install psutil)"}
 
-    out: dict[str, Any] = {"model": platform.processor() or None, "logical_cpus": psutil.cpu_count(),
+    out: dict[str, Any] = {"model": cpu_model(), "logical_cpus": psutil.cpu_count(),
                            "max_mhz": None, "idle_mhz": None, "under_load_mhz": None, "loop_mops": None, "notes": []}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith(("model name", "cpu model")):
-                    out["model"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    if not out["model"]:  # aarch64 (Grace, GB10) has no model name line: name the machine instead
-        for path in ("/proc/device-tree/model", "/sys/firmware/devicetree/base/model"):
-            try:
-                with open(path, "rb") as fb:
-                    out["model"] = fb.read().rstrip(b"\0\n").decode(errors="replace") + " CPU"
-                break
-            except OSError:
-                continue
-        out["model"] = out["model"] or f"{platform.machine()} CPU"
     idle, mx = _freqs()
     out["max_mhz"] = mx
     if idle:

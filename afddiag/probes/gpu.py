@@ -1,7 +1,7 @@
 """Live GPU probe: what NVML and the CUDA driver say about each NVIDIA GPU on this host.
 
 :func:`read_gpu` returns a plain dict in the shape of a case's GPU readings (see
-``cases/README.md``), without ``expect``. Every fact names its source in :func:`read_gpu`'s docstring.
+``cases/README.md``), without ``expect``. Every fact names its source under "The readings" below.
 Nothing here raises: whatever could not be read is ``None`` (or ``"NOT_SUPPORTED"`` where NVML said
 so) and the reason is a line in ``notes``.
 
@@ -10,6 +10,67 @@ CUDA is read through ctypes on ``libcuda.so.1`` without creating a context; NVML
 index: CUDA's ordinals follow ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``, NVML's do not.
 
 Run ``python -m afddiag.probes.gpu`` to print the readings as JSON.
+
+The readings
+------------
+
+- ``driver_version`` (str): ``nvmlSystemGetDriverVersion``, e.g. ``"580.159.04"``.
+- ``cuda_driver_version`` (int): ``cuDriverGetVersion``, 1000*major + 10*minor (13000 = 13.0);
+  ``nvmlSystemGetCudaDriverVersion_v2`` (same encoding) when CUDA is not read or did not answer.
+- ``cuda_view``: ``{"read": bool, "why": str | None}``: whether the CUDA driver was asked, and why
+  (or why not).
+- ``versions``: ``kernel`` (``uname(2)`` release, as ``platform.release()``), ``bios``
+  (``/sys/class/dmi/id/bios_version``), ``nvml`` (``nvmlSystemGetNVMLVersion``).
+- ``devices`` (list), NVML index order, NVML and CUDA joined by UUID:
+
+  - ``index`` (NVML index; the CUDA ordinal for a device NVML did not list), ``name``
+    (``nvmlDeviceGetName``, else ``cuDeviceGetName``), ``uuid`` (``nvmlDeviceGetUUID``;
+    ``GPU-`` + the 16 bytes of ``cuDeviceGetUuid_v2``), ``pci_bus_id``
+    (``nvmlDeviceGetPciInfo().busId``).
+  - ``cuda`` (None when CUDA does not see it or was not read): ``sm_count`` (``cuDeviceGetAttribute``
+    MULTIPROCESSOR_COUNT = 16), ``compute_capability`` ``[major, minor]`` (attributes 75, 76),
+    ``integrated`` (bool, attribute 18).
+  - ``nvml`` (None when NVML does not see it): ``multiprocessor_count``
+    (``nvmlDeviceGetAttributes``; NOT_SUPPORTED outside MIG on most boards),
+    ``compute_capability`` ``[major, minor]`` (``nvmlDeviceGetCudaComputeCapability``), ``memory_info``
+    ``{total_bytes, used_bytes, free_bytes}`` in bytes (``nvmlDeviceGetMemoryInfo``;
+    NOT_SUPPORTED on unified-memory GB10), ``clock_sm_mhz`` (``nvmlDeviceGetClockInfo`` SM, MHz),
+    ``clock_sm_max_mhz`` (``nvmlDeviceGetMaxClockInfo`` SM, MHz), ``power_mw``
+    (``nvmlDeviceGetPowerUsage``, mW), ``power_limit_mw`` (``nvmlDeviceGetEnforcedPowerLimit``,
+    mW), ``pstate`` (``nvmlDeviceGetPerformanceState``, 0 = P0 ... 15, 32 = unknown),
+    ``clocks_event_reasons`` (bitmask, ``nvmlDeviceGetCurrentClocksEventReasons``, or
+    ``...ThrottleReasons`` with older bindings) and ``clocks_event_reasons_names``,
+    ``temperature_c`` (``nvmlDeviceGetTemperature`` GPU, °C), ``pcie`` ``{gen, width}``
+    (``nvmlDeviceGetCurrPcieLinkGeneration`` / ``...Width``, current link), ``utilization_pct``
+    (``nvmlDeviceGetUtilizationRates().gpu``, %, over the driver's last sample period),
+    ``ecc`` ``{mode_current, volatile: {corrected, uncorrected}, aggregate: {...}}``
+    (``nvmlDeviceGetEccMode`` current == enabled; ``nvmlDeviceGetTotalEccErrors`` CORRECTED /
+    UNCORRECTED x VOLATILE / AGGREGATE) or NOT_SUPPORTED (no ECC, e.g. GB10), ``retired_pages``
+    ``{single_bit, double_bit, pending}`` (page counts of ``nvmlDeviceGetRetiredPages`` per
+    cause; ``nvmlDeviceGetRetiredPagesPendingStatus``) or NOT_SUPPORTED (row-remapping GPUs),
+    ``remapped_rows`` ``{correctable, uncorrectable, pending, failure}``
+    (``nvmlDeviceGetRemappedRows``) or NOT_SUPPORTED, ``processes``: ``[{pid, name, used_bytes,
+    type}]`` (``nvmlDeviceGetComputeRunningProcesses`` as ``"compute"``, then
+    ``...GraphicsRunningProcesses`` as ``"graphics"``; ``name`` from ``psutil``, None when the
+    process is gone or not visible; ``used_bytes`` None when NVML cannot tell), NOT_SUPPORTED,
+    or None when a list failed. Inner values NVML could not give are None, with a note.
+  - ``under_load``: None (this probe puts no load on the GPU).
+
+- ``host_meminfo_kb``: ``{MemTotal, MemAvailable, MemFree, Cached, ...}`` in kB from ``meminfo_path``
+  (:func:`read_meminfo`).
+- ``xid_events``: ``[{xid, pci, text}]`` (:func:`parse_xid_lines`) from the kernel log, read
+  non-blocking from ``kmsg_path`` (or the saved log ``xid_log`` when given), within the time
+  bound; None when it could not be read. ``xid_source``: the path read, else why not
+  (``"not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"``).
+- ``timings_ms``: wall time of each part, ms: ``nvml_ms`` (nvmlInit to nvmlShutdown), ``cuda_ms``
+  (dlopen, cuInit, attributes; absent when CUDA is not read), ``xid_ms`` (the kernel log); NVML and
+  CUDA run in parallel threads.
+- ``notes`` (list of str): what could not be read, and why.
+- ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
+  no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
+  holds what was read before the hang and a note names the call in flight).
+- ``failed`` (str): present only when the read timed out or crashed: why, and the call in flight
+  (the GPU gates then say ERROR, not SKIP).
 """
 
 from __future__ import annotations
@@ -252,65 +313,7 @@ def read_gpu(
     H200): the devices' ``cuda`` is None and ``cuda_view`` says why (``cuda_why``, from the runner:
     nothing in the run needs an SM count). ``cuda_why`` with ``cuda=True`` is why it is read.
 
-    Returns a dict (a case's GPU readings' shape, without ``expect``):
-
-    - ``driver_version`` (str): ``nvmlSystemGetDriverVersion``, e.g. ``"580.159.04"``.
-    - ``cuda_driver_version`` (int): ``cuDriverGetVersion``, 1000*major + 10*minor (13000 = 13.0);
-      ``nvmlSystemGetCudaDriverVersion_v2`` (same encoding) when CUDA is not read or did not answer.
-    - ``cuda_view``: ``{"read": bool, "why": str | None}``: whether the CUDA driver was asked, and why
-      (or why not).
-    - ``versions``: ``kernel`` (``uname(2)`` release, as ``platform.release()``), ``bios``
-      (``/sys/class/dmi/id/bios_version``), ``nvml`` (``nvmlSystemGetNVMLVersion``).
-    - ``devices`` (list), NVML index order, NVML and CUDA joined by UUID:
-
-      - ``index`` (NVML index; the CUDA ordinal for a device NVML did not list), ``name``
-        (``nvmlDeviceGetName``, else ``cuDeviceGetName``), ``uuid`` (``nvmlDeviceGetUUID``;
-        ``GPU-`` + the 16 bytes of ``cuDeviceGetUuid_v2``), ``pci_bus_id``
-        (``nvmlDeviceGetPciInfo().busId``).
-      - ``cuda`` (None when CUDA does not see it or was not read): ``sm_count`` (``cuDeviceGetAttribute``
-        MULTIPROCESSOR_COUNT = 16), ``compute_capability`` ``[major, minor]`` (attributes 75, 76),
-        ``integrated`` (bool, attribute 18).
-      - ``nvml`` (None when NVML does not see it): ``multiprocessor_count``
-        (``nvmlDeviceGetAttributes``; NOT_SUPPORTED outside MIG on most boards),
-        ``compute_capability`` ``[major, minor]`` (``nvmlDeviceGetCudaComputeCapability``), ``memory_info``
-        ``{total_bytes, used_bytes, free_bytes}`` in bytes (``nvmlDeviceGetMemoryInfo``;
-        NOT_SUPPORTED on unified-memory GB10), ``clock_sm_mhz`` (``nvmlDeviceGetClockInfo`` SM, MHz),
-        ``clock_sm_max_mhz`` (``nvmlDeviceGetMaxClockInfo`` SM, MHz), ``power_mw``
-        (``nvmlDeviceGetPowerUsage``, mW), ``power_limit_mw`` (``nvmlDeviceGetEnforcedPowerLimit``,
-        mW), ``pstate`` (``nvmlDeviceGetPerformanceState``, 0 = P0 ... 15, 32 = unknown),
-        ``clocks_event_reasons`` (bitmask, ``nvmlDeviceGetCurrentClocksEventReasons``, or
-        ``...ThrottleReasons`` with older bindings) and ``clocks_event_reasons_names``,
-        ``temperature_c`` (``nvmlDeviceGetTemperature`` GPU, °C), ``pcie`` ``{gen, width}``
-        (``nvmlDeviceGetCurrPcieLinkGeneration`` / ``...Width``, current link), ``utilization_pct``
-        (``nvmlDeviceGetUtilizationRates().gpu``, %, over the driver's last sample period),
-        ``ecc`` ``{mode_current, volatile: {corrected, uncorrected}, aggregate: {...}}``
-        (``nvmlDeviceGetEccMode`` current == enabled; ``nvmlDeviceGetTotalEccErrors`` CORRECTED /
-        UNCORRECTED x VOLATILE / AGGREGATE) or NOT_SUPPORTED (no ECC, e.g. GB10), ``retired_pages``
-        ``{single_bit, double_bit, pending}`` (page counts of ``nvmlDeviceGetRetiredPages`` per
-        cause; ``nvmlDeviceGetRetiredPagesPendingStatus``) or NOT_SUPPORTED (row-remapping GPUs),
-        ``remapped_rows`` ``{correctable, uncorrectable, pending, failure}``
-        (``nvmlDeviceGetRemappedRows``) or NOT_SUPPORTED, ``processes``: ``[{pid, name, used_bytes,
-        type}]`` (``nvmlDeviceGetComputeRunningProcesses`` as ``"compute"``, then
-        ``...GraphicsRunningProcesses`` as ``"graphics"``; ``name`` from ``psutil``, None when the
-        process is gone or not visible; ``used_bytes`` None when NVML cannot tell), NOT_SUPPORTED,
-        or None when a list failed. Inner values NVML could not give are None, with a note.
-      - ``under_load``: None (this probe puts no load on the GPU).
-
-    - ``host_meminfo_kb``: ``{MemTotal, MemAvailable, MemFree, Cached, ...}`` in kB from ``meminfo_path``
-      (:func:`read_meminfo`).
-    - ``xid_events``: ``[{xid, pci, text}]`` (:func:`parse_xid_lines`) from the kernel log, read
-      non-blocking from ``kmsg_path`` (or the saved log ``xid_log`` when given), within the time
-      bound; None when it could not be read. ``xid_source``: the path read, else why not
-      (``"not readable: /dev/kmsg: Permission denied (run as root or give --xid-log)"``).
-    - ``timings_ms``: wall time of each part, ms: ``nvml_ms`` (nvmlInit to nvmlShutdown), ``cuda_ms``
-      (dlopen, cuInit, attributes; absent when CUDA is not read), ``xid_ms`` (the kernel log); NVML and
-      CUDA run in parallel threads.
-    - ``notes`` (list of str): what could not be read, and why.
-    - ``why`` (str): present only when no GPU was seen at all (``devices == []``: no libnvidia-ml,
-      no libcuda, no devices), or when the read took longer than ``timeout_s`` (then ``devices``
-      holds what was read before the hang and a note names the call in flight).
-    - ``failed`` (str): present only when the read timed out or crashed: why, and the call in flight
-      (the GPU gates then say ERROR, not SKIP).
+    Returns the readings dict (its fields and their sources: the module docstring, "The readings").
 
     An NVML call that answers NVML_ERROR_NOT_SUPPORTED records ``"NOT_SUPPORTED"``; any other failure
     records None and a note. No CUDA context is created. NVML and CUDA are read in two daemon threads

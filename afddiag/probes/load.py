@@ -347,6 +347,116 @@ def _cuda_worker(st: _State) -> None:
         st.uuid_ready.set()
 
 
+def _identify(cu: Cuda, st: _State, dev: Any) -> tuple[int, Any, tuple[Any, Any]] | None:
+    """Initialise CUDA and read device ``st.device_index`` into ``st`` (name, UUID, SM count, compute
+    capability; ``st.uuid_ready`` set whatever happens) → ``(handle, sm_count, (major, minor))``,
+    None when there is no such device (``st.why`` says so). Raises CudaError."""
+    try:
+        cu("cuInit", 0)
+        count = ctypes.c_int()
+        cu("cuDeviceGetCount", ctypes.byref(count))
+        if not 0 <= st.device_index < count.value:
+            st.why = f"CUDA: no device {st.device_index} ({count.value} visible)"
+            return None
+        cu("cuDeviceGet", ctypes.byref(dev), st.device_index)
+        d = dev.value
+        name = ctypes.create_string_buffer(256)
+        cu("cuDeviceGetName", name, 256, d)
+        raw = (ctypes.c_ubyte * 16)()
+        cu(cu.first("cuDeviceGetUuid_v2", "cuDeviceGetUuid"), raw, d)
+        st.uuid = uuid_from_bytes(bytes(raw))
+        sm = cu.attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d)
+        cc = (cu.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d),
+              cu.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d))
+        st.device.update(
+            {"name": name.value.decode("utf-8", "replace"), "uuid": st.uuid, "sm_count": sm,
+             "compute_capability": list(cc)}
+        )
+        return d, sm, cc
+    finally:
+        st.uuid_ready.set()
+
+
+def _load_kernels(cu: Cuda, st: _State, cc: tuple[Any, Any], modules: list[Any]) -> tuple[list[str], dict[str, Any]]:
+    """The PTX modules loaded (appended to ``modules`` for the cleanup) → ``(kernels to run, their
+    functions)``; bf16 only from compute capability 8.0. Each kernel's occupancy into ``st``. Raises CudaError."""
+    sources = module_sources()
+    mods: dict[str, Any] = {}
+    mod, info = _load_module(cu, "base", sources["base"])
+    modules.append(mod)
+    mods["base"] = mod
+    run_bf16 = cc >= MMA_MIN_CC
+    if not run_bf16:
+        st.note(f"bf16: skipped, mma.sync bf16 needs compute capability 8.0, this GPU is {cc[0]}.{cc[1]}")
+    else:
+        try:
+            mod, _ = _load_module(cu, "mma", sources["mma"])
+            modules.append(mod)
+            mods["mma"] = mod
+        except CudaError as e:
+            run_bf16 = False
+            st.note(f"bf16: skipped: {e}")
+    kinds = [k for k in KERNEL_ORDER if k != "bf16" or run_bf16]
+    funcs: dict[str, Any] = {}
+    occupancy: dict[str, int] = {}
+    for k in kinds:
+        fn = _VP()
+        cu("cuModuleGetFunction", ctypes.byref(fn), mods[MODULE_OF[k]], ENTRY[k].encode())
+        funcs[k] = fn
+        nb = ctypes.c_int()
+        try:
+            cu("cuOccupancyMaxActiveBlocksPerMultiprocessor", ctypes.byref(nb), fn, BLOCK, 0)
+            occupancy[k] = max(1, nb.value)
+        except CudaError as e:
+            occupancy[k] = 4
+            st.note(f"{k}: occupancy unknown ({e}); 4 blocks an SM")
+    st.device["blocks_per_sm"] = occupancy
+    return kinds, funcs
+
+
+def _allocate(cu: Cuda, plan: Plan, ptrs: dict[str, int], events: list[Any]) -> _Timer:
+    """The plan's buffers (filled; into ``ptrs`` for the cleanup) and two events → the timer. Raises CudaError."""
+    for key, size, fill in (("a", plan.buffer_bytes, 0x3C), ("b", plan.buffer_bytes, 0),
+                            ("out", plan.out_bytes, 0), ("x", plan.x_bytes, 0x3C),
+                            ("y", plan.y_bytes, 0)):
+        p = ctypes.c_uint64()
+        try:
+            cu("cuMemAlloc_v2", ctypes.byref(p), size)
+        except CudaError as e:
+            raise CudaError(f"allocating {size} B ({key}): {e}") from None
+        ptrs[key] = p.value
+        cu("cuMemsetD8_v2", p.value, fill, size)
+    for _ in range(2):
+        ev = _VP()
+        cu("cuEventCreate", ctypes.byref(ev), 0)
+        events.append(ev)
+    return _Timer(cu, events[0], events[1])
+
+
+def _measure_all(cu: Cuda, st: _State, kinds: list[str], funcs: dict[str, Any], timer: _Timer, plan: Plan,
+                 ptrs: dict[str, int]) -> None:
+    """Each kernel in its slice of what the budget leaves after setup; a kernel's CUDA error is a note."""
+    setup_s = st.now_s()
+    st.device["setup_s"] = round(setup_s, 3)
+    remaining = st.budget_s - setup_s - CLEANUP_RESERVE_S
+    weights = {k: BUDGET_WEIGHTS[k] for k in kinds}
+    if remaining < MIN_KERNEL_SLICE_S * len(kinds):
+        st.note(f"setup took {setup_s:.2f} s of the {st.budget_s:g} s budget: each kernel gets only "
+                "its calibration launch")
+    slices = split_budget(remaining, weights)
+    failures: list[str] = []
+    for k in kinds:
+        launch = _launcher(cu, funcs[k], k, plan.grids[k])
+        try:
+            _measure(st, k, launch, timer, plan, ptrs, slices[k])
+        except CudaError as e:
+            st.phase = "between"
+            failures.append(f"{k}: {e}")
+            st.note(f"{k}: {e}")
+    if failures and not any(v is not None for v in st.achieved.values()):
+        st.why = f"no kernel ran: {failures[0]}"
+
+
 def _run_on_gpu(cu: Cuda, st: _State) -> None:
     ctx = _VP()
     dev = ctypes.c_int()
@@ -355,111 +465,25 @@ def _run_on_gpu(cu: Cuda, st: _State) -> None:
     ptrs: dict[str, int] = {}
     events: list[Any] = []
     try:
-        try:
-            cu("cuInit", 0)
-            count = ctypes.c_int()
-            cu("cuDeviceGetCount", ctypes.byref(count))
-            if not 0 <= st.device_index < count.value:
-                st.why = f"CUDA: no device {st.device_index} ({count.value} visible)"
-                return
-            cu("cuDeviceGet", ctypes.byref(dev), st.device_index)
-            d = dev.value
-            name = ctypes.create_string_buffer(256)
-            cu("cuDeviceGetName", name, 256, d)
-            raw = (ctypes.c_ubyte * 16)()
-            cu(cu.first("cuDeviceGetUuid_v2", "cuDeviceGetUuid"), raw, d)
-            st.uuid = uuid_from_bytes(bytes(raw))
-            sm = cu.attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d)
-            cc = (cu.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d),
-                  cu.attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d))
-            st.device.update(
-                {"name": name.value.decode("utf-8", "replace"), "uuid": st.uuid, "sm_count": sm,
-                 "compute_capability": list(cc)}
-            )
-        finally:
-            st.uuid_ready.set()
-
+        found = _identify(cu, st, dev)
+        if found is None:
+            return
+        d, sm, cc = found
         cu("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), d)
         retained = True
         cu("cuCtxSetCurrent", ctx)
-
-        sources = module_sources()
-        mods: dict[str, Any] = {}
-        mod, info = _load_module(cu, "base", sources["base"])
-        modules.append(mod)
-        mods["base"] = mod
-        run_bf16 = cc >= MMA_MIN_CC
-        if not run_bf16:
-            st.note(f"bf16: skipped, mma.sync bf16 needs compute capability 8.0, this GPU is {cc[0]}.{cc[1]}")
-        else:
-            try:
-                mod, _ = _load_module(cu, "mma", sources["mma"])
-                modules.append(mod)
-                mods["mma"] = mod
-            except CudaError as e:
-                run_bf16 = False
-                st.note(f"bf16: skipped: {e}")
-        kinds = [k for k in KERNEL_ORDER if k != "bf16" or run_bf16]
-
-        funcs: dict[str, Any] = {}
-        occupancy: dict[str, int] = {}
-        for k in kinds:
-            fn = _VP()
-            cu("cuModuleGetFunction", ctypes.byref(fn), mods[MODULE_OF[k]], ENTRY[k].encode())
-            funcs[k] = fn
-            nb = ctypes.c_int()
-            try:
-                cu("cuOccupancyMaxActiveBlocksPerMultiprocessor", ctypes.byref(nb), fn, BLOCK, 0)
-                occupancy[k] = max(1, nb.value)
-            except CudaError as e:
-                occupancy[k] = 4
-                st.note(f"{k}: occupancy unknown ({e}); 4 blocks an SM")
-        st.device["blocks_per_sm"] = occupancy
-
+        kinds, funcs = _load_kernels(cu, st, cc, modules)
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         cu("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
         st.device["memory_free_bytes"] = free.value
-        plan = plan_sizes(sm, occupancy, free.value)
+        plan = plan_sizes(sm, st.device["blocks_per_sm"], free.value)
         if isinstance(plan, str):
             st.why = plan
             return
         st.device["buffer_bytes"] = plan.buffer_bytes
-        for key, size, fill in (("a", plan.buffer_bytes, 0x3C), ("b", plan.buffer_bytes, 0),
-                                ("out", plan.out_bytes, 0), ("x", plan.x_bytes, 0x3C),
-                                ("y", plan.y_bytes, 0)):
-            p = ctypes.c_uint64()
-            try:
-                cu("cuMemAlloc_v2", ctypes.byref(p), size)
-            except CudaError as e:
-                raise CudaError(f"allocating {size} B ({key}): {e}") from None
-            ptrs[key] = p.value
-            cu("cuMemsetD8_v2", p.value, fill, size)
-        for _ in range(2):
-            ev = _VP()
-            cu("cuEventCreate", ctypes.byref(ev), 0)
-            events.append(ev)
-        timer = _Timer(cu, events[0], events[1])
+        timer = _allocate(cu, plan, ptrs, events)
         cu("cuCtxSynchronize")
-
-        setup_s = st.now_s()
-        st.device["setup_s"] = round(setup_s, 3)
-        remaining = st.budget_s - setup_s - CLEANUP_RESERVE_S
-        weights = {k: BUDGET_WEIGHTS[k] for k in kinds}
-        if remaining < MIN_KERNEL_SLICE_S * len(kinds):
-            st.note(f"setup took {setup_s:.2f} s of the {st.budget_s:g} s budget: each kernel gets only "
-                    "its calibration launch")
-        slices = split_budget(remaining, weights)
-        failures: list[str] = []
-        for k in kinds:
-            launch = _launcher(cu, funcs[k], k, plan.grids[k])
-            try:
-                _measure(st, k, launch, timer, plan, ptrs, slices[k])
-            except CudaError as e:
-                st.phase = "between"
-                failures.append(f"{k}: {e}")
-                st.note(f"{k}: {e}")
-        if failures and not any(v is not None for v in st.achieved.values()):
-            st.why = f"no kernel ran: {failures[0]}"
+        _measure_all(cu, st, kinds, funcs, timer, plan, ptrs)
     except CudaError as e:
         if st.why is None:
             st.why = f"CUDA: {e}"
@@ -491,6 +515,23 @@ def _release(cu: Cuda, st: _State, retained: bool, dev: Any, modules: list, ptrs
         except CudaError as e:
             st.note(f"cleanup: {e}")
     st.released = True
+
+
+def _collect(out: dict[str, Any], st: _State) -> None:
+    """What the CUDA worker and the NVML sampler recorded in ``st`` into the result ``out``."""
+    with st.lock:
+        samples = [dict(s) for s in st.samples]
+        notes = list(st.notes)
+    out.update(summarize_samples(samples))
+    out.pop("samples_under_load", None)
+    out["achieved"] = dict(st.achieved)
+    out["samples"] = samples
+    out["by_phase"] = {k: summarize_samples(samples, (k,)) for k in KERNEL_ORDER if k in st.kernels}
+    out["kernels"] = dict(st.kernels)
+    out["device"] = dict(st.device)
+    out["notes"] = notes
+    if samples and not any(s.get("phase") in KERNEL_ORDER for s in samples) and st.kernels:
+        out["notes"].append("NVML: no sample fell while a kernel ran (the kernels were too short)")
 
 
 def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
@@ -552,19 +593,7 @@ def run_load_probe(device_index: int = 0, budget_s: float = 3.0) -> dict:
         st.stop_sampling.set()
         st.uuid_ready.set()
         sampler.join(0.3)
-        with st.lock:
-            samples = [dict(s) for s in st.samples]
-            notes = list(st.notes)
-        out.update(summarize_samples(samples))
-        out.pop("samples_under_load", None)
-        out["achieved"] = dict(st.achieved)
-        out["samples"] = samples
-        out["by_phase"] = {k: summarize_samples(samples, (k,)) for k in KERNEL_ORDER if k in st.kernels}
-        out["kernels"] = dict(st.kernels)
-        out["device"] = dict(st.device)
-        out["notes"] = notes
-        if samples and not any(s.get("phase") in KERNEL_ORDER for s in samples) and st.kernels:
-            out["notes"].append("NVML: no sample fell while a kernel ran (the kernels were too short)")
+        _collect(out, st)
         if hung:
             out["why"] = (f"load probe timed out after {budget:g} s + {JOIN_GRACE_S:g} s "
                           f"(driver call in flight: {in_call or 'unknown'}; left behind in a daemon thread)")

@@ -263,6 +263,35 @@ def _access(e: Any) -> int:
     return e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
 
 
+def _hold_host_mrs(pv: dict[str, Any], pd: Any, acc: int, count: int, deadline: float) -> dict[str, Any]:
+    """``count`` x 1 MiB host MRs on ``pd`` held at once, until the first error or ``deadline``
+    (``time.monotonic()``); all closed before returning: ``{"wanted", "registered", "bytes_each",
+    "errno", "error", "stopped_by_deadline", "elapsed_ms"}``."""
+    held: list[Any] = []
+    cnt: dict[str, Any] = {"wanted": count, "registered": 0, "bytes_each": HOST_MR_BYTES, "errno": None,
+                           "error": None, "stopped_by_deadline": False}
+    t0 = time.monotonic()
+    try:
+        for _ in range(count):
+            if time.monotonic() > deadline:
+                cnt["stopped_by_deadline"] = True
+                break
+            try:
+                held.append(pv["mr"].MR(pd, HOST_MR_BYTES, acc))
+            except Exception as exc:  # noqa: BLE001
+                cnt["errno"], cnt["error"] = _err(exc)
+                break
+        cnt["registered"] = len(held)
+    finally:
+        for m in reversed(held):
+            try:
+                m.close()
+            except Exception:  # noqa: BLE001 - the PD close below reports leaks
+                pass
+        cnt["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    return cnt
+
+
 def register_on_device(pv: dict[str, Any], name: str, count: int, deadline: float,
                        gpu: _Held | None) -> dict[str, Any]:
     """On RDMA device ``name``: a 1 MiB host MR (``host_mr``), ``count`` x 1 MiB host MRs held at once
@@ -292,29 +321,7 @@ def register_on_device(pv: dict[str, Any], name: str, count: int, deadline: floa
         except Exception as exc:  # noqa: BLE001
             n, text = _err(exc)
             res["host_mr"] = {"ok": False, "bytes": HOST_MR_BYTES, "errno": n, "error": text}
-        held: list[Any] = []
-        cnt: dict[str, Any] = {"wanted": count, "registered": 0, "bytes_each": HOST_MR_BYTES, "errno": None,
-                               "error": None, "stopped_by_deadline": False}
-        t0 = time.monotonic()
-        try:
-            for _ in range(count):
-                if time.monotonic() > deadline:
-                    cnt["stopped_by_deadline"] = True
-                    break
-                try:
-                    held.append(pv["mr"].MR(pd, HOST_MR_BYTES, acc))
-                except Exception as exc:  # noqa: BLE001
-                    cnt["errno"], cnt["error"] = _err(exc)
-                    break
-            cnt["registered"] = len(held)
-        finally:
-            for m in reversed(held):
-                try:
-                    m.close()
-                except Exception:  # noqa: BLE001 - the PD close below reports leaks
-                    pass
-            cnt["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
-        res["host_mr_count"] = cnt if count else None
+        res["host_mr_count"] = _hold_host_mrs(pv, pd, acc, count, deadline) if count else None
         if gpu is not None and gpu.ptr:
             g: dict[str, Any] = {"gpu_ordinal": gpu.dev, "bytes": gpu.size}
             try:  # what engines do with nvidia-peermem: ibv_reg_mr on a cuMemAlloc pointer

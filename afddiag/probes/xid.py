@@ -46,6 +46,13 @@ def parse_xid_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
     return events
 
 
+def _hint(path: str, e: OSError) -> str:
+    """What to do when the kernel log at ``path`` cannot be opened: root, or a saved log (--xid-log)."""
+    if path != KMSG_PATH:
+        return ""
+    return " (run as root or give --xid-log)" if e.errno in (errno.EACCES, errno.EPERM) else " (give --xid-log)"
+
+
 def read_xid_events(
     path: str = KMSG_PATH, deadline: float | None = None, max_bytes: int = XID_MAX_BYTES
 ) -> tuple[list[dict[str, Any]] | None, str, list[str]]:
@@ -62,13 +69,7 @@ def read_xid_events(
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
-        if path != KMSG_PATH:
-            hint = ""
-        elif e.errno in (errno.EACCES, errno.EPERM):
-            hint = " (run as root or give --xid-log)"
-        else:
-            hint = " (give --xid-log)"
-        return None, f"not readable: {path}: {e.strerror or e}{hint}", notes
+        return None, f"not readable: {path}: {e.strerror or e}{_hint(path, e)}", notes
     xid_lines: list[str] = []
     total = 0
     partial: bytes | None = b""
