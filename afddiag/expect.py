@@ -10,7 +10,8 @@ inputs. Each value is an :class:`Expected` (value, source) or None when nothing 
   the other side's value: ``--expect-capacity``, else the other side's flag in the same launch env;
 - ``image``: the launch env's ``AFD_IMAGE``;
 - ``peers``: ``--peer``, else the launch env's ``AFD_PEER_FABRIC_IPS``;
-- ``role``: the playbook judged by (``--role``/``--playbook``, ``AFD_ROLE``, or generic) and its thresholds;
+- ``role``: the playbook judged by and where it came from (:func:`afddiag.inputs.resolve`: ``--playbook``,
+  ``--role``, ``AFD_ROLE`` in the launch env, or generic);
 - ``gpu_baselines``: per GPU index, the figures ``gpu.slow-state`` compares to (the host's recorded
   baseline by UUID, a snapshot's ``expect.baseline``, the reference table by model:
   :func:`afddiag.baseline.for_gpu`); ``cpu_baseline``: the host baseline's CPU figures.
@@ -116,7 +117,7 @@ def resolve(inputs: Any, obs: Any) -> Expectations:
         ex.peers = Expected(list(inputs.peers), f"AFD_PEER_FABRIC_IPS in {inputs.launch_env_path}"
                             if given == list(inputs.peers) else "--peer")
     if pb is not None:
-        ex.role = Expected(pb.name, f"playbook {getattr(pb, 'path', None) or pb.name}")
+        ex.role = Expected(pb.name, inputs.role_source or f"playbook {getattr(pb, 'path', None) or pb.name}")
     else:
         ex.role = Expected("generic", "default (no --role, --playbook or AFD_ROLE)")
     g = obs.gpu

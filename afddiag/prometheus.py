@@ -1,4 +1,5 @@
-"""Render a report for Prometheus' node_exporter textfile collector, and write reports to files.
+"""Render a report for Prometheus' node_exporter textfile collector (the ``prometheus`` entry of
+:data:`afddiag.report.REPORTERS`, which writes it to stdout or a file).
 
 The metrics are built in a :class:`prometheus_client.CollectorRegistry` and rendered by
 ``prometheus_client.generate_latest`` (the library owns the exposition format and its escaping);
@@ -30,10 +31,7 @@ name only what stays put across runs (a verdict flipping changes a value, never 
 from __future__ import annotations
 
 import datetime as _dt
-import io
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 STATUS = {"PASS": 0, "WARN": 1, "FAIL": 2, "ERROR": 3, "SKIP": 4}
@@ -171,34 +169,3 @@ def render(report: dict[str, Any], command: str = "all") -> str:
 
     # label values from the host (device names: a non-UTF-8 one is a lone surrogate) as escapes
     return generate_latest(registry_for(cleaned(report), command)).decode("utf-8")
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, rename;
-    mode 0644 so node_exporter's user reads it; an old file keeps its mode and owner; a character
-    device the user named is written in place). Raises OSError when the folder cannot be written,
-    :class:`afddiag.atomic.OutputTargetError` for a FIFO, socket or folder."""
-    from afddiag.atomic import atomic_write
-
-    with atomic_write(path, device_ok=True) as f:
-        f.write(text)
-    return Path(path)
-
-
-def write_report(report: dict[str, Any], fmt: str, output: str | None, command: str) -> None:
-    """Render ``report`` as ``fmt`` (``table``, ``json`` or ``prometheus``) to ``output`` (atomically),
-    or to stdout when ``output`` is None. Raises OSError when ``output`` cannot be written."""
-    import sys
-
-    from afddiag import report as rpt
-
-    if fmt == "prometheus":
-        text = render(report, command)
-    else:
-        buf = io.StringIO()
-        (rpt.write_json if fmt == "json" else rpt.write_table)(report, buf)
-        text = buf.getvalue()
-    if output:
-        write_atomic(output, text)
-    else:
-        sys.stdout.write(text)

@@ -1,14 +1,18 @@
-"""Reports: render verdicts as a table for people, JSON for machines, and the device map."""
+"""Reports: render verdicts as a table for people, JSON for machines, metrics for Prometheus, and the
+device map. :data:`REPORTERS` is the one table of output formats every command chooses from."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO, cast
 
-from afddiag import __version__
+from afddiag import __version__, prometheus
+from afddiag.atomic import atomic_write
 from afddiag.envvars import MAP_VAR, format_device_map, redact_report
 from afddiag.model import to_jsonable
 from afddiag.render import COLORS  # noqa: F401 - importable from here too
@@ -144,3 +148,70 @@ def format_devicemap(dm: dict[str, str], fmt: str) -> str:
     if fmt == "shell":
         return f"export {MAP_VAR}={shlex.quote(value)}"
     return f"{MAP_VAR}={value}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Output formats: one table, one selection
+
+
+class FormatError(ValueError):
+    """The output asked for cannot be given (two formats at once, a library missing): one line that
+    names the flags and the fix; the CLI makes it a usage error (exit 64)."""
+
+
+def _prometheus_missing() -> str | None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as e:
+        return (f"--format prometheus needs prometheus_client ({e}): pip install prometheus-client, "
+                "or apt install python3-prometheus-client")
+    return None
+
+
+def _write_text(out: TextIO, text: str) -> None:
+    out.write(text)
+
+
+class Reporter(NamedTuple):
+    """One output format: ``write(report, out, command)`` renders the report on ``out``;
+    ``missing()`` says why it cannot run on this machine (None: it can), checked before any probing."""
+
+    write: Callable[[dict[str, Any], TextIO, str], None]
+    missing: Callable[[], str | None] = lambda: None
+
+
+#: format name → renderer: every command that prints a report chooses here (``--format``, ``--json``,
+#: ``preflight --prom``). Order: the order ``--help`` lists them.
+REPORTERS: dict[str, Reporter] = {
+    "table": Reporter(lambda rep, out, command: write_table(rep, out)),
+    "json": Reporter(lambda rep, out, command: write_json(rep, out)),
+    "prometheus": Reporter(lambda rep, out, command: _write_text(out, prometheus.render(rep, command)),
+                           _prometheus_missing),
+}
+
+
+def choose_format(as_json: bool = False, fmt: str | None = None) -> str:
+    """``--json`` and ``--format`` → one name of :data:`REPORTERS`, checked usable here. Raises
+    :class:`FormatError` when they disagree (``--json --format prometheus``) or the format's library
+    is missing."""
+    if as_json and fmt not in (None, "json"):
+        raise FormatError(f"--json and --format {fmt} ask for two outputs: give one of them")
+    name = fmt or ("json" if as_json else "table")
+    if name not in REPORTERS:
+        raise FormatError(f"--format {name}: give one of {', '.join(REPORTERS)}")
+    why = REPORTERS[name].missing()
+    if why:
+        raise FormatError(why)
+    return name
+
+
+def emit(report: dict[str, Any], fmt: str, output: str | os.PathLike | None = None, command: str = "all") -> None:
+    """Render ``report`` as ``fmt`` (a :data:`REPORTERS` name) on stdout, or into ``output``
+    atomically (temporary file, fsync, rename, mode 0644; a character device written in place).
+    Raises OSError when ``output`` cannot be written."""
+    write = REPORTERS[fmt].write
+    if output is None:
+        write(report, sys.stdout, command)
+        return
+    with atomic_write(output, device_ok=True) as f:
+        write(report, cast(TextIO, f), command)  # opened in text mode

@@ -78,7 +78,7 @@ def peak_rss_mb(cmd: list[str]) -> float:
 
 
 def in_process(snap: Path, repeat: int) -> float:
-    from afddiag.cli import diagnose
+    from afddiag.check import diagnose
     from afddiag.model.run import Inputs
 
     times = []

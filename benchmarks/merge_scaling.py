@@ -34,13 +34,14 @@ DUPLICATE = (100, 101)  # these two share one fabric IP
 
 def base_report(tmp: Path) -> dict:
     """One real expert report: case 02's snapshot, a launch env with AFD_EXPERT_CAPACITY=256."""
-    from afddiag.cli import diagnose, make_inputs
+    from afddiag.check import diagnose
+    from afddiag.inputs import make_inputs
 
     env = tmp / "expert.env"
     env.write_text("AFD_ROLE=expert\nAFD_EXPERT_CAPACITY=256\n"
                    "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.11=rocep1s0f1\n")
     inputs = make_inputs(snapshot=str(CASE), fabric_ip="192.168.100.11", role="expert", launch_env_path=str(env))
-    return diagnose(inputs, {"fabric", "gpu", "host", "launch"})
+    return diagnose(inputs, {"fabric", "gpu", "host", "launch"})[0]
 
 
 def _ip(i: int) -> str:

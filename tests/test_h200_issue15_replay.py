@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from afddiag.cli import diagnose_full, make_inputs
+from afddiag.check import diagnose as diagnose_full
+from afddiag.inputs import make_inputs
 from conftest import REPO
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpu" / "h200-issue15"

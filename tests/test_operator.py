@@ -77,7 +77,7 @@ def _column(text, header):
 
 
 def test_report_at_80_columns_cuts_nothing():
-    from afddiag.cli import diagnose_full
+    from afddiag.check import diagnose as diagnose_full
     from afddiag.model.run import Inputs
     from afddiag.render import unbroken
     from afddiag.report import write_table

@@ -222,10 +222,11 @@ def test_the_trial_command_on_an_80_column_terminal():
 
 def test_gid_table_catalog_and_merge_fit_80_columns(tmp_path):
     from afddiag.catalog import listing, load
-    from afddiag.cli import _gather_fabric, make_inputs
+    from afddiag.devicemap import fabric_facts as _gather_fabric
     from afddiag.endpoint import resolve_fabric_ip
     from afddiag.gates.fabric import engine_device_for
     from afddiag.gidtable import gid_rows, legend, write_gid_table
+    from afddiag.inputs import make_inputs
     from conftest import fleet_table
 
     obs = _gather_fabric(make_inputs(snapshot=C01, fabric_ip="192.168.100.10"))

@@ -26,6 +26,7 @@ from afddiag import cli
 from afddiag.model import to_jsonable
 from afddiag.model.pair import BandwidthRun, PairFacts, PortCounters, RailQp, counter_kind, pair_facts
 from afddiag.model.run import Inputs, Observation
+from afddiag.pairtest import PAIR_GATES
 from afddiag.playbook import Playbook, PlaybookError, parse
 from afddiag.probes import counters as cmod
 from afddiag.probes import pair as pm
@@ -596,7 +597,7 @@ def test_cli_bandwidth_without_a_device_reports_and_judges(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "bandwidth" and out["error"] and out["bandwidth"]["stage"] == "handshake"
     g = {x["id"]: x for x in out["report"]["gates"]}
-    assert set(g) == set(cli.PAIR_GATES)
+    assert set(g) == set(PAIR_GATES)
     assert g["fabric.rail-bandwidth"]["verdict"] == ERROR and rc == out["report"]["exit_code"] != 0
 
 

@@ -315,7 +315,7 @@ def test_nothing_written_but_the_state_directory(tmp_path) -> None:
     runs = [["all", "--json", "--snapshot", snap], ["all", "--snapshot", snap], ["fabric", "--snapshot", snap],
             ["devicemap", "--snapshot", snap], ["catalog"], ["baseline", "show"], ["gpu", "--json", "--timeout", "3"],
             ["preflight", "--snapshot", snap], ["all", "--snapshot", "/nonexistent"]]
-    from afddiag.cli import all_
+    from afddiag.commands.check import all_
 
     asked = {"report.json"} if any(p.name == "output" for p in all_.params) else set()
     if asked:  # where the user asks for a file, that file and nothing else

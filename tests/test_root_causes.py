@@ -85,19 +85,16 @@ def test_busy_check_recorded_by_the_load_probe_counts(tmp_path):
 
 
 def test_busy_gpu_does_not_drain_in_the_health_check(tmp_path, monkeypatch, capsys):
-    import afddiag.cli as climod
+    from afddiag.commands.preflight import show
+    from afddiag.inputs import make_inputs
+    from afddiag.preflight import PreflightOptions
 
     calls = []
-    monkeypatch.setattr("afddiag.slurm.drain_node", lambda g, node=None: calls.append(g) or True)
+    monkeypatch.setattr("afddiag.slurm.drain_node", lambda g, node=None, timeout_s=None: calls.append(g) or True)
     snap = gpu_snapshot(tmp_path / "s", busy_h200(processes=[{"pid": 1, "name": "torch", "type": "compute"}]))
-    real = climod._diagnose
-
-    def this_host_is(cmd, inputs):  # --drain refuses --snapshot: the recording stands in for this host
-        inputs.snapshot = str(snap)
-        return real(cmd, inputs)
-
-    monkeypatch.setattr(climod, "_diagnose", this_host_is)
-    assert run(["preflight", "--drain", "--strict", "--no-history"]) == 1  # WARN, strict: not fit, not drained
+    # the library's seam is its inputs: the recording judged as this host (the CLI refuses --drain with --snapshot)
+    code = show(make_inputs(snapshot=str(snap)), PreflightOptions(drain=True, strict=True), history=False)
+    assert code == 1  # WARN, strict: not fit, not drained
     assert calls == []
     err = capsys.readouterr().err
     assert "WARN gpu.processes" in err and "explains: gpu.slow-state" in err and "not drained" in err

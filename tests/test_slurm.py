@@ -50,26 +50,36 @@ def fake_sinfo(tmp_path, monkeypatch):
 
 @pytest.fixture
 def slurm_node(fake_scontrol, fake_sinfo, monkeypatch):
-    """This host, as preflight sees it, is a recorded case (the snapshot is swapped in under the CLI:
-    --drain refuses --snapshot). Returns a function: (case prefix, sinfo line) → the scontrol log."""
-    import afddiag.cli as climod
+    """This host, as preflight sees it, is a recorded case: the library's seam is its inputs, so the
+    case's snapshot is judged as this node's data (the CLI refuses --drain with --snapshot). Returns a
+    function: (case prefix, sinfo line) → the scontrol log; its ``run(prom=None, **options)`` runs the
+    preflight (:class:`afddiag.preflight.PreflightOptions`, no history) as the CLI shows it."""
+    from afddiag import runner
+    from afddiag.commands.preflight import show
+    from afddiag.inputs import make_inputs
+    from afddiag.preflight import PreflightOptions
 
-    real = climod._diagnose
     chosen = {}
+    real = runner.diagnose
 
-    def diagnose(cmd, inputs):
-        inputs.snapshot, inputs.fabric_ip = str(chosen["case"]), load_case(chosen["case"])["fabric_ip"]
+    def counted(*a, **kw):
         chosen["runs"] = chosen.get("runs", 0) + 1
-        return real(cmd, inputs)
+        return real(*a, **kw)
 
-    monkeypatch.setattr(climod, "_diagnose", diagnose)
+    monkeypatch.setattr(runner, "diagnose", counted)  # a spy: how many times the host is judged
 
     def setup(prefix: str | Path, sinfo_line: str = "idle|none"):
         chosen["case"] = prefix if isinstance(prefix, Path) else case(prefix)
         fake_sinfo.write_text(sinfo_line + "\n")
         return fake_scontrol
 
+    def run_preflight(prom: str | None = None, **options) -> int:
+        c = chosen["case"]
+        inputs = make_inputs(snapshot=str(c), fabric_ip=load_case(c)["fabric_ip"])
+        return show(inputs, PreflightOptions(**options), prom, history=False)
+
     setup.chosen = chosen
+    setup.run = run_preflight
     return setup
 
 
@@ -98,7 +108,7 @@ def down(tmp_path):
 
 def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys, down):
     log = slurm_node(down)
-    code = run(["preflight", "--drain", "--no-history"])
+    code = slurm_node.run(drain=True)
     assert code == 2  # the exit code still says FAIL (a Prolog drains on it)
     assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
     err = capsys.readouterr().err
@@ -109,7 +119,7 @@ def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys, down
 def test_a_launch_setting_fault_is_not_drained(slurm_node, capsys):
     """Case 01's fault is the launcher's device map (SET_ENV): draining the node would not fix it."""
     log = slurm_node("01-")
-    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert slurm_node.run(drain=True) == 2
     assert calls(log) == []
     err = capsys.readouterr().err
     assert "NOT FIT" in err and "not drained: no fault's action needs the node drained (SET_ENV)" in err
@@ -117,13 +127,13 @@ def test_a_launch_setting_fault_is_not_drained(slurm_node, capsys):
 
 def test_fit_host_is_not_drained(slurm_node):
     log = slurm_node("02-")
-    assert run(["preflight", "--drain", "--no-history"]) == 0
+    assert slurm_node.run(drain=True) == 0
     assert calls(log) == []
 
 
 def test_without_drain_scontrol_is_never_called(slurm_node):
     log = slurm_node("01-")
-    assert run(["preflight", "--no-history"]) == 2
+    assert slurm_node.run() == 2
     assert calls(log) == []
 
 
@@ -139,24 +149,24 @@ def test_drain_refuses_a_snapshot(fake_scontrol, fake_sinfo, capsys):
                                   "idle+drain|maintenance window"])
 def test_an_admins_drain_is_never_overwritten(slurm_node, capsys, line, down):
     log = slurm_node(down, line)
-    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert slurm_node.run(drain=True) == 2
     assert calls(log) == []
     assert "left as it is" in capsys.readouterr().err
 
 
 def test_own_drain_kept_or_updated(slurm_node, down):
     log = slurm_node(down, "drained|afddiag: fabric.link")
-    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert slurm_node.run(drain=True) == 2
     assert calls(log) == []  # same reason: nothing to do
     log = slurm_node(down, "drained|afddiag: gpu.slow-state")
-    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert slurm_node.run(drain=True) == 2
     assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
 
 
 def test_unreadable_state_drains_nothing(slurm_node, monkeypatch, capsys, down):
     log = slurm_node(down)
     monkeypatch.setenv("FAKE_SINFO_RC", "1")
-    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert slurm_node.run(drain=True) == 2
     assert calls(log) == []
     assert "Unable to contact slurm controller" in capsys.readouterr().err
 
@@ -167,13 +177,13 @@ def test_unreadable_state_drains_nothing(slurm_node, monkeypatch, capsys, down):
                                           ("idle|none", False), ("allocated|none", False)])
 def test_resume_only_what_afddiag_drained(slurm_node, line, resumed):
     log = slurm_node("02-", line)
-    assert run(["preflight", "--resume", "--no-history"]) == 0
+    assert slurm_node.run(resume=True) == 0
     assert calls(log) == ([["update", "nodename=gpu-node-7", "state=resume"]] if resumed else [])
 
 
 def test_a_fault_that_needs_a_drain_keeps_the_node_out(slurm_node, down):
     log = slurm_node(down, "drained|afddiag: fabric.link")
-    assert run(["preflight", "--drain", "--resume", "--no-history"]) == 2
+    assert slurm_node.run(drain=True, resume=True) == 2
     assert calls(log) == []  # same reason, still drained, not resumed
 
 
@@ -181,11 +191,11 @@ def test_a_fault_that_needs_no_drain_lifts_afddiags_drain(slurm_node):
     """Case 01's fault is the launcher's map (SET_ENV): not a reason to keep the node out, so an
     earlier afddiag drain (the link was down then) is lifted; an admin's drain is not."""
     log = slurm_node("01-", "drained|afddiag: fabric.link")
-    assert run(["preflight", "--drain", "--resume", "--no-history"]) == 2
+    assert slurm_node.run(drain=True, resume=True) == 2
     assert calls(log) == [["update", "nodename=gpu-node-7", "state=resume"]]
     log.unlink()
     log = slurm_node("01-", "drained|bad DIMM")
-    assert run(["preflight", "--drain", "--resume", "--no-history"]) == 2
+    assert slurm_node.run(drain=True, resume=True) == 2
     assert calls(log) == []
 
 
@@ -195,7 +205,7 @@ def test_one_run_writes_verdict_and_prom(slurm_node, tmp_path, capsys):
     slurm_node("01-")
     prom = tmp_path / "tf" / "afddiag.prom"
     prom.parent.mkdir()
-    assert run(["preflight", "--drain", "--prom", str(prom), "--no-history"]) == 2
+    assert slurm_node.run(drain=True, prom=str(prom)) == 2
     assert slurm_node.chosen["runs"] == 1
     assert "NOT FIT" in capsys.readouterr().err
     fams = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
@@ -206,14 +216,14 @@ def test_one_run_writes_verdict_and_prom(slurm_node, tmp_path, capsys):
 def test_scontrol_failure_is_reported_and_the_exit_code_kept(slurm_node, monkeypatch, capsys, down):
     log = slurm_node(down)
     monkeypatch.setenv("FAKE_SCONTROL_RC", "1")
-    assert run(["preflight", "--drain", "--no-history"]) == 2
+    assert slurm_node.run(drain=True) == 2
     assert len(calls(log)) == 1
     err = capsys.readouterr().err
     assert "Invalid node name" in err and "the node was NOT drained" in err
 
 
 def test_no_load_turns_the_playbooks_load_probe_off():
-    from afddiag.cli import make_inputs
+    from afddiag.inputs import make_inputs
     from afddiag.model.run import wants_load
 
     assert wants_load(make_inputs(role="expert"))

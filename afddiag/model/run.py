@@ -36,6 +36,7 @@ class Inputs:
     baseline_path: str | None = None
     xid_log: str | None = None  # a saved kernel log to read Xid events from instead of /dev/kmsg
     families: frozenset[str] = ALL_FAMILIES  # the gate families the command runs (and the probes feeding them)
+    role_source: str = ""  # where the playbook came from (afddiag.inputs.resolve): "--role expert", "AFD_ROLE in FILE"
 
     def __post_init__(self) -> None:
         """The launch env feeds the fabric IP and peers when the flags do not give them."""

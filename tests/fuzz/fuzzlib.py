@@ -455,7 +455,8 @@ def base_reports() -> list[dict]:
     """Real per-host reports (``afddiag all --json`` of three fabric cases with a GPU reading and a
     launch env), built once per process."""
     if not _REPORTS:
-        from afddiag.cli import diagnose, make_inputs
+        from afddiag.check import diagnose
+        from afddiag.inputs import make_inputs
 
         with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
             env = Path(tmp) / "rank.env"
@@ -468,7 +469,7 @@ def base_reports() -> list[dict]:
                 inputs = make_inputs(snapshot=str(root), role="expert" if le else None, launch_env_path=le,
                                      peers=("192.168.100.10",))
                 with contextlib.redirect_stderr(io.StringIO()):
-                    _REPORTS.append(diagnose(inputs, {"fabric", "gpu", "host", "launch"}))
+                    _REPORTS.append(diagnose(inputs, {"fabric", "gpu", "host", "launch"})[0])
     return _REPORTS
 
 

@@ -1,0 +1,51 @@
+"""``afddiag gpu`` and ``afddiag all`` (click commands), and :func:`run_check`, which ``afddiag fabric``
+shares: options → inputs, :func:`afddiag.check.check`, the report through one reporter."""
+
+from __future__ import annotations
+
+import click
+
+from afddiag.check import check
+from afddiag.commands.options import (
+    common,
+    fabric_opts,
+    gpu_opts,
+    inputs_from,
+    keep,
+    launch_opts,
+    output_format,
+    usage_errors,
+    write_report,
+)
+from afddiag.inputs import FAMILIES
+
+
+def run_check(command: str, as_json: bool = False, fmt: str | None = None, output: str | None = None,
+              no_history: bool = False, **flags) -> int:
+    """One ``fabric``/``gpu``/``all`` run: the format checked first, then the run, then the report."""
+    fmt = output_format(as_json, fmt)
+    inputs = inputs_from(families=FAMILIES[command], **flags)
+    with usage_errors():
+        rep = check(command, inputs)
+    keep(rep, command, not no_history, inputs.probe_timeout_s)
+    write_report(rep, fmt, output, command)
+    return rep["exit_code"]
+
+
+@click.command()
+@common
+@gpu_opts
+@launch_opts
+def gpu(**kw) -> int:
+    """GPUs through NVML and the CUDA driver: SM count, memory, clocks event reasons, slow state."""
+    return run_check("gpu", **kw)
+
+
+@click.command(name="all")
+@common
+@fabric_opts
+@gpu_opts
+@launch_opts
+def all_(**kw) -> int:
+    """Every gate of the role: fabric, GPU and launch."""
+    return run_check("all", **kw)
