@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import click
 
 from afddiag import __version__
-from afddiag.exitcodes import (EXIT_ABORT, EXIT_ERROR, EXIT_SIGPIPE, EXIT_USAGE, CatalogError, help_text,
-                               unexpected_line)
+from afddiag.exitcodes import EXIT_ABORT, EXIT_ERROR, EXIT_SIGPIPE, EXIT_USAGE, CatalogError, help_text, unexpected_line
 
 # Commands, each in its own module, imported only when named (start-up stays cheap).
 LAZY_COMMANDS = {
