@@ -487,7 +487,7 @@ def test_an_unexpected_error_is_one_line_and_exit_3_never_the_warn_code(monkeypa
     def boom(*a, **k):
         raise KeyError("surprise\nsecond line")
 
-    monkeypatch.setattr(cli, "_diagnose", boom)
+    monkeypatch.setattr("afddiag.runner.diagnose", boom)  # the library the command calls
     with pytest.raises(SystemExit) as e:
         cli.main(["fabric", "--snapshot", str(FABRIC[0]), "--no-history"])
     assert e.value.code == 3
