@@ -523,7 +523,7 @@ def test_ctrl_c_during_a_run_is_one_line_and_130(monkeypatch, capsys):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_diagnose", interrupted)
+    monkeypatch.setattr("afddiag.runner.diagnose", interrupted)  # the library the command calls
     with pytest.raises(SystemExit) as e:
         cli.main(["fabric", "--snapshot", str(FABRIC[0]), "--no-history"])
     assert e.value.code == 130 and capsys.readouterr().err.strip() == "afddiag: aborted"
