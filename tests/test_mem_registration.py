@@ -96,6 +96,9 @@ def _dmabuf_eopnotsupp():
     (_count(_cma(spark(), 70000, kho=True), 9), HOST, "WARN", "only 9 of 64"),  # kho=off: not the signature
     (_count(spark(), 7, memlock=8 << 20), HOST, "PASS", "stopped at RLIMIT_MEMLOCK 8 MiB (launch.memlock judges it)"),
     (_count(_cma(spark(), 70000), 7, memlock=8 << 20), HOST, "WARN", "signature"),  # memlock explains the count
+    # a short count with RLIMIT_MEMLOCK unread: WARN naming it (the summary divided None by a MiB: a crash)
+    (_count(spark(), 7, memlock=None), HOST, "WARN", "only 7 of 64 x 1 MiB held at once (ENOMEM with RLIMIT_MEMLOCK "
+     "not read)"),
     (spark(verbs={"devices": [_dev("rocep1s0f0", host=False)]}), HOST, "FAIL", "cannot register host memory"),
     (spark(verbs={"devices": [], "why": "pyverbs is not installed: apt install python3-pyverbs"}), HOST, "SKIP",
      "pyverbs"),

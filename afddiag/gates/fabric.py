@@ -13,11 +13,10 @@ from afddiag.envvars import (
     WATCHED,
     parse_device_map,
 )
-from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, not_probed, probe_failed
+from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, probe_failed, probed
 from afddiag.gates.devicemap import gid_slot
-from afddiag.model import to_jsonable
+from afddiag.model import ROCE_V2, to_jsonable
 from afddiag.model.fabric import (
-    ROCE_V2,
     Entry,
     FabricFacts,
     carriers,
@@ -663,10 +662,10 @@ def mem_kinds(m) -> dict:
 
 @gate("fabric.mem-registration")
 def mem_registration(ctx: Context, gate_id: str) -> Verdict:
-    m = ctx.obs.memreg
-    if (v := not_probed(gate_id, m, "memory registration (--no-qp skips it)",
-                        "run on the host without --no-qp, or replay a capture made with this afddiag")) is not None:
-        return v
+    m = probed(gate_id, ctx.obs.memreg, "memory registration (--no-qp skips it)",
+               "run on the host without --no-qp, or replay a capture made with this afddiag")
+    if isinstance(m, Verdict):
+        return m
     if not m.devices:  # nothing registered; the CUDA and driver side was still read: keep it in the facts
         side = {"verbs_why": m.verbs_why, "open_kernel_module": m.open_kernel_module, "peermem_loaded": m.peermem_loaded,
                 "gpus": m.gpus, "dmabuf_export": m.dmabuf_export, "cuda_why": m.cuda_why,
@@ -706,6 +705,7 @@ def mem_registration(ctx: Context, gate_id: str) -> Verdict:
              and c["registered"] < c["wanted"] and c.get("errno") == 12]
     limit = m.memlock_soft_bytes
     by_limit = short and limit not in (None, -1) and limit < max(c["wanted"] for c in short) * MIB
+    limit_txt = "unlimited" if limit == -1 else "not read" if limit is None else f"{limit / MIB:.0f} MiB"
     count_txt = (f"{min(c['registered'] for c in cnt)} of {cnt[0]['wanted']} x 1 MiB held at once" if cnt else "")
     if cma_signature(m):
         sig = (f"Spark registration-bug signature: CmaFree {m.cma_free_kb} kB > CmaTotal {m.cma_total_kb} kB and no "
@@ -716,10 +716,10 @@ def mem_registration(ctx: Context, gate_id: str) -> Verdict:
                        remedy(gate_id + ".cma"), facts, action="REBOOT")
     if short and not by_limit:
         return Verdict(gate_id, WARN, f"{names}: {host_txt} but only {count_txt} (ENOMEM with RLIMIT_MEMLOCK "
-                       f"{'unlimited' if limit == -1 else f'{limit / MIB:.0f} MiB'}): pinned memory is short",
+                       f"{limit_txt}): pinned memory is short",
                        "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) and stop it before launch",
                        facts, action="STOP_PROCESSES")
-    note = (f"; the count stopped at RLIMIT_MEMLOCK {limit / MIB:.0f} MiB (launch.memlock judges it)" if by_limit
+    note = (f"; the count stopped at RLIMIT_MEMLOCK {limit_txt} (launch.memlock judges it)" if by_limit
             else (f" ({count_txt})" if count_txt else ""))
     return Verdict(gate_id, PASS, f"{names}: {host_txt}{note}; {gpu_txt}; {role}", "nothing to do", facts)
 

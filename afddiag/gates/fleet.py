@@ -65,7 +65,8 @@ class HostResult:
     def gate(self, gate_id: str) -> dict[str, Any]:
         """The report's gate ``gate_id`` as a dict ({} when absent)."""
         if self._gates is None:
-            self._gates = {g.get("id"): g for g in (self.report or {}).get("gates") or [] if isinstance(g, dict)}
+            self._gates = {g["id"]: g for g in (self.report or {}).get("gates") or []
+                           if isinstance(g, dict) and isinstance(g.get("id"), str)}
         return self._gates.get(gate_id) or {}
 
     @property
@@ -470,7 +471,7 @@ def gpu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     Facts ``medians``: role → GPU model → figure → median."""
     slow: list[str] = []
     warn: list[str] = []
-    figs: dict[str, dict[str, float]] = {}
+    figs: dict[str, dict[str, dict[str, float]]] = {}  # host → GPU model → figure → value
     for h in fleet:
         if not h.ok:
             continue
