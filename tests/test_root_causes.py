@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from afddiag import diagnosis
 from afddiag.cli import cli, run
-from afddiag.gates import Context, fabric, gpu, resolve_fabric_ip
+from afddiag.gates import Context, fabric, gpu, gpu_load, resolve_fabric_ip
 from afddiag.model.fabric import FabricFacts, Gid, Netdev, Port, QpFacts, QpResult, QpStep, RdmaDevice
 from afddiag.model.gpu import GpuDevice, GpuFacts, UnderLoad
 from afddiag.model.run import Inputs, Observation
@@ -482,7 +482,7 @@ def test_gpu_busy_evidence_is_pure_on_facts():
     d = GpuDevice(0, "x", processes=[{"pid": 3, "name": "a", "type": "compute"}], utilization_pct=50,
                   under_load=UnderLoad(busy_after={"processes": [{"pid": 8, "name": "late", "type": "compute"}]}))
     g = GpuFacts(available=True, devices=[d], probe_pid=3)
-    assert gpu.gpu_busy(d, g) == ["utilization 50 % at the GPU probe's read", "pid 8, late"]
+    assert gpu_load.gpu_busy(d, g) == ["utilization 50 % at the GPU probe's read", "pid 8, late"]
 
 
 # --- baseline record refuses what is no healthy baseline ----------------------------------------

@@ -7,44 +7,28 @@ import re
 from afddiag.catalog import remedy
 from afddiag.expect import SM_LABEL  # noqa: F401 - image label holding the exported SM count
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, gate, probe_failed
+from afddiag.gates.gpu_load import (
+    BASELINE_IGNORED_REMEDY,
+    BUSY_REMEDY,
+    EXPLAINED_REMEDY,
+    FAIL_BITS,
+    POWER_LIMITED_REMEDY,
+    WARN_BITS,
+    SlowSeen,
+    gpu_label,
+    mig_instance,
+    own_pids,
+    reason_names,
+    slow_device,
+)
 from afddiag.model import to_jsonable
-from afddiag.model.gpu import THROUGHPUT_FIGURES as THROUGHPUT
-from afddiag.model.gpu import GpuDevice, GpuFacts, busy_evidence, clocks_event_reason_names, is_own_process
+from afddiag.model.gpu import (
+    GpuDevice,
+    GpuFacts,
+    is_own_process,
+)
 from afddiag.textnum import digits
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
-
-FAIL_BITS = 0x8 | 0x40 | 0x80
-WARN_BITS = 0x20
-SLOW_CLOCK_FRACTION = 0.5  # class A: under-load SM clock below half of max or of baseline
-SLOW_THROUGHPUT_FRACTION = 0.8  # class B: any throughput figure below 80 % of baseline
-MIN_UTILIZATION_PCT = 80.0
-IDLE_PSTATE = 8  # P8 and deeper are idle performance states; a compute load runs at P0-P2
-POWER_LIMITED_FRACTION = 0.95  # under-load power at or above 95 % of the enforced limit: the power limiter holds the clock there
-POWER_CAPPED_FRACTION = 0.90  # ... or 90 % with SW power capping active under load (the limiter's averaging window)
-SW_POWER_CAP = 0x4
-
-
-def reason_names(mask: int | None) -> list[str]:
-    """Names of the set bits of an NVML clocks event reasons mask ([] for none or unknown)."""
-    return clocks_event_reason_names(mask) if mask else []
-
-
-def _label(d: GpuDevice) -> str:
-    return f"GPU {d.index} {d.name or '?'}"
-
-
-_MIG_RE = re.compile(r"\bMIG (\d+g\.\d+gb)\b", re.IGNORECASE)
-
-
-def mig_instance(d: GpuDevice) -> str | None:
-    """The MIG profile (``"3g.40gb"``) when device ``d`` is a MIG instance, as CUDA enumerates one with
-    MIG mode on (``cuDeviceGetName``: "NVIDIA H100 80GB HBM3 MIG 3g.40gb"; its UUID starts ``MIG-``);
-    ``"MIG"`` when only the UUID says so; None for a whole GPU. Pure."""
-    m = _MIG_RE.search(d.name or "")
-    if m:
-        return m.group(1)
-    return "MIG" if str(d.uuid or "").upper().startswith("MIG-") else None
-
 
 _PCI_RE = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
 
@@ -113,7 +97,7 @@ def missing_figure(ctx: Context, d: GpuDevice, what: str, calls: tuple[str, ...]
     if why:
         live.summary += f" (the capture says: {'; '.join(why[:2])})"
         return live
-    return Verdict(live.id, SKIP, f"{_label(d)}: {what} not recorded in the snapshot"
+    return Verdict(live.id, SKIP, f"{gpu_label(d)}: {what} not recorded in the snapshot"
                    + (f", {live.summary.split(', ', 1)[1]}" if ", cannot check" in live.summary else ""),
                    NOT_RECORDED_REMEDY, live.facts)
 
@@ -164,19 +148,18 @@ def present(ctx: Context, gate_id: str) -> Verdict:
     wrong = [d for d in g.devices if model and model.lower() not in (d.name or "").lower()]
     if wrong:
         # another model than the role's: the operator's --role (or the playbook) is wrong, not the driver
-        return Verdict(gate_id, FAIL, f"{_label(wrong[0])}: role {ctx.playbook.name} expects a {model}",
+        return Verdict(gate_id, FAIL, f"{gpu_label(wrong[0])}: role {ctx.playbook.name} expects a {model}",
                        remedy(gate_id + ".role"),
                        {"devices": [to_jsonable(d) for d in g.devices], "expected_model": model}, action="SET_ENV")
     devs = [to_jsonable(d) for d in g.devices]
     cuda_read = (g.cuda_view or {}).get("read") is not False  # False: not asked (nothing needed it), not unread
     names = "; ".join(
-        f"{_label(d)} ("
+        f"{gpu_label(d)} ("
         + (f"{d.sm_count} SMs, " if d.sm_count is not None else ("? SMs, " if cuda_read else ""))
         + f"cc {'.'.join(map(str, d.compute_capability)) if d.compute_capability else '?'})" for d in g.devices)
     return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s): {names}; driver {g.driver_version or '?'}", "nothing to do",
                    {"devices": devs, "driver_version": g.driver_version, "cuda_driver_version": g.cuda_driver_version,
                     "versions": g.versions, "notes": g.notes})
-
 
 
 ARCH_LABEL = "afd.cuda_arch_list"  # image label; else the image's TORCH_CUDA_ARCH_LIST
@@ -219,14 +202,14 @@ def sm_count(ctx: Context, gate_id: str) -> Verdict:
         mig = mig_instance(d)
         if mig and d.sm_count < want:  # the partition is the cause: a slice of a GPU, not another model
             facts["mig_instance"] = {"device": d.index, "profile": mig, "sm_count": d.sm_count}
-            return Verdict(gate_id, FAIL, f"{_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), the image was exported "
+            return Verdict(gate_id, FAIL, f"{gpu_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), the image was exported "
                            f"for {want} SMs: MIG mode partitions this GPU", remedy("gpu.sm-count.mig"), facts,
                            action="RESET_GPU")
-        return Verdict(gate_id, FAIL, f"{_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
+        return Verdict(gate_id, FAIL, f"{gpu_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
                        remedy(gate_id).format(have=d.sm_count), facts)
     if unknown:
         return missing_figure(ctx, unknown[0], "SM count", ("cuDeviceGetAttribute", "libcuda", "cuInit", "cuDeviceGet("),
-                              Verdict(gate_id, WARN, f"{_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
+                              Verdict(gate_id, WARN, f"{gpu_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
                                       "check that libcuda.so.1 loads (driver installed, /dev/nvidia* visible)", facts))
     if lost:
         return _lost_not_judged(gate_id, lost_why, f"{len(devs)} GPU(s) with {want} SMs" if devs else "", facts)
@@ -253,25 +236,25 @@ def memory(ctx: Context, gate_id: str) -> Verdict:
     if missing:
         d = missing[0]
         return missing_figure(ctx, d, "total memory", ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetHandleByIndex"),
-                              Verdict(gate_id, WARN, f"{_label(d)}: total memory not read "
+                              Verdict(gate_id, WARN, f"{gpu_label(d)}: total memory not read "
                                       f"({'; '.join(d.notes) or 'no reading'})", remedy(gate_id), facts))
     pb = ctx.playbook
     for d in devs:
         if pb.min_memory_bytes and d.memory_total_bytes < pb.min_memory_bytes:
-            return Verdict(gate_id, FAIL, f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
+            return Verdict(gate_id, FAIL, f"{gpu_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
                            f"{pb.min_memory_bytes / 1e9:.0f} GB", "run this role on a GPU with enough memory", facts)
         if pb.reserve_fraction and not d.unified:
             need = pb.reserve_fraction * d.memory_total_bytes
             if d.memory_free_bytes is None:
                 return missing_figure(ctx, d, "free memory", ("nvmlDeviceGetMemoryInfo",),
-                                      Verdict(gate_id, WARN, f"{_label(d)}: free memory not read, cannot check the "
+                                      Verdict(gate_id, WARN, f"{gpu_label(d)}: free memory not read, cannot check the "
                                               f"{pb.reserve_fraction:.0%} reservation", remedy(gate_id), facts))
             if d.memory_free_bytes < need:
-                return Verdict(gate_id, FAIL, f"{_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
+                return Verdict(gate_id, FAIL, f"{gpu_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
                                f"{d.memory_total_bytes / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
                                f"{need / 2**30:.2f} GiB", "stop the other processes holding GPU memory "
                                "(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`)", facts)
-    parts = [f"{_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in devs]
+    parts = [f"{gpu_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in devs]
     if lost:
         return _lost_not_judged(gate_id, lost_why, "; ".join(parts), facts)
     return Verdict(gate_id, PASS, "; ".join(parts), "nothing to do", facts)
@@ -300,10 +283,10 @@ def clock_events(ctx: Context, gate_id: str) -> Verdict:
                                "counters_us": counters}
         if mask & FAIL_BITS:
             worst = FAIL
-            lines.append(f"{_label(d)}: {', '.join(reason_names(mask & FAIL_BITS))} active")
+            lines.append(f"{gpu_label(d)}: {', '.join(reason_names(mask & FAIL_BITS))} active")
         elif mask & WARN_BITS:
             worst = FAIL if worst == FAIL else WARN
-            lines.append(f"{_label(d)}: sw_thermal_slowdown active"
+            lines.append(f"{gpu_label(d)}: sw_thermal_slowdown active"
                          + (f" (temperature {d.temperature_c:g} C)" if d.temperature_c is not None else ""))
         else:
             hw = {k: v for k, v in counters.items() if k.startswith("hw_") and isinstance(v, int) and v > 0}
@@ -311,12 +294,12 @@ def clock_events(ctx: Context, gate_id: str) -> Verdict:
             if hw or (isinstance(th, int) and th > 0):
                 worst = FAIL if worst == FAIL else WARN
                 spent = {**hw, **({"sw_thermal_slowdown": th} if th else {})}
-                lines.append(f"{_label(d)}: no bit now, but has spent time in " +
+                lines.append(f"{gpu_label(d)}: no bit now, but has spent time in " +
                              ", ".join(f"{k} {v / 1e6:.2f} s" for k, v in spent.items()))
     if worst == PASS and unread and len(unread) + len(lost) == len(g.devices) and not lost:
         d = unread[0]
         return missing_figure(ctx, d, "clock event reasons", ("ClocksEventReasons", "ClocksThrottleReasons"),
-                              Verdict(gate_id, SKIP, f"{_label(d)}: clock event reasons not read "
+                              Verdict(gate_id, SKIP, f"{gpu_label(d)}: clock event reasons not read "
                                       f"({'; '.join(read_failures(g, d, ('ClocksEventReasons', 'ClocksThrottleReasons'))) or 'no reading'})",
                                       "check NVML on the host: `nvidia-smi -q -d PERFORMANCE`", facts))
     judged = len(g.devices) - len(lost) - len(unread)
@@ -327,86 +310,9 @@ def clock_events(ctx: Context, gate_id: str) -> Verdict:
         seen = sorted({n for f in facts.values() for n in f["names"]})
         return Verdict(gate_id, PASS, f"{judged} GPU(s): no thermal, HW slowdown or power-brake reason"
                        + (f" (seen: {', '.join(seen)}, not faults)" if seen else "")
-                       + (f"; reasons not read on {', '.join(_label(d) for d in unread)}" if unread else ""),
+                       + (f"; reasons not read on {', '.join(gpu_label(d) for d in unread)}" if unread else ""),
                        "nothing to do", facts)
     return Verdict(gate_id, worst, "; ".join(lines), remedy(gate_id + (".hw" if worst == FAIL else ".thermal")), facts)
-
-
-def _baseline_kind(src: str) -> str:
-    """A short name for a baseline source (the full one is in facts)."""
-    for prefix, kind in (("host baseline", "the host baseline"), ("snapshot", "the snapshot baseline"),
-                         ("reference table", "the reference table")):
-        if src.startswith(prefix):
-            return kind
-    return "baseline"
-
-
-def own_pids(d: GpuDevice, g: GpuFacts) -> set[int]:
-    """The pids that are afddiag on ``d``: the GPU probe's (``probe_pid``) and the load probe's
-    (``own_pid`` of its busy checks before and after). Pure."""
-    own = {g.probe_pid} - {None}
-    ul = d.under_load
-    for chk in (d.load_busy_before or (ul.busy_before if ul else None) or {}, (ul.busy_after if ul else None) or {}):
-        if isinstance(chk.get("own_pid"), int):
-            own.add(chk["own_pid"])
-    return own
-
-
-def gpu_busy(d: GpuDevice, g: GpuFacts) -> list[str]:
-    """Evidence that another job computes on ``d``: compute processes other than afddiag (NVML, at
-    the GPU probe's read, just before and right after the load probe) and utilization at or above
-    :data:`afddiag.model.gpu.BUSY_UTILIZATION_PCT` at the GPU probe's read or just before the load probe.
-    [] when none was seen. Pure: reads the recorded facts only."""
-    own = own_pids(d, g)
-    ul = d.under_load
-    before = d.load_busy_before or (ul.busy_before if ul else None) or {}
-    after = (ul.busy_after if ul else None) or {}
-    found = busy_evidence(d.processes, d.utilization_pct, own, "at the GPU probe's read")
-    found += busy_evidence(before.get("processes"), before.get("utilization_pct"), own)
-    found += busy_evidence(after.get("processes"), None, own)
-    return list(dict.fromkeys(found))
-
-
-BUSY_REMEDY = ("re-run `afddiag gpu --load` when the GPU is idle (stop or wait for the listed process); "
-               "nothing is wrong with the GPU on this evidence")
-
-
-def power_limited(d: GpuDevice) -> str | None:
-    """Why ``d``'s under-load clock is the power limiter's doing, or None: the under-load power reading
-    (``nvmlDeviceGetPowerUsage``, mW) is at or above :data:`POWER_LIMITED_FRACTION` (95 %) of the
-    enforced power limit (``nvmlDeviceGetEnforcedPowerLimit``, mW), or :data:`POWER_CAPPED_FRACTION`
-    (90 %) with the SW power cap reason (0x4) set (the limiter holds a running average, so a sample
-    sits a few percent under the limit), both read. The GPU then draws all the power
-    it is allowed (or its power reading says so), and SW power capping lowers the clock to stay there:
-    a low clock at the limit is not the low-power slow state (class A draws far less than any limit),
-    and a power cycle does not raise a limit. Words name the figures and the SW power cap bit (0x4)
-    when set. None on GPUs whose limit NVML does not report (GB10: NOT_SUPPORTED). Pure."""
-    ul = d.under_load
-    pw, lim = (ul.power_mw if ul else None), d.power_limit_mw
-    if not isinstance(pw, (int, float)) or not isinstance(lim, (int, float)) or lim <= 0:
-        return None
-    cap = ((d.clocks_event_reasons or 0) | (ul.clocks_event_reasons or 0)) & SW_POWER_CAP
-    if pw < (POWER_CAPPED_FRACTION if cap else POWER_LIMITED_FRACTION) * lim:
-        return None
-    over = " (a reading above the limit the GPU may draw: the power telemetry is suspect)" if pw > 1.05 * lim else ""
-    return (f"power under load {pw / 1000:.1f} W is at the enforced power limit {lim / 1000:.1f} W{over}"
-            + (", sw_power_cap active" if cap else ""))
-
-
-POWER_LIMITED_REMEDY = ("the power limiter holds the clock, not the slow state: compare `nvidia-smi -q -d POWER` "
-                        "(Enforced, Default and Max Power Limit, Power Draw); raise a limit set below the default "
-                        "(`nvidia-smi -pl`, the platform's power settings) or, when the reading exceeds what the board can "
-                        "draw, update or roll back the driver; then re-run `afddiag gpu --load`. No AC power cycle is "
-                        "indicated by this evidence")
-
-
-BASELINE_IGNORED_REMEDY = ("record the baseline again on this healthy host (`afddiag baseline record`, into a folder only "
-                           "root or you can write) and find out who changed it; the GPU was judged against the "
-                           "reference table meanwhile")
-
-
-EXPLAINED_REMEDY = ("fix what gpu.clock-events names first (cooling, power delivery), then re-run `afddiag gpu --load`; "
-                    "an AC power cycle is advised only for low figures no clock event reason explains")
 
 
 @gate("gpu.slow-state")
@@ -417,101 +323,16 @@ def slow_state(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, ERROR, f"not judged: {ctx.obs.gpu.load_failed}", PROBE_FAILED_REMEDY,
                        {"probe_failed": ctx.obs.gpu.load_failed})
     g = ctx.obs.gpu
-    verdicts: list[tuple[str, str]] = []
     facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
                    "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
-    busy_seen: list[str] = []
-    explained_seen = power_seen = ignored_seen = False
-    for d in g.devices:
-        ul = d.under_load
-        label = _label(d)
-        busy = gpu_busy(d, g)
-        if busy and (d.load_why or ul is not None):
-            busy_seen += busy
-            facts[str(d.index)] = {"busy": busy, "load_why": d.load_why}
-            verdicts.append((WARN, f"{label}: inconclusive: GPU busy ({'; '.join(busy)}): the load figures of a "
-                                   "shared GPU say nothing about its health"))
-            continue
-        if d.load_why:
-            verdicts.append((WARN, f"{label}: inconclusive, the load probe gave no figures ({d.load_why})"))
-            continue
-        if ul is None or (ul.clock_sm_mhz is None and all(getattr(ul, k) is None for k, _ in THROUGHPUT)):
-            verdicts.append((SKIP, f"{label}: no under-load readings (idle clocks are low by design)"))
-            continue
-        idle_pstate = ul.utilization_pct is None and ul.pstate is not None and ul.pstate >= IDLE_PSTATE
-        if (ul.utilization_pct is not None and ul.utilization_pct < MIN_UTILIZATION_PCT) or idle_pstate:
-            # a GPU kept busy is busy longer when slow, never less: low utilization means these are idle
-            # figures (low clock, low power, P8 by design), whatever they show: never class A or B. Without
-            # a utilization figure, P8 or deeper says the same (compute runs at P0-P2).
-            facts[str(d.index)] = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "pstate_under_load": ul.pstate,
-                                   "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct}
-            seen = ", ".join(x for x in (f"{ul.clock_sm_mhz:g} MHz" if ul.clock_sm_mhz is not None else "",
-                                         f"P{ul.pstate}" if ul.pstate is not None else "") if x)
-            why = (f"P{ul.pstate} (an idle performance state) and no utilization recorded" if idle_pstate else
-                   f"utilization under load {ul.utilization_pct:g} % (< {MIN_UTILIZATION_PCT:g} %)")
-            verdicts.append((WARN, f"{label}: inconclusive, {why}: the GPU was not kept busy, so its figures"
-                                   + (f" ({seen})" if seen else "") + " are idle ones, not the slow state"))
-            continue
-        eb = ctx.expect.gpu_baselines.get(d.index)  # host baseline, snapshot expect, reference table
-        base, src = (eb.value, eb.source) if eb is not None else ({}, "")
-        if ignored := getattr(eb, "ignored", ""):  # a baseline others could write, or one the GPU cannot reach
-            ignored_seen = True
-            verdicts.append((WARN, f"{label}: {ignored}"))
-        f: dict = {"clock_sm_mhz_under_load": ul.clock_sm_mhz, "clock_sm_max_mhz": d.clock_sm_max_mhz,
-                   "power_mw_under_load": ul.power_mw, "utilization_pct": ul.utilization_pct,
-                   "baseline": base, "baseline_source": src or None}
-        facts[str(d.index)] = f
-        found: list[str] = []
-        clk = ul.clock_sm_mhz
-        bclk = base.get("clock_sm_mhz_under_load")
-        if clk is not None:
-            refs = [(d.clock_sm_max_mhz, "max"), (bclk, "baseline")]
-            low = [(r, n) for r, n in refs if isinstance(r, (int, float)) and r and clk < SLOW_CLOCK_FRACTION * r]
-            if low:
-                r, n = low[0]
-                pw = ""
-                if ul.power_mw is not None:
-                    bp = base.get("power_mw_under_load")
-                    pw = f", power {ul.power_mw / 1000:.1f} W" + (f" vs {bp / 1000:.1f} W baseline" if bp else "")
-                found.append(f"class A: SM clock under load {clk:g} MHz is {clk / r:.0%} of {n} {r:g} MHz{pw}")
-        for key, unit in THROUGHPUT:
-            got, ref = getattr(ul, key), base.get(key)
-            if isinstance(got, (int, float)) and isinstance(ref, (int, float)) and ref > 0:
-                f[key] = {"achieved": got, "baseline": ref, "ratio": round(got / ref, 3)}
-                if got < SLOW_THROUGHPUT_FRACTION * ref and not any(x.startswith("class A") for x in found):
-                    found.append(f"class B: {key} {got:g} {unit} is {got / ref:.0%} of baseline {ref:g}")
-        cause = ((d.clocks_event_reasons or 0) | (ul.clocks_event_reasons or 0)) & (FAIL_BITS | WARN_BITS)
-        limited = power_limited(d) if any(x.startswith("class A") for x in found) else None
-        if limited and not cause:  # the power limiter holds the clock at the enforced limit: no AC power cycle
-            power_seen = True
-            f["explained_by"] = ["power_limit"]
-            f["power_limit_mw"] = d.power_limit_mw
-            verdicts.append((WARN, f"{label}: not the slow state on this evidence: {limited}, which explains "
-                             + "; ".join(found)))
-            continue
-        if found and cause:  # thermal, HW slowdown or power brake explains the low figures: no AC power cycle
-            explained_seen = True
-            f["explained_by"] = reason_names(cause)
-            verdicts.append((WARN, f"{label}: not the slow state on this evidence: {', '.join(reason_names(cause))} "
-                                   f"active (gpu.clock-events names the cause) explains " + "; ".join(found)))
-            continue
-        if found:
-            verdicts.append((FAIL, f"{label}: " + "; ".join(found)))
-            continue
-        compared = [k for k, _ in THROUGHPUT if k in f]
-        if clk is None and not compared:
-            verdicts.append((SKIP, f"{label}: under-load readings hold no clock or throughput figure"))
-            continue
-        what = ([f"clock {clk:g} MHz of max {d.clock_sm_max_mhz:g}" if clk and d.clock_sm_max_mhz else
-                 (f"clock {clk:g} MHz" if clk else "")] + [f"{k} {f[k]['ratio']:.0%} of baseline" for k in compared])
-        verdicts.append((PASS, f"{label}: " + ", ".join(w for w in what if w)
-                         + (f" (vs {_baseline_kind(src)})" if compared else " (no throughput baseline)")))
+    seen = SlowSeen()
+    verdicts = [line for d in g.devices for line in slow_device(ctx, d, g, facts, seen)]
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _ in verdicts), key=order.index)
     summary = "; ".join(s for v, s in verdicts if v == worst)
-    rem = {FAIL: remedy(gate_id), WARN: BASELINE_IGNORED_REMEDY if ignored_seen else BUSY_REMEDY if busy_seen else
-           EXPLAINED_REMEDY if explained_seen else
-           POWER_LIMITED_REMEDY if power_seen else
+    rem = {FAIL: remedy(gate_id), WARN: BASELINE_IGNORED_REMEDY if seen.ignored else BUSY_REMEDY if seen.busy else
+           EXPLAINED_REMEDY if seen.explained else
+           POWER_LIMITED_REMEDY if seen.power else
            "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
     return Verdict(gate_id, worst, summary, rem, facts)
@@ -581,12 +402,12 @@ def image_arch(ctx: Context, gate_id: str) -> Verdict:
         plain_lower = [(a, b) for a, b, s, p in archs if not p and not s and a == cc[0] and b < cc[1]]
         ptx_ok = [(a, b) for a, b, s, p in archs if p and (a, b) <= cc]
         if plain_lower:
-            warns.append(f"{_label(d)} is {sm}; image built for {built}: runs by binary compatibility, but "
+            warns.append(f"{gpu_label(d)} is {sm}; image built for {built}: runs by binary compatibility, but "
                          f"arch-specific kernels will not load")
         elif ptx_ok:
-            warns.append(f"{_label(d)} is {sm}; image has only PTX for it ({built}): JIT-compiled at start")
+            warns.append(f"{gpu_label(d)} is {sm}; image has only PTX for it ({built}): JIT-compiled at start")
         else:
-            fails.append(f"{_label(d)} is {sm}; image {img.ref} built for {built}: no kernel image for this GPU")
+            fails.append(f"{gpu_label(d)} is {sm}; image {img.ref} built for {built}: no kernel image for this GPU")
     if not archs and not need:
         return Verdict(gate_id, SKIP, f"image {img.ref}: no arch list ({ARCH_LABEL} label or TORCH_CUDA_ARCH_LIST) and "
                        "no CUDA requirement (NVIDIA_REQUIRE_CUDA, CUDA_VERSION)", "label the image with its arch list",
@@ -677,7 +498,7 @@ def errors(ctx: Context, gate_id: str) -> Verdict:
     fails, warns, facts = [], [], {"xid_source": g.xid_source, "xid_events": g.xid_events}
     service: list[str] = []  # GPUs whose row remapping failed: service (RMA), not a reset
     for d in g.devices:
-        label = _label(d)
+        label = gpu_label(d)
         f = facts[str(d.index)] = {"ecc": d.ecc, "retired_pages": d.retired_pages, "remapped_rows": d.remapped_rows}
         if isinstance(d.ecc, dict):
             vol = d.ecc.get("volatile") or {}
@@ -765,7 +586,7 @@ def processes(ctx: Context, gate_id: str) -> Verdict:
         facts["own_pids_left_out"] = sorted({p for p in mine if isinstance(p, int)})
 
     def listed(pairs: list) -> str:
-        return "; ".join(f"{_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
+        return "; ".join(f"{gpu_label(d)}: pid {p.get('pid')} {p.get('name') or '?'}"
                          + (f" {p['used_bytes'] / 2**30:.2f} GiB" if isinstance(p.get("used_bytes"), int) else "")
                          for d, p in pairs)
 
@@ -782,7 +603,7 @@ def processes(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, verdict, f"other processes hold GPU memory{why}: {names}", remedy(gate_id), facts)
     if unknown and len(unknown) == len(g.devices):
         return Verdict(gate_id, SKIP, "GPU process list not read (" + ", ".join(
-            f"{_label(d)}: {d.processes or 'not captured'}" for d in unknown) + ")",
+            f"{gpu_label(d)}: {d.processes or 'not captured'}" for d in unknown) + ")",
             "run on the host as a user NVML may ask (root in containers)", facts)
     return Verdict(gate_id, PASS, f"{len(g.devices) - len(unknown)} GPU(s): no other compute process holds GPU memory"
                    + (" (afddiag's own context left out: pid " + ", ".join(str(p) for p in mine) + ")" if mine else "")
@@ -837,7 +658,7 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
     results: list[tuple[str, str, dict]] = []
     lost, lost_why = lost_gpus(g)
     for d in g.devices:
-        label = _label(d)
+        label = gpu_label(d)
         if d.index in lost:
             results.append((SKIP, f"{label}: not read ({lost_why}; gpu.errors)", {}))
             continue

@@ -14,6 +14,7 @@ from afddiag.endpoint import resolve_fabric_ip
 from afddiag.gates import Context
 from afddiag.gates import gpu as gates_gpu
 from afddiag.gates import host as gates_host
+from afddiag.gates.gpu_load import gpu_busy
 from afddiag.model.gpu import THROUGHPUT_FIGURES, gpu_facts_from_readings
 from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import FAIL
@@ -40,7 +41,7 @@ def gpu_refusals(readings: dict[str, Any]) -> list[str]:
         whys = "; ".join(sorted({d.load_why for d in facts.devices if d.load_why})) or "no figures"
         return [f"the load probe gave no figures ({whys})"]
     for d in facts.devices:
-        busy = gates_gpu.gpu_busy(d, facts)
+        busy = gpu_busy(d, facts)
         if busy:
             out.append(f"GPU {d.index} {d.name or '?'} is busy ({'; '.join(busy)}): its figures are a share of the GPU")
     ctx = Context(Observation("baseline", "baseline record", gpu=facts), Inputs(), resolve_fabric_ip(None, None))
