@@ -54,7 +54,7 @@ def gid_table(inputs: Inputs, obs: Observation | None = None) -> Answer:
         return Answer(EXIT_ERROR, messages=[obs.fabric.failed])
     if not (obs.fabric and obs.fabric.devices):
         return Answer(EXIT_FAIL, messages=[endpoint.no_map_reason(obs.fabric)])
-    fip = endpoint.resolve_fabric_ip(obs.fabric, inputs.fabric_ip).ip
+    fip = (obs.fabric_ip or endpoint.fabric_ip_of(inputs, obs.fabric)).ip
     dev, how = engine_device_for(obs.fabric, obs.env, fip)
     return Answer(EXIT_OK, fabric=obs.fabric, engine_device=dev, engine_how=how, fabric_ip=fip)
 
@@ -81,7 +81,7 @@ def devicemap(inputs: Inputs, fmt: str = "env") -> Answer:
     caveats = endpoint.devicemap_caveats(obs.fabric, dm)
     if fmt != "nccl":
         return Answer(EXIT_OK, caveats, device_map=dm)
-    fip = endpoint.resolve_fabric_ip(obs.fabric, given)
+    fip = obs.fabric_ip or endpoint.fabric_ip_of(inputs, obs.fabric)
     if fip.ip is None:  # the caller's to say, not the host's fault: a usage error (64), not FAIL (2)
         return Answer(EXIT_USAGE, messages=caveats + [
             f"--format nccl on a host with several fabric IPs ({', '.join(sorted(dm))}): give --fabric-ip with the "

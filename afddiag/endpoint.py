@@ -3,7 +3,11 @@
 One module decides, for every caller (the gates, the QP walk, the pair test, the launch exports,
 ``devicemap``); each decision is a pure function of the fabric facts (no I/O):
 
-- :func:`resolve_fabric_ip`: ``--fabric-ip`` (or the launch env's ``AFD_FABRIC_IP``) when given,
+- :func:`fabric_ip_of`: the fabric IP of one run, resolved once (the runner calls it right after the
+  fabric probe and keeps it on the observation: the QP walk, the route and reach probes, the gates,
+  the report and ``devicemap`` read that one): :func:`given_fabric_ip` (``--fabric-ip``, else the
+  launch env's ``AFD_FABRIC_IP``), with its source, then :func:`resolve_fabric_ip`;
+- :func:`resolve_fabric_ip`: the address given when there is one,
   else the only IPv4 address with a RoCE v2 GID on any port, whatever its link does (a pulled cable
   must not turn another rail's address into the fabric IP: ``fabric.link`` says the link is down),
   else none ("ambiguous" lists the candidates, each with its port state);
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from afddiag.model import ROCE_V1, ROCE_V2
 
@@ -40,13 +44,32 @@ class FabricIp:
     source: str  # "--fabric-ip", "only IPv4 RoCE v2 GID on an ACTIVE port", "only IPv4 RoCE v2 GID (its port
     # is not ACTIVE)", "ambiguous", "none"
     candidates: list[Entry] = field(default_factory=list)
+    given: bool = False  # the operator named it (--fabric-ip, AFD_FABRIC_IP in the launch env): not derived
 
     @property
     def ambiguous(self) -> bool:
         return self.ip is None and len({e.ip for e in self.candidates}) > 1
 
 
-def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp:
+def given_fabric_ip(inputs: Any) -> tuple[str | None, str]:
+    """The fabric IP the operator named and where (``inputs``: :class:`~afddiag.model.run.Inputs`):
+    ``--fabric-ip``, else ``AFD_FABRIC_IP`` in the launch env file; ``(None, "")`` when neither names one."""
+    if inputs.fabric_ip:
+        return inputs.fabric_ip, "--fabric-ip"
+    named = (inputs.launch_env or {}).get("AFD_FABRIC_IP")
+    if named:
+        return named, f"AFD_FABRIC_IP in {inputs.launch_env_path}"
+    return None, ""
+
+
+def fabric_ip_of(inputs: Any, fabric: FabricFacts | None) -> FabricIp:
+    """The fabric IP of one run: the one the operator named (:func:`given_fabric_ip`) with its source,
+    else the one the fabric facts give (:func:`resolve_fabric_ip`)."""
+    ip, source = given_fabric_ip(inputs)
+    return resolve_fabric_ip(fabric, ip, source or "--fabric-ip")
+
+
+def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None, source: str = "--fabric-ip") -> FabricIp:
     """``given`` (``--fabric-ip``, or ``AFD_FABRIC_IP`` from the launch env) when set; else the only
     IPv4 address that has a RoCE v2 GID (on a port whose netdev holds the address) on any port, ACTIVE
     or not; else None (source "ambiguous" with several candidate addresses, "none" without).
@@ -61,7 +84,7 @@ def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None) -> FabricIp
 
         cands = rocev2_carriers(fabric)
     if given:
-        return FabricIp(given, "--fabric-ip", cands)
+        return FabricIp(given, source, cands, given=True)
     ips = sorted({e.ip for e in cands})
     if len(ips) == 1:
         if any(e.port_state == "ACTIVE" for e in cands):

@@ -10,6 +10,8 @@ inputs. Each value is an :class:`Expected` (value, source) or None when nothing 
   the other side's value: ``--expect-capacity``, else the other side's flag in the same launch env;
 - ``image``: the launch env's ``AFD_IMAGE``;
 - ``peers``: ``--peer``, else the launch env's ``AFD_PEER_FABRIC_IPS``;
+- ``fabric_ip``: the run's fabric IP (:func:`afddiag.endpoint.fabric_ip_of`: ``--fabric-ip``, the launch
+  env's ``AFD_FABRIC_IP``, else the only IPv4 RoCE v2 address), resolved once by the runner;
 - ``role``: the playbook judged by and where it came from (:func:`afddiag.inputs.resolve`: ``--playbook``,
   ``--role``, ``AFD_ROLE`` in the launch env, or generic);
 - ``gpu_baselines``: per GPU index, the figures ``gpu.slow-state`` compares to (the host's recorded
@@ -56,6 +58,7 @@ class Expectations:
     capacity: Expected | None = None
     image: Expected | None = None
     peers: Expected | None = None
+    fabric_ip: Expected | None = None
     role: Expected | None = None
     gpu_baselines: dict[int, Expected] = field(default_factory=dict)
     cpu_baseline: Expected | None = None
@@ -100,9 +103,10 @@ def _capacity(inputs: Any, pb: Any) -> tuple[Expected | None, Expected | None]:
     return key, None
 
 
-def resolve(inputs: Any, obs: Any) -> Expectations:
+def resolve(inputs: Any, obs: Any, fabric_ip: Any = None) -> Expectations:
     """Every expectation of one run (``inputs``: :class:`~afddiag.model.run.Inputs`, ``obs``: its
-    :class:`~afddiag.model.run.Observation`), each with its source. Never raises on odd inputs."""
+    :class:`~afddiag.model.run.Observation`, ``fabric_ip``: its :class:`~afddiag.endpoint.FabricIp`,
+    default ``obs.fabric_ip``), each with its source. Never raises on odd inputs."""
     from afddiag import baseline
 
     pb = inputs.playbook
@@ -116,6 +120,9 @@ def resolve(inputs: Any, obs: Any) -> Expectations:
         given = [p for p in le.get("AFD_PEER_FABRIC_IPS", "").replace(",", " ").split() if p]
         ex.peers = Expected(list(inputs.peers), f"AFD_PEER_FABRIC_IPS in {inputs.launch_env_path}"
                             if given == list(inputs.peers) else "--peer")
+    fip = fabric_ip if fabric_ip is not None else getattr(obs, "fabric_ip", None)
+    if fip is not None and fip.ip:
+        ex.fabric_ip = Expected(fip.ip, fip.source)
     if pb is not None:
         ex.role = Expected(pb.name, inputs.role_source or f"playbook {getattr(pb, 'path', None) or pb.name}")
     else:

@@ -5,7 +5,9 @@ source (:attr:`Inputs.role_source`): ``--playbook FILE``, else ``--role NAME``, 
 the launch env (``--launch-env FILE``; its aliases then apply to that file), else ``generic``. A role
 given on the command line wins over the file's ``AFD_ROLE``, and :attr:`Resolved.notes` says so.
 The fabric IP and the expectations are resolved from these inputs and the facts by
-:func:`afddiag.endpoint.resolve_fabric_ip` and :func:`afddiag.expect.resolve`.
+:func:`afddiag.endpoint.fabric_ip_of` (once a run, by the runner, right after the fabric probe: the
+given one with its source, ``--fabric-ip`` or ``AFD_FABRIC_IP in FILE``, else the facts') and
+:func:`afddiag.expect.resolve` (every expectation with its source; the role's is :attr:`Inputs.role_source`).
 
 Bad input raises :class:`InputsError`, one line naming the file (and line) and the fix.
 """

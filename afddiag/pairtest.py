@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from afddiag import runner
+from afddiag.endpoint import given_fabric_ip
 from afddiag.inputs import InputsError
 from afddiag.model import to_jsonable
 from afddiag.model.pair import PairFacts
@@ -92,15 +93,16 @@ def pair_test(inputs: Inputs, serve: bool, target: str | None, port: int = pairm
         raise InputsError("give --serve or --pair, not both")
     fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"}), probe_timeout_s=inputs.probe_timeout_s),
                          only={"fabric"}).fabric
+    given, _ = given_fabric_ip(inputs)  # None: the pair test picks the only IPv4 RoCE v2 address
     if serve:
-        facts = pairmod.serve(port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab, peer=peer or "",
+        facts = pairmod.serve(port, fabric_ip=given, timeout_s=timeout_s, fabric=fab, peer=peer or "",
                               key=key)
     else:
         try:
             host, port = pairmod.parse_hostport(target or "", port)
         except ValueError as e:
             raise InputsError(f"--pair {e}") from None
-        facts = pairmod.pair(host, port, fabric_ip=inputs.fabric_ip, timeout_s=timeout_s, fabric=fab,
+        facts = pairmod.pair(host, port, fabric_ip=given, timeout_s=timeout_s, fabric=fab,
                              bandwidth=bandwidth, key=key)
     if facts.bandwidth is None:
         ok = facts.error is None and facts.destroyed and all(p.verified for p in facts.phases)
@@ -116,7 +118,7 @@ def judge_pair(inputs: Inputs, fabric: Any, pair_json: dict[str, Any]) -> dict[s
     pb = inputs.playbook or Playbook()
     pb = dataclasses.replace(pb, gates=[g for g in PAIR_GATES if pb.runs(g)])
     inp = dataclasses.replace(inputs, families=frozenset({"fabric"}), playbook=pb, run_qp=False,
-                              fabric_ip=pair_json.get("fabric_ip") or inputs.fabric_ip)
+                              fabric_ip=pair_json.get("fabric_ip") or given_fabric_ip(inputs)[0])
     obs = runner.gather(inp, host=Sources(pair=lambda: pair_json), only={"pair"})
     obs.fabric = fabric
     return runner.judge(inp, obs)

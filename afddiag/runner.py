@@ -70,6 +70,8 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
             obs.notes.extend(readings.get("notes") or [])
         run.readings[p.name] = readings
         _set(obs, fields or {})
+        if p.name == "fabric":  # once a run: the QP walk, route and reach probes and the gates read it
+            obs.fabric_ip = endpoint.fabric_ip_of(inputs, obs.fabric)
     if inputs.families & {"gpu", "host"}:
         _load_baseline(obs, inputs)
     return obs
@@ -138,8 +140,8 @@ def diagnose(inputs: Inputs, host: Any = None) -> tuple[dict, Observation]:
 def judge(inputs: Inputs, obs: Observation) -> dict:
     """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``:
     :func:`afddiag.probes.registry.report_facts`)."""
-    fip = endpoint.resolve_fabric_ip(obs.fabric, inputs.fabric_ip)
-    expected = expect.resolve(inputs, obs)  # once, before any gate runs
+    fip = obs.fabric_ip or endpoint.fabric_ip_of(inputs, obs.fabric)  # no fabric probe ran: the given one
+    expected = expect.resolve(inputs, obs, fip)  # once, before any gate runs
     verdicts = run_gates(Context(obs, inputs, fip, expected), set(inputs.families))
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
     rep = report.build(

@@ -140,3 +140,45 @@ def test_no_map_reason_names_each_cause():
     assert "netdev does not hold the address" in no_map_reason(fab("RoCE v2", holds=False))
     assert no_map_reason(fab(ROCE_V1), "10.9.9.9").startswith("fabric IP 10.9.9.9: no GID on this host carries it")
     assert no_map_reason(fab("RoCE v2"), "10.9.9.9").endswith("(the map names 10.0.0.5)")
+
+
+# ---------------------------------------------------------------- one resolver (issue 21): role, fabric IP, sources
+
+
+def _report(capsys, *args):
+    rc = run(["all", "--json", "--no-history", "--no-qp", "--snapshot", C02, *args])
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["exit_code"] == rc
+    return rep
+
+
+def test_role_and_fabric_ip_carry_where_they_came_from(tmp_path, capsys):
+    env = tmp_path / "rank.env"
+    env.write_text("AFD_ROLE=expert\nAFD_FABRIC_IP=192.168.100.11\n")
+    rep = _report(capsys, "--launch-env", str(env))
+    assert rep["inputs"]["fabric_ip"] == "192.168.100.11"
+    assert rep["inputs"]["fabric_ip_source"] == f"AFD_FABRIC_IP in {env}"
+    assert rep["expectations"]["fabric_ip"] == {"value": "192.168.100.11", "source": f"AFD_FABRIC_IP in {env}"}
+    assert rep["expectations"]["role"] == {"value": "expert", "source": f"AFD_ROLE in {env}"}
+    # the command line wins over the file, and says so
+    rep = _report(capsys, "--launch-env", str(env), "--fabric-ip", "192.168.101.11", "--role", "generic")
+    assert rep["inputs"]["fabric_ip_source"] == "--fabric-ip" and rep["inputs"]["fabric_ip"] == "192.168.101.11"
+    assert rep["expectations"]["role"] == {"value": "generic", "source": "--role generic"}
+    # nothing given: the only IPv4 RoCE v2 address is derived from the facts, and the role is the default
+    rep = _report(capsys)
+    assert rep["expectations"]["role"]["source"].startswith("default")
+    src = rep["inputs"]["fabric_ip_source"]
+    assert src in ("ambiguous", "none") or src.startswith("only IPv4"), src
+
+
+def test_the_fabric_ip_is_resolved_once_a_run(monkeypatch, capsys):
+    """The runner resolves it right after the fabric probe; the QP walk, route and reach probes, the gates
+    and the report read that one (before: each asked again, 6+ times a run)."""
+    from afddiag import endpoint
+
+    calls = []
+    real = endpoint.resolve_fabric_ip
+    monkeypatch.setattr(endpoint, "resolve_fabric_ip", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    rep = _report(capsys, "--fabric-ip", "192.168.100.11", "--peer", "192.168.100.10")
+    assert rep["inputs"]["fabric_ip"] == "192.168.100.11"
+    assert len(calls) == 1, calls

@@ -216,7 +216,8 @@ def test_fabric_ip_from_launch_env_and_its_map_is_what_is_judged(tmp_path, monke
     monkeypatch.setenv("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", "192.168.100.10=rocep1s0f0")  # ignored: file given
     g, rep = preflight_json(tmp_path, snap, EXPERT_ENV.replace("192.168.100.11=rocep1s0f1", "192.168.100.10=rocep1s0f1")
                             .replace("AFD_FABRIC_IP=192.168.100.11", "AFD_FABRIC_IP=192.168.100.10"))
-    assert rep["inputs"]["fabric_ip"] == "192.168.100.10" and rep["inputs"]["fabric_ip_source"] == "--fabric-ip"
+    assert rep["inputs"]["fabric_ip"] == "192.168.100.10"
+    assert rep["inputs"]["fabric_ip_source"] == f"AFD_FABRIC_IP in {tmp_path / 'pf.env'}"  # where it came from
     assert g["fabric.first-device"]["verdict"] == "PASS" and g["fabric.devicemap-env"]["verdict"] == "PASS"
     g, _ = preflight_json(tmp_path, snap, "AFD_ROLE=expert\nAFD_FABRIC_IP=10.1.1.1\n")
     assert g["launch.fabric-address"]["verdict"] == "FAIL" and "on no netdev" in g["launch.fabric-address"]["summary"]

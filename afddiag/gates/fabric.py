@@ -130,7 +130,7 @@ def no_device_but_named(ctx: Context, gate_id: str) -> Verdict | None:
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or fab.devices or fab.failed:
         return None
-    named = ([f"fabric IP {ctx.fabric_ip.ip}"] if ctx.fabric_ip.source == "--fabric-ip" and ctx.fabric_ip.ip else [])
+    named = ([f"fabric IP {ctx.fabric_ip.ip}"] if ctx.fabric_ip.given and ctx.fabric_ip.ip else [])
     named += [f"peer(s) {', '.join(ctx.inputs.peers)}"] if ctx.inputs.peers else []
     what = " and ".join(named) or "the fabric IP"
     if ctx.requires("rdma"):

@@ -19,7 +19,7 @@ ALL_FAMILIES = frozenset({"fabric", "gpu", "host", "launch"})
 class Inputs:
     """What the user asked for (flags), before any probing."""
 
-    fabric_ip: str | None = None
+    fabric_ip: str | None = None  # --fabric-ip (the launch env's AFD_FABRIC_IP: afddiag.endpoint.given_fabric_ip)
     peers: list[str] = field(default_factory=list)
     expect_sm: int | None = None
     snapshot: str | None = None
@@ -39,10 +39,9 @@ class Inputs:
     role_source: str = ""  # where the playbook came from (afddiag.inputs.resolve): "--role expert", "AFD_ROLE in FILE"
 
     def __post_init__(self) -> None:
-        """The launch env feeds the fabric IP and peers when the flags do not give them."""
+        """The launch env feeds the peers when the flags do not give them (the fabric IP's precedence is
+        :func:`afddiag.endpoint.given_fabric_ip`'s)."""
         le = self.launch_env or {}
-        if not self.fabric_ip and le.get("AFD_FABRIC_IP"):
-            self.fabric_ip = le["AFD_FABRIC_IP"]
         if not self.peers and le.get("AFD_PEER_FABRIC_IPS"):
             self.peers = [p for p in le["AFD_PEER_FABRIC_IPS"].replace(",", " ").split() if p]
 
@@ -80,6 +79,7 @@ class Observation:
     memreg: MemRegFacts | None = None  # which memory the NIC can register; None: not probed
     pcie: PcieFacts | None = None  # PCIe links of the RDMA NICs and GPUs; None: not probed
     reach: ReachFacts | None = None  # TCP connects to the peers' engine ports; None: not probed
+    fabric_ip: Any = None  # afddiag.endpoint.FabricIp, resolved once right after the fabric probe; None: not yet
     pair: Any = None  # afddiag.model.pair.PairFacts: the pair test's result (bandwidth run); None: not run
     notes: list[str] = field(default_factory=list)
 

@@ -132,7 +132,7 @@ def _wanted(run: Run) -> bool:
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
     progress.doing = "TCP connects to the peers' engine ports"
-    src = run.fabric_ip() or run.inputs.fabric_ip
+    src = run.fabric_ip()
     return {"reach.json": read_source(run.src.reach, lambda: read_reach(list(run.inputs.peers), engine_ports(run), src,
                                                                          run.inputs.timeout("limits_s")))}
 

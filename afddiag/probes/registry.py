@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from afddiag import reader
-from afddiag.endpoint import resolve_fabric_ip
+from afddiag.endpoint import given_fabric_ip
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import sysfs
 
@@ -152,8 +152,10 @@ class Run:
         return str(self.root) if self.root is not None else (self.host.root if self.host else None)
 
     def fabric_ip(self) -> str | None:
-        """The fabric IP as resolved now (:func:`afddiag.endpoint.resolve_fabric_ip`)."""
-        return resolve_fabric_ip(self.obs.fabric, self.inputs.fabric_ip).ip
+        """The run's fabric IP, resolved once right after the fabric probe (:func:`afddiag.endpoint.fabric_ip_of`);
+        before it (a capture keeps no facts), the one the operator named."""
+        fip = self.obs.fabric_ip
+        return fip.ip if fip is not None else given_fabric_ip(self.inputs)[0]
 
     def launch_value(self, key: str) -> str | None:
         return (self.inputs.launch_env or {}).get(key)
