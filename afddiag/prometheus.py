@@ -63,11 +63,11 @@ def path_mtus(fabric: dict[str, Any] | None) -> list[tuple[str, str, str, int]]:
 
     if not isinstance(fabric, dict):
         return []
-    netdevs = fabric.get("netdevs") if isinstance(fabric.get("netdevs"), dict) else {}
+    netdevs = fabric["netdevs"] if isinstance(fabric.get("netdevs"), dict) else {}
     out = []
     for dev in _dicts(fabric.get("devices")):
         for port in _dicts(dev.get("ports")):
-            nds = sorted({g.get("netdev") for g in _dicts(port.get("gids")) if isinstance(g.get("netdev"), str)})
+            nds = sorted({g["netdev"] for g in _dicts(port.get("gids")) if isinstance(g.get("netdev"), str)})
             for nd in nds:
                 mtu = _num((netdevs.get(nd) or {}).get("mtu")) if isinstance(netdevs.get(nd), dict) else None
                 if mtu is not None:
@@ -97,7 +97,8 @@ def registry_for(report: dict[str, Any], command: str = "all"):
 
     gates = _dicts(report.get("gates"))
     gauge("afddiag_gate_status", "Verdict of one afddiag gate: 0 PASS, 1 WARN, 2 FAIL, 3 ERROR, 4 SKIP.",
-          ("role", "command", "gate"), [({**base, "gate": g.get("id")}, STATUS.get(g.get("verdict"), 3)) for g in gates])
+          ("role", "command", "gate"),
+          [({**base, "gate": g.get("id")}, STATUS.get(str(g.get("verdict")), 3)) for g in gates])
     counts = report.get("counts") or {}
     gauge("afddiag_gates", "Number of gates of the last run that gave each verdict.", ("role", "command", "verdict"),
           [({**base, "verdict": v}, counts.get(v, 0)) for v in STATUS])
@@ -105,19 +106,20 @@ def registry_for(report: dict[str, Any], command: str = "all"):
           ("role", "command"), [(base, report.get("exit_code", 3))])
     gauge("afddiag_last_run_timestamp_seconds", "When the last afddiag run made its report (Unix time).",
           ("role", "command"), [(base, round(_timestamp(report), 3))])
-    facts = report.get("facts") if isinstance(report.get("facts"), dict) else {}
+    facts = report["facts"] if isinstance(report.get("facts"), dict) else {}
     gauge("afddiag_roce_path_mtu_bytes", "RoCE path MTU of an RDMA port: the largest of 256..4096 that fits its "
           "netdev MTU (kernel iboe_get_mtu).", ("device", "port", "netdev"),
           [({"device": d, "port": p, "netdev": n}, m) for d, p, n, m in path_mtus(facts.get("fabric"))])
-    qp = facts.get("qp") if isinstance(facts.get("qp"), dict) else {}
+    qp = facts["qp"] if isinstance(facts.get("qp"), dict) else {}
     rtr = []
     for r in _dicts(qp.get("results")):
         step = next((s for s in _dicts(r.get("steps")) if s.get("to") == "RTR" and s.get("ok")), None)
-        if step and _num(step.get("elapsed_ms")) is not None:
-            rtr.append(({"device": str(r.get("device")), "port": str(r.get("port"))}, _num(step["elapsed_ms"]) / 1e3))
+        ms = _num(step.get("elapsed_ms")) if step else None
+        if ms is not None:
+            rtr.append(({"device": str(r.get("device")), "port": str(r.get("port"))}, ms / 1e3))
     gauge("afddiag_qp_rtr_transition_seconds", "Time of the QP walk's ibv_modify_qp to RTR (address resolution "
           "included) on a device.", ("device", "port"), rtr)
-    gpu = facts.get("gpu") if isinstance(facts.get("gpu"), dict) else {}
+    gpu = facts["gpu"] if isinstance(facts.get("gpu"), dict) else {}
     devs = _dicts(gpu.get("devices"))
 
     def per_gpu(pick) -> list:
@@ -130,7 +132,7 @@ def registry_for(report: dict[str, Any], command: str = "all"):
         return out
 
     def ul(d: dict[str, Any]) -> dict[str, Any]:
-        return d.get("under_load") if isinstance(d.get("under_load"), dict) else {}
+        return d["under_load"] if isinstance(d.get("under_load"), dict) else {}
 
     def scaled(v: Any, k: float) -> float | None:
         n = _num(v)

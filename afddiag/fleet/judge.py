@@ -80,8 +80,8 @@ def load_reports(paths: list[str], notes: list[str] | None = None) -> list[HostR
             if digest in seen:
                 if notes is not None:
                     first = "named twice" if seen[digest] == path else f"the same report as {seen[digest]}"
-                    notes.append(f"{path}: {first} ({name}, generated {rep.get('generated_at') or 'at an unknown time'})"
-                                 ": a duplicate input, skipped")
+                    when = rep.get("generated_at") or "at an unknown time"
+                    notes.append(f"{path}: {first} ({name}, generated {when}): a duplicate input, skipped")
                 return
             seen[digest] = path
         n = names.get(name, 0) + 1
@@ -142,8 +142,8 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
 
     Exit code: 2 if any host's gates FAIL or a fleet gate FAILs; else 3 if a host has no report (or an
     invalid one), a host's gate or a fleet gate ERRORs; else 1 on any WARN; else 0. Hosts' codes come
-    from their gates (:func:`_host_row`), never from the reports' own ``exit_code``. ``keep_reports`` embeds each per-host
-    report under ``reports`` (for ``fleet --json``)."""
+    from their gates (:func:`_host_row`), never from the reports' own ``exit_code``. ``keep_reports``
+    embeds each per-host report under ``reports`` (for ``fleet --json``)."""
     verdicts = run_fleet_gates(hosts, expect or {})
     rows = [_host_row(h) for h in hosts]
     seen = {v.verdict for v in verdicts}
@@ -159,7 +159,8 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
         counts[v.verdict] += 1
-    out = {"schema_version": FLEET_SCHEMA_VERSION, "kind": "fleet", "schema": FLEET_SCHEMA, "afddiag_version": __version__, "source": source,
+    out = {"schema_version": FLEET_SCHEMA_VERSION, "kind": "fleet", "schema": FLEET_SCHEMA,
+           "afddiag_version": __version__, "source": source,
            "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "expect": dict(expect or {}), "hosts": rows, "gates": [to_jsonable(v) for v in verdicts],
            "counts": counts, "hosts_ok": sum(1 for r in rows if r["status"] == "ok"),

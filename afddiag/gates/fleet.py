@@ -193,11 +193,12 @@ def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     if off:
         parts = [f"{n} {flags[n][0]}={flags[n][1]}" + ("" if flags[n][2] else " (engine default)")
                  + f" in {flags[n][3]}" for n in off]
-        return Verdict(gate_id, FAIL, f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from {ref_src}: the coordinator's batch flag and every "
-                       "rank's capacity flag must be equal" + _tail(fleet), remedy(gate_id), facts)
+        return Verdict(gate_id, FAIL, f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from "
+                       f"{ref_src}: the coordinator's batch flag and every rank's capacity flag must be equal"
+                       + _tail(fleet), remedy(gate_id), facts)
     if unknown:
-        return Verdict(gate_id, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role unknown); "
-                       f"the {len(flags)} other host(s) agree on {ref}" + _tail(fleet),
+        return Verdict(gate_id, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role "
+                       f"unknown); the {len(flags)} other host(s) agree on {ref}" + _tail(fleet),
                        remedy("fleet.no-launch-env"), facts)
     return Verdict(gate_id, PASS, f"{len(flags)} host(s) agree: capacity {ref} ({ref_src})" + _tail(fleet),
                    "nothing to do", facts)
@@ -293,7 +294,8 @@ def mtu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     if off:
         parts = [f"{n} RoCE MTU {mtus[n]} ({netdev[n]})" for n in off]
         src = "the inventory's" if want is not None else "the fleet's"
-        return Verdict(gate_id, FAIL, f"{_names(parts)}: differs from {src} {ref}" + _tail(fleet), remedy(gate_id), facts)
+        return Verdict(gate_id, FAIL, f"{_names(parts)}: differs from {src} {ref}" + _tail(fleet), remedy(gate_id),
+                       facts)
     if unknown:
         return Verdict(gate_id, WARN, f"{_names(unknown)}: RoCE MTU not reported; {len(mtus)} host(s) at {ref}"
                        + _tail(fleet), remedy("fleet.unreachable"), facts)
@@ -639,8 +641,9 @@ def rails(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
 
 
 def _control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]],
-                    by_link: dict[tuple[str, str], dict[int, str]], asym: list[dict[str, Any]], link_down: dict[str, str],
-                    advertised: dict[str, list[dict[str, str]]], fip: dict[str, str | None]) -> tuple[str, str]:
+                    by_link: dict[tuple[str, str], dict[int, str]], asym: list[dict[str, Any]],
+                    link_down: dict[str, str], advertised: dict[str, list[dict[str, str]]],
+                    fip: dict[str, str | None]) -> tuple[str, str]:
     """fleet.control-plane's FAIL remedy and action: FIX_LINK when every dropped connection is explained
     by a fabric link that is down; OPEN_PORTS for dropped connections (the firewall rule to open on the
     dropping side when each is one-way); SET_ENV when only advertised addresses are wrong."""
@@ -683,7 +686,8 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
     down = {k: v for k, v in down.items() if v}
     # a host whose own fabric.link FAILs explains every connection to and from it: that is the root
     link_down = {h.name: str(h.summary["fabric_link"].get("summary") or "") for h in fleet
-                 if h.ok and isinstance(h.summary.get("fabric_link"), dict) and h.summary["fabric_link"].get("verdict") == FAIL}
+                 if h.ok and isinstance(h.summary.get("fabric_link"), dict)
+                 and h.summary["fabric_link"].get("verdict") == FAIL}
     by_link = {k: v for k, v in down.items() if k[0] in link_down or k[1] in link_down}
     asym = asymmetric(matrix, down, by_link)
     roles = {h.name: h.host_role for h in fleet if h.ok}
@@ -702,8 +706,8 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
     tail = (f" ({len(unjudged)} host(s) not judged: {_names([u.split(' (')[0] for u in unjudged])})" if unjudged
             else "") + _tail(fleet)
     if not matrix and not advertised:
-        return Verdict(gate_id, SKIP, "no host report holds control-plane connects (launch.control-plane needs peers and "
-                       "engine ports)" + tail, remedy("fleet.control-plane.not-tested"), facts)
+        return Verdict(gate_id, SKIP, "no host report holds control-plane connects (launch.control-plane needs "
+                       "peers and engine ports)" + tail, remedy("fleet.control-plane.not-tested"), facts)
     fails: list[str] = []
     asym_keys = {(a["cannot_reach_back"], a["reaches"]) for a in asym}
     for (s, d), cells in down.items():
@@ -728,7 +732,8 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
     n_att = sum(len(c) for row in matrix.values() for c in row.values())
     n_ref = sum(1 for row in matrix.values() for c in row.values() for o in c.values() if o == "refused")
     if untested:
-        return Verdict(gate_id, WARN, "; ".join(untested) + f": not tested ({n_att} connection(s) tested reached)" + tail,
+        return Verdict(gate_id, WARN,
+                       "; ".join(untested) + f": not tested ({n_att} connection(s) tested reached)" + tail,
                        remedy("fleet.control-plane.not-tested"), facts)
     note = f", {n_ref} refused (the peer answered, nothing listens yet: start order)" if n_ref else ""
     return Verdict(gate_id, PASS, f"{n_att} control connection(s) between {len(matrix)} host(s) and their peers reached"
