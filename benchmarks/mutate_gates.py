@@ -45,8 +45,10 @@ from pathlib import Path
 import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gates/rail.py", "afddiag/gates/gpu.py",
-           "afddiag/gates/host.py", "afddiag/gates/launch.py", "afddiag/gates/fleet.py", "afddiag/diagnosis.py"]
+TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gates/devicemap.py",
+           "afddiag/gates/rail.py", "afddiag/gates/gpu.py", "afddiag/gates/gpu_load.py", "afddiag/gates/host.py",
+           "afddiag/gates/launch.py", "afddiag/gates/fleet.py", "afddiag/gates/control_plane.py",
+           "afddiag/gates/refusals.py", "afddiag/diagnosis.py"]
 # test files that exercise each module (judging and unit tests; the slow end-to-end ones — SSH, browser,
 # signals, fuzz, QEMU lab — and the probes' timing tests, which a loaded machine can fail, are left to the
 # full suite). The new tests/test_judging_*.py are added when present.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+from typing import Any
 
 from afddiag.catalog import remedy
 from afddiag.gates import Context, declared, gate, probe_failed
@@ -178,6 +179,38 @@ def judge_rail_bandwidth(gbps: float, healthy: float, stale: tuple[float, ...], 
     return WARN, "below"
 
 
+def _run_facts(p: Any, bw: BandwidthRun, pb: Any, errs: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """fabric.rail-bandwidth's facts: the rail, the run's figures, the role's bands (Gb/s) and the error
+    counters that grew (by side)."""
+    return {"role": p.role, "device": p.device, "port": p.port, "fabric_ip": p.fabric_ip, "peer": p.peer,
+            "netdev": p.netdev, "link_speed_mbps": p.link_speed_mbps, "path_mtu": p.path_mtu,
+            "gbps": bw.gbps, "seconds": bw.seconds, "seconds_asked": bw.seconds_asked, "bytes": bw.bytes,
+            "size": bw.size, "qps": bw.qps, "depth": bw.depth, "verified": bw.verified, "stage": bw.stage,
+            "error": bw.error or p.error, "per_qp_gbps": [q.gbps for q in bw.per_qp],
+            "bands_gbps": {"healthy": pb.rail_healthy_gbps or None,
+                           "stale_init": list(pb.rail_stale_init_gbps) or None,
+                           "fail_below": pb.rail_fail_below_gbps or None, "role": pb.name},
+            "error_counters_grew": {k: v for k, v in errs.items() if v}}
+
+
+def _no_figures(gate_id: str, rail: str, p: Any, bw: BandwidthRun, error: str | None,
+                facts: dict[str, Any]) -> Verdict:
+    """A run that moved no byte or gave no Gb/s: ERROR when it never started (the handshake), FAIL when
+    the client's figures never reached this server or no RDMA WRITE completed."""
+    if bw.stage == "handshake":
+        return Verdict(gate_id, ERROR, f"{rail}: not measured: {error or 'the bandwidth run did not start'}",
+                       remedy(gate_id + ".not-run"), facts, action="RERUN")
+    if p.role == "server":  # the client measures: its figures never came
+        return Verdict(gate_id, FAIL, f"{rail}: the client's end of the run never arrived "
+                       f"({error or 'no figures'}, stage {bw.stage})",
+                       remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"),
+                       facts, action="CHECK_FABRIC")
+    return Verdict(gate_id, FAIL,
+                   f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
+                   remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                   action="CHECK_FABRIC")
+
+
 @gate("fabric.rail-bandwidth")
 def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
     got = _bandwidth_run(ctx, gate_id)
@@ -187,15 +220,7 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
     pb = ctx.playbook
     rail = _rail(p)
     errs = {c.side: grown(c, "error") for c in bw.counters}
-    facts = {"role": p.role, "device": p.device, "port": p.port, "fabric_ip": p.fabric_ip, "peer": p.peer,
-             "netdev": p.netdev, "link_speed_mbps": p.link_speed_mbps, "path_mtu": p.path_mtu,
-             "gbps": bw.gbps, "seconds": bw.seconds, "seconds_asked": bw.seconds_asked, "bytes": bw.bytes,
-             "size": bw.size, "qps": bw.qps, "depth": bw.depth, "verified": bw.verified, "stage": bw.stage,
-             "error": bw.error or p.error, "per_qp_gbps": [q.gbps for q in bw.per_qp],
-             "bands_gbps": {"healthy": pb.rail_healthy_gbps or None,
-                            "stale_init": list(pb.rail_stale_init_gbps) or None,
-                            "fail_below": pb.rail_fail_below_gbps or None, "role": pb.name},
-             "error_counters_grew": {k: v for k, v in errs.items() if v}}
+    facts = _run_facts(p, bw, pb, errs)
     error = bw.error or p.error
     if (bad := bandwidth_problem(bw, p.link_speed_mbps)) is not None:
         facts["inconsistent"] = bad
@@ -208,18 +233,7 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
                           "the result was edited or corrupted"),
                        remedy(gate_id + ".inconsistent"), facts, action="RERUN")
     if not bw.bytes or bw.gbps is None:
-        if bw.stage == "handshake":
-            return Verdict(gate_id, ERROR, f"{rail}: not measured: {error or 'the bandwidth run did not start'}",
-                           remedy(gate_id + ".not-run"), facts, action="RERUN")
-        if p.role == "server":  # the client measures: its figures never came
-            return Verdict(gate_id, FAIL, f"{rail}: the client's end of the run never arrived "
-                           f"({error or 'no figures'}, stage {bw.stage})",
-                           remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"),
-                           facts, action="CHECK_FABRIC")
-        return Verdict(gate_id, FAIL,
-                       f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
-                       remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
-                       action="CHECK_FABRIC")
+        return _no_figures(gate_id, rail, p, bw, error, facts)
     per = [q.gbps for q in bw.per_qp if q.gbps is not None]
     figure = (f"{bw.gbps:.2f} Gb/s over {bw.qps} QPs ({bw.size} B RDMA WRITEs, {bw.depth} deep, {bw.seconds:.1f} s"
               + (f"; per QP {min(per):.2f}-{max(per):.2f} Gb/s" if per else "") + ")")
