@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from afddiag import cli
-from afddiag.probes.route import lookup_table, probe_routes, read_sysctls, route_from_get_json
+from afddiag.probes.route import lookup_table, read_sysctls, route_from_get_json
 from conftest import CASES
 
 CASE = CASES / "fabric" / "02-spark-map-set-healthy"
@@ -135,7 +135,17 @@ def test_probe_parsers():
 
 
 def test_live_route_probe_on_loopback(tmp_path):
-    f = probe_routes(None, None, ["127.0.0.1"], ["lo"])
+    """The registry's route probe read live: ``ip route get`` to a loopback peer and lo's ARP sysctls."""
+    from afddiag.collect import Progress
+    from afddiag.model.fabric import FabricFacts, Gid, Port, RdmaDevice
+    from afddiag.model.run import Inputs, Observation
+    from afddiag.probes import registry, route
+
+    lo = Gid(index=0, gid="::ffff:127.0.0.1", type="RoCE v2", netdev="lo", ipv4="127.0.0.1")
+    fab = FabricFacts(devices=[RdmaDevice("x", ports=[Port(1, gids=[lo])])])
+    obs = Observation(host="h", source="live", fabric=fab)
+    run = registry.Run(Inputs(peers=["127.0.0.1"]), obs, host=registry.Sources.live())
+    f = route.PROBE.facts(run, route.PROBE.read(run, Progress()), Progress())["route"]
     assert f.routes_captured and f.routes[0].dev == "lo" and f.routes[0].error is None
     assert f.sysctl_captured and set(f.effective["lo"]) == {"arp_ignore", "arp_announce", "rp_filter"}
     conf, eff = read_sysctls(str(tmp_path), ["x"])

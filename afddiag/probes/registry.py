@@ -27,7 +27,9 @@ How to add a probe
 2. Its facts: a dataclass in ``afddiag/model/`` (units in field names, ``failed``/``notes``) and a
    field on :class:`afddiag.model.run.Observation` (named as the probe when ``report`` is set: the
    JSON report's ``facts`` carry it, :func:`report_facts`).
-3. One :class:`Entry` in :data:`PROBES` (order matters: a probe may use an earlier one's facts).
+3. Here: one :class:`Entry` in :data:`PROBES` (order matters: a probe may use an earlier one's
+   facts) and, when it reads a new host source, a :class:`Sources` field (default None) named in
+   :meth:`Sources.live`.
 4. Tests: readings → facts (table-driven), a snapshot folder holding the artifact, a capture round
    trip (``tests/test_capture.py``; fakes in ``tests/fakes.py``), and the gates the facts feed.
 """

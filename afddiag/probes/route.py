@@ -347,27 +347,6 @@ def read_sysctls(root: str, netdevs: list[str]) -> tuple[SysctlsByNetdev, Sysctl
     return conf, eff
 
 
-def probe_routes(root: str | None, fabric_ip: str | None, peers: list[str], netdevs: list[str],
-                 timeout_s: float = 3.0) -> RouteFacts:
-    """This host's route to every peer (``ip route get``) and the ARP sysctls of ``netdevs`` under
-    ``root`` (None: ``/``). ``peers``: dotted IPv4 addresses. ``timeout_s`` bounds each ``ip`` call.
-    Never raises. (A run reads routes through the registry's route probe, which also replays them.)"""
-    facts = RouteFacts(fabric_ip=fabric_ip)
-    try:
-        if root is None:
-            facts.routes = [route_from_get_json(p, route_get(p, fabric_ip, timeout_s), "ip route get") for p in peers]
-            facts.routes_captured = bool(peers)
-        sys_root = "/" if root is None else root
-        if os.path.isdir(os.path.join(sys_root, "proc/sys/net/ipv4/conf")):
-            facts.conf, facts.effective = read_sysctls(sys_root, netdevs)
-            facts.sysctl_captured = True
-        else:
-            facts.notes.append("ARP sysctls not captured (no proc/sys/net/ipv4/conf)")
-    except Exception as e:  # noqa: BLE001 - a probe never raises
-        facts.notes.append(f"route probe failed: {e!r}")
-    return facts
-
-
 # ---------------------------------------------------------------------------------------------
 # the probe: routes to the peers, the tables and rules a replay redoes the lookup with, ARP sysctls
 
