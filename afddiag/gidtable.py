@@ -21,6 +21,7 @@ from typing import TextIO
 from afddiag.model import ROCE_V1, ROCE_V2
 from afddiag.model.fabric import FabricFacts
 from afddiag.termsafe import csv_cell, line
+from afddiag.textlayout import wrap
 
 HEADER = ("DEV", "PORT", "INDEX", "GID", "IPv4", "VER", "NETDEV", "MARK")
 _VER = {ROCE_V2: "v2", ROCE_V1: "v1"}
@@ -113,7 +114,6 @@ def write_gid_table(rows: list[GidRow], foot: list[str], fmt: str = "table", out
         for ft in foot:
             out.write(ft + "\n")
         return
-    from afddiag.render import wrap
 
     top = _aligned([NARROW_HEADER[0]] + [tuple(line(c) for c in (r.device, str(r.port), str(r.index), r.ver,
                                                                   r.netdev or "", r.mark)) for r in rows])

@@ -13,16 +13,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO, cast
 
 from afddiag import __version__, prometheus
 from afddiag.atomic import atomic_write
+from afddiag.diagnosis import prepare
+from afddiag.endpoint import device_map
 from afddiag.envvars import MAP_VAR, format_device_map, redact_report
 from afddiag.model import to_jsonable
-from afddiag.render import COLORS  # noqa: F401 - importable from here too
+from afddiag.render import (
+    COLORS,  # noqa: F401 - importable from here too
+    action_tag,
+    console_for,
+    print_gate_table,
+    wrap,
+    write_gate_lines,
+)
+from afddiag.termsafe import one_line
 from afddiag.verdict import Verdict, exit_code
 
 if TYPE_CHECKING:
     from afddiag.model.fabric import FabricFacts
 
-# afddiag.endpoint decides the device map (and the launch exports); it is imported only when there are
-# fabric facts to map, so a GPU-only run does not load the fabric model.
 
 SCHEMA_VERSION = 1
 
@@ -34,8 +42,6 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
 
     Gates whose dependency failed are settled first and every verdict gets its typed action
     (:func:`afddiag.diagnosis.prepare`); ``diagnosis`` lists the independent faults in fix order."""
-    from afddiag.diagnosis import prepare
-
     diagnosis = prepare(verdicts)
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
@@ -59,11 +65,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
 
 
 def _device_map(fabric: FabricFacts | None) -> dict[str, str]:
-    if fabric is None:
-        return {}
-    from afddiag.endpoint import device_map
-
-    return device_map(fabric)
+    return {} if fabric is None else device_map(fabric)
 
 
 def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:
@@ -75,9 +77,6 @@ def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:
 def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
     """A rich table on a terminal (cells fold at its width, or at ``width``); plain full-width
     lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`)."""
-    from afddiag.render import console_for, print_gate_table, write_gate_lines
-    from afddiag.termsafe import one_line
-
     report = one_line(report)  # device names, remote text: no control sequence or forged row reaches the terminal
     out = out or sys.stdout
     con = console_for(out, width)
@@ -94,8 +93,6 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
         if con is None or len(line) <= con.width:
             out.write(line + "\n")
         else:  # one entry a line; `afddiag devicemap --format shell` prints the line to paste
-            from afddiag.render import wrap
-
             head = f"device map: {MAP_VAR}, one entry a line (`afddiag devicemap` prints the line to paste):"
             out.write("".join(ln + "\n" for ln in wrap(head, con.width, "", "  ")))
             for ip, dev in dm.items():
@@ -109,8 +106,6 @@ def write_diagnosis(report: dict[str, Any], out: TextIO, width: int | None = Non
     """The report's opening: each independent fault with its one remedy and action, in fix order.
     ``width`` (a terminal's columns): lines wrap between words, under their indent, and a command
     (``export VAR=value``, a long word) is never split (:func:`afddiag.render.wrap`)."""
-    from afddiag.render import action_tag, wrap
-
     def put(first: str, text: str, indent: str) -> None:
         if width is None:
             out.write(first + text + "\n")
