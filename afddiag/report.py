@@ -3,20 +3,17 @@ device map. :data:`REPORTERS` is the one table of output formats every command c
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import shlex
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO, cast
+from typing import Any, NamedTuple, TextIO, cast
 
-from afddiag import __version__, prometheus
+from afddiag import prometheus
 from afddiag.atomic import atomic_write
-from afddiag.diagnosis import prepare
-from afddiag.endpoint import device_map
-from afddiag.envvars import MAP_VAR, format_device_map, redact_report
-from afddiag.model import to_jsonable
+from afddiag.document import SCHEMA_VERSION, build  # noqa: F401 - the report document, importable from here too
+from afddiag.envvars import MAP_VAR, format_device_map
 from afddiag.render import (
     COLORS,  # noqa: F401 - importable from here too
     action_tag,
@@ -26,46 +23,6 @@ from afddiag.render import (
     write_gate_lines,
 )
 from afddiag.termsafe import one_line
-from afddiag.verdict import Verdict, exit_code
-
-if TYPE_CHECKING:
-    from afddiag.model.fabric import FabricFacts
-
-
-SCHEMA_VERSION = 1
-
-
-def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
-          fabric: FabricFacts | None, notes: list[str] | None = None,
-          facts: dict[str, Any] | None = None, expectations: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1).
-
-    Gates whose dependency failed are settled first and every verdict gets its typed action
-    (:func:`afddiag.diagnosis.prepare`); ``diagnosis`` lists the independent faults in fix order."""
-    diagnosis = prepare(verdicts)
-    counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
-    for v in verdicts:
-        counts[v.verdict] += 1
-    return redact_report({  # no credential (by name or by shape) leaves in a report
-        "schema_version": SCHEMA_VERSION,
-        "afddiag_version": __version__,
-        "host": host,
-        "source": source,
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "inputs": inputs,
-        "diagnosis": diagnosis,
-        "gates": [to_jsonable(v) for v in verdicts],
-        "device_map": _device_map(fabric),
-        "counts": counts,
-        "exit_code": exit_code(verdicts),
-        "notes": list(notes or []),
-        "facts": to_jsonable(facts or {}),
-        "expectations": to_jsonable(expectations or {}),
-    })
-
-
-def _device_map(fabric: FabricFacts | None) -> dict[str, str]:
-    return {} if fabric is None else device_map(fabric)
 
 
 def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from afddiag import __version__, baseline, collect, endpoint, expect, report, summary
+from afddiag import __version__, baseline, collect, document, endpoint, expect, summary
 from afddiag.collect import Progress, SnapshotError
 from afddiag.gates import Context, run_gates
 from afddiag.model.run import Inputs, Observation
@@ -144,7 +144,7 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
     expected = expect.resolve(inputs, obs, fip)  # once, before any gate runs
     verdicts = run_gates(Context(obs, inputs, fip, expected), set(inputs.families))
     notes = list(obs.notes) + (obs.fabric.notes if obs.fabric else []) + (obs.gpu.notes if obs.gpu else [])
-    rep = report.build(
+    rep = document.build(
         verdicts, obs.host, obs.source,
         {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
