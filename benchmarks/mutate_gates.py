@@ -333,7 +333,11 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="list the sites and stop")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant before it counts as killed")
     ap.add_argument("--out", default="", help="also write the report here")
+    ap.add_argument("--shard", default="", help="K/N: run every N-th mutant of the sample from the K-th (0-based)")
+    ap.add_argument("--merge", nargs="+", default=[], help="combine the reports of shards into --out and stop")
     a = ap.parse_args()
+    if a.merge:
+        return merge(a.merge, a.out)
 
     sys.dont_write_bytecode = True
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -358,6 +362,9 @@ def main() -> int:
         for ss in by_file.values():
             chosen += rng.sample(ss, max(1, round(a.limit * len(ss) / len(sites))))
         sites = sorted(chosen, key=lambda s: (TARGETS.index(s.file), s.index))
+    if a.shard:
+        k, n = (int(x) for x in a.shard.split("/"))
+        sites = sites[k::n]
     equivalent = load_equivalent(REPO / "benchmarks" / "mutation_equivalent.txt")
 
     # one parent that has imported afddiag and the test modules (the root copy first on the path)
@@ -420,7 +427,7 @@ def main() -> int:
     changed = counts["killed"] + counts["survived"]
     head = [f"mutation run of afddiag/gates/*.py and afddiag/diagnosis.py at {a.ref} ({rev}); "
             f"{len(sites)} mutants" + (f" (sample --limit {a.limit} --seed {a.seed})" if a.limit else " (all sites)")
-            + f", {time.monotonic() - t_all:.0f} s",
+            + (f", shard {a.shard}" if a.shard else "") + f", {time.monotonic() - t_all:.0f} s",
             f"killed {counts['killed']}, survived {counts['survived']}, equivalent (no behaviour change, listed in "
             f"benchmarks/mutation_equivalent.txt) {counts['equivalent']}, errors {counts['error']}",
             f"kill rate of behaviour-changing mutants: {counts['killed']}/{changed} = "
@@ -430,6 +437,38 @@ def main() -> int:
     print("\n".join(head))
     if a.out:
         Path(REPO / a.out if not os.path.isabs(a.out) else a.out).write_text(report)
+    return 0
+
+
+def merge(paths: list[str], out: str) -> int:
+    """One report from the shards' reports (their "every mutant:" rows), counted again."""
+    rows, heads = [], []
+    for p in paths:
+        text = Path(p).read_text()
+        heads.append(text.splitlines()[0])
+        rows += [r for r in text.split("every mutant:\n", 1)[1].splitlines() if r.strip()]
+    counts = {"killed": 0, "survived": 0, "equivalent": 0, "error": 0}
+    per_file: dict[str, list[int]] = {}
+    for r in rows:
+        kind = "equivalent" if "(equivalent: " in r else r.split()[0].split("(")[0]
+        counts[kind] = counts.get(kind, 0) + 1
+        f = r.split()[2].rsplit(":", 1)[0]
+        pf = per_file.setdefault(f, [0, 0])
+        if kind in ("killed", "survived"):
+            pf[0] += kind == "killed"
+            pf[1] += 1
+    changed = counts["killed"] + counts["survived"]
+    head = [f"merged from {len(paths)} shard(s): " + " | ".join(heads),
+            f"killed {counts['killed']}, survived {counts['survived']}, equivalent {counts['equivalent']}, "
+            f"errors {counts['error']}",
+            f"kill rate of behaviour-changing mutants: {counts['killed']}/{changed} = "
+            f"{100 * counts['killed'] / max(changed, 1):.1f} %",
+            "per file: " + ", ".join(f"{Path(f).name} {k}/{n}" for f, (k, n) in sorted(per_file.items())), ""]
+    survivors = [r for r in rows if r.startswith("survived") and "(equivalent: " not in r]
+    report = "\n".join(head + ["survivors:"] + (survivors or ["(none)"]) + ["", "every mutant:"] + rows) + "\n"
+    print("\n".join(head))
+    if out:
+        Path(out).write_text(report)
     return 0
 
 
