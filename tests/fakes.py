@@ -108,3 +108,12 @@ def case_sources(case: Path, **over) -> Sources:
         kw["gpu"] = None  # a fabric case had no GPU reading: its replay says "not captured" as the case does
     kw.update(over)
     return Sources(**kw)
+
+
+def case_args(case: Path) -> list[str]:
+    """The command-line arguments a case was judged with: its fabric IP and its peers (case.json)."""
+    meta = load_case(case)
+    args = ["--fabric-ip", meta["fabric_ip"]] if meta.get("fabric_ip") else []
+    for p in meta.get("peer_fabric_ips") or []:
+        args += ["--peer", p]
+    return args

@@ -23,7 +23,7 @@ from afddiag.envvars import parse_env_file
 from afddiag.probes import registry
 from afddiag.probes.netlink import parse_ip_addr_json, parse_rdma_dev_json
 from conftest import case_dirs, load_case
-from fakes import case_sources, einval_reader
+from fakes import case_args, case_sources, einval_reader
 
 FABRIC = case_dirs("fabric")
 GPU = case_dirs("gpu")
@@ -33,14 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 def run_json(args):
     res = CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=False)
     return json.loads(res.stdout), res.return_value
-
-
-def case_args(case: Path) -> list[str]:
-    meta = load_case(case)
-    args = ["--fabric-ip", meta["fabric_ip"]] if meta.get("fabric_ip") else []
-    for p in meta.get("peer_fabric_ips") or []:
-        args += ["--peer", p]
-    return args
 
 
 def normal(rep: dict, *paths) -> list[tuple]:

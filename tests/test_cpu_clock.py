@@ -185,7 +185,7 @@ def test_cpufreq_policy_and_throttle_read_from_sysfs(tmp_path):
 
 
 def _record(monkeypatch, cpu, *extra):
-    from test_root_causes import healthy_h200
+    from snapfix import healthy_h200
 
     monkeypatch.setattr("afddiag.probes.gpu.read_gpu", lambda *a, **k: healthy_h200())
     monkeypatch.setattr("afddiag.probes.load.attach_load", lambda r, b, **k: None)

@@ -24,8 +24,7 @@ from afddiag.model import to_jsonable
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import registry
 from conftest import CASES, REPO, case_dirs, load_case
-from fakes import case_sources
-from test_capture import case_args
+from fakes import case_args, case_sources
 
 FABRIC = case_dirs("fabric")
 GPU = case_dirs("gpu")
