@@ -266,7 +266,8 @@ def _patch(mod: types.ModuleType, src: str, path: str) -> None:
             for k, v in vars(new).items():
                 if k in vars(old):
                     move_fn(vars(old)[k], v)
-        elif isinstance(new, (int, float, str, tuple, frozenset, dict, list, set)) and new != old:
+        elif (not name.startswith("_") and isinstance(new, (int, float, str, tuple, frozenset, dict, list, set))
+              and new != old):  # a private table is state (the gate declarations), never a threshold
             mod.__dict__[name] = new
 
 
