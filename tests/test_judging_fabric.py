@@ -64,6 +64,15 @@ def test_a_failed_fabric_probe_is_error(gate_id):
     assert v.summary == "not judged: reading /sys/class/infiniband timed out after 10 s"
 
 
+def test_fabric_not_captured_or_not_probed():
+    v = fab("fabric.mtu", FabricFacts(captured=False, notes=["no sys/ in the snapshot"]))
+    assert (v.verdict, v.summary) == (SKIP, "fabric not captured: no sys/ in the snapshot")
+    v = fab("fabric.mtu", FabricFacts(captured=False, notes=["fabric: sysfs tree absent"]))
+    assert v.summary == "fabric: sysfs tree absent"
+    v = judge("fabric.mtu", observation())
+    assert (v.verdict, v.summary) == (SKIP, "fabric not probed")
+
+
 def test_rdma_present_every_verdict():
     v = fab("fabric.rdma-present")
     assert (v.verdict, v.action) == (PASS, "NONE")
