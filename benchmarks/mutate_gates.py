@@ -34,6 +34,7 @@ import argparse
 import ast
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -450,6 +451,12 @@ def merge(paths: list[str], out: str) -> int:
         rows += [r for r in text.split("every mutant:\n", 1)[1].splitlines() if r.strip()]
     counts = {"killed": 0, "survived": 0, "equivalent": 0, "error": 0}
     per_file: dict[str, list[int]] = {}
+    equivalent = load_equivalent(REPO / "benchmarks" / "mutation_equivalent.txt")
+    row_re = re.compile(r"^survived\s+\S+s (\S+?):\d+ (\w+): (.*)  \[(.*)\]$")
+    for i, r in enumerate(rows):  # a survivor judged equivalent since its shard ran
+        m = row_re.match(r)
+        if m and f"{m[1]}::{m[4]}::{m[2]}::{m[3]}" in equivalent:
+            rows[i] = r + f"  (equivalent: {equivalent[f'{m[1]}::{m[4]}::{m[2]}::{m[3]}']})"
     for r in rows:
         kind = "equivalent" if "(equivalent: " in r else r.split()[0].split("(")[0]
         counts[kind] = counts.get(kind, 0) + 1

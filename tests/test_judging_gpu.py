@@ -37,7 +37,7 @@ def test_fatal_xid_fails_with_the_catalogs_resolution(xid, action):
     assert v.summary.startswith(f"Xid {xid} (") and v.summary.endswith(") on 0000:3b:00")
 
 
-@pytest.mark.parametrize("xid", [8, 13, 31, 32, 43, 45, 92, 94, 109])
+@pytest.mark.parametrize("xid", [8, 13, 31, 32, 38, 43, 45, 68, 69, 92, 94, 109, 137, 144, 150])
 def test_application_xid_warns_without_a_drain(xid):
     v = judge("gpu.errors", xids({"xid": xid, "pci": "0000:3b:00", "text": "x"}))
     assert (v.verdict, v.action) == (WARN, "NONE")
