@@ -137,6 +137,11 @@ def test_link_every_verdict():
     assert v.verdict == FAIL  # an unread state but a netdev that is down
 
 
+def test_link_facts():
+    v = fab("fabric.link")
+    assert (v.facts["netdev"], v.facts["netdev_operstate"], v.facts["state"]) == ("enp1", "up", "ACTIVE")
+
+
 @pytest.mark.parametrize("netdev_mtu, verdict", [(4192, PASS), (4191, WARN), (9000, PASS), (1500, WARN)])
 def test_mtu_edge(netdev_mtu, verdict):
     f = fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1"),
