@@ -116,23 +116,29 @@ def check_folder(folder: str | os.PathLike, sticky_ok: bool = True) -> tuple[str
 def written_by_others(p: str | os.PathLike, sticky_ok: bool) -> str | None:
     """Why users other than root and the one running afddiag could have written the input ``p`` (a
     baseline, a playbook: the file, or a folder above it, another user owns or can write; a sticky
-    folder counts as safe with ``sticky_ok``), or None (also when absent). Read it only when None."""
+    folder counts as safe with ``sticky_ok``), or None (also when absent). Read it only when None.
+    A link at ``p`` counts as written by its owner (they can swap it after this look), and the folders of
+    the file it leads to are checked as well as its own."""
     try:
+        lst = os.lstat(p)
         st = os.stat(p)
     except OSError:
         return None
+    if stat.S_ISLNK(lst.st_mode) and not trusted_uid(lst.st_uid):
+        return f"it is a link owned by {_owner(lst.st_uid)}, not by root or you"
     if not stat.S_ISREG(st.st_mode):
         return None  # not read at all (afddiag.reader names what it is)
     if not trusted_uid(st.st_uid):
         return f"it is owned by uid {st.st_uid}, not by root or you"
     if others_can_write(st):
         return f"others can write it (mode {stat.S_IMODE(st.st_mode):04o})"
-    try:
-        check_folder(os.path.dirname(os.path.abspath(p)), sticky_ok=sticky_ok)
-    except OutputTargetError as e:
-        return str(e.strerror)
-    except OSError:
-        return None
+    for folder in dict.fromkeys((os.path.dirname(os.path.abspath(p)), os.path.dirname(os.path.realpath(p)))):
+        try:
+            check_folder(folder, sticky_ok=sticky_ok)
+        except OutputTargetError as e:
+            return str(e.strerror)
+        except OSError:
+            continue
     return None
 
 
