@@ -19,8 +19,15 @@ def main() -> None:
         try:
             sys.stdout.write(f"afddiag, version {__version__}\n")
             sys.stdout.flush()
-        except BrokenPipeError:
-            sys.exit(141)
+        except OSError as e:  # the reader left (141), or stdout failed (`> /dev/full`): one line, exit 3
+            import os
+
+            from afddiag.exitcodes import EXIT_ERROR, EXIT_SIGPIPE, unexpected_line
+
+            if not isinstance(e, BrokenPipeError):
+                print(unexpected_line(e), file=sys.stderr, flush=True)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+            sys.exit(EXIT_SIGPIPE if isinstance(e, BrokenPipeError) else EXIT_ERROR)
         sys.exit(0)
     from afddiag.cli import main as cli_main
 

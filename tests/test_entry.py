@@ -29,3 +29,14 @@ def test_anything_else_goes_to_the_cli():
     code, click_loaded, cli_loaded = eval(out.stderr.splitlines()[-1])  # noqa: S307 - our own repr above
     assert (click_loaded, cli_loaded) == (True, True)
     assert code == 64, out.stderr
+
+
+def test_version_into_a_full_device_is_one_line_and_exit_3():
+    """Issue 22 item 10 on the fast path too: `afddiag --version > /dev/full` is one stderr line, exit 3."""
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-c", CODE, "--version"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    lines = out.stderr.splitlines()
+    assert "Traceback" not in out.stderr
+    assert lines[0] == "afddiag: writing the output: No space left on device", out.stderr
+    assert eval(lines[-1])[0] == 3  # noqa: S307 - our own repr (CODE)
