@@ -64,13 +64,22 @@ SECRET_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("API key (sk-)", re.compile(r"\bsk-[A-Za-z0-9_-]{20,256}")),
     ("JWT", re.compile(r"\beyJ[A-Za-z0-9_-]{4,4096}\.eyJ[A-Za-z0-9_-]{4,8192}\.[A-Za-z0-9_-]{0,4096}")),
     ("PEM block", re.compile(r"-----BEGIN [A-Z0-9 ]{1,40}-----")),
+    ("GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{30,255})")),
+    ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,255}")),
+    ("Google API key", re.compile(r"\bAIza[A-Za-z0-9_-]{35}")),
+    # a credential as one key=value of a connection string or a URL query (password=, token=, sig=,
+    # X-Amz-Signature=); the key stays. "bypass=1", "token bucket" are none.
+    ("credential key=value", re.compile(r"\b(?i:(pass(?:word|wd|phrase)?|pwd|secret|(?:access_|auth_|refresh_)?token|"
+                                        r"api[_-]?key|sig|signature|x-amz-signature|x-amz-security-token))"
+                                        r"=[^\s&;,]{4,4096}")),
 )
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]{1,40}-----")
 
 
 def secret_shape(value: str) -> str | None:
     """The kind of credential ``value`` holds or contains (``SECRET_SHAPES``: URL userinfo, a Bearer or
-    Basic credential, ``hf_``, ``AKIA``, ``sk-``, a JWT, a PEM block), else None."""
+    Basic credential, ``hf_``, ``AKIA``, ``sk-``, a JWT, a PEM block, GitHub/Slack/Google tokens, a
+    ``password=``/``token=``/``sig=`` key=value), else None."""
     for kind, pat in SECRET_SHAPES:
         if pat.search(value):
             return kind
@@ -90,6 +99,8 @@ def redact_text(text: str) -> tuple[str, list[str]]:
             text = pat.sub(lambda m: m.group().split("://", 1)[0] + "://" + REDACTED + "@", text)
         elif kind == "Bearer/Basic credential":
             text = pat.sub(lambda m: m.group().split(None, 1)[0] + " " + REDACTED, text)
+        elif kind == "credential key=value":
+            text = pat.sub(lambda m: m.group(1) + "=" + REDACTED, text)
         elif kind == "PEM block":
             out, pos = [], 0
             while (m := pat.search(text, pos)) is not None:
