@@ -41,8 +41,9 @@ def roce_mtu(netdev_mtu: int) -> int:
     return next((m for m in ROCE_MTUS if room >= m), 0)
 
 
-def _need_fabric(ctx: Context, gate_id: str) -> Verdict | None:
-    """SKIP/WARN when the fabric facts or the fabric IP are missing; None when the gate can judge."""
+def fabric_facts(ctx: Context, gate_id: str) -> FabricFacts | Verdict:
+    """The fabric facts a gate judges (captured, an RDMA device listed), else the ERROR/SKIP Verdict
+    that stops it (a gate's preamble: ``fab = fabric_facts(...)``; ``if isinstance(fab, Verdict): return fab``)."""
     fab = ctx.obs.fabric
     if (v := probe_failed(gate_id, fab)) is not None:
         return v
@@ -52,6 +53,22 @@ def _need_fabric(ctx: Context, gate_id: str) -> Verdict | None:
                        remedy("snapshot.fabric"))
     if not fab.devices:
         return Verdict(gate_id, SKIP, "no RDMA device on this host", remedy("fabric.rdma-present"))
+    return fab
+
+
+def _no_fabric(ctx: Context, gate_id: str) -> Verdict:
+    """The Verdict of a gate whose fabric facts are missing (probe failed, not captured, no device):
+    :func:`fabric_facts`'s."""
+    gap = fabric_facts(ctx, gate_id)
+    return gap if isinstance(gap, Verdict) else Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+
+
+def _need_fabric(ctx: Context, gate_id: str) -> tuple[FabricFacts, str] | Verdict:
+    """``(fabric facts, fabric IP)`` when the gate can judge; else the SKIP/WARN/ERROR Verdict saying
+    which is missing (:func:`fabric_facts`; no fabric IP, or several candidates)."""
+    fab = fabric_facts(ctx, gate_id)
+    if isinstance(fab, Verdict):
+        return fab
     fip = ctx.fabric_ip
     if fip.ip is None:
         cands = sorted({f"{e.ip} ({e.device} GID {e.gid_index}"
@@ -63,12 +80,12 @@ def _need_fabric(ctx: Context, gate_id: str) -> Verdict | None:
                            + ", ".join(cands), remedy("fabric.ambiguous"), {"candidates": cands}, action="RERUN")
         return Verdict(gate_id, SKIP, "no fabric IP: no IPv4 RoCE v2 GID on any port and no --fabric-ip",
                        remedy("fabric.rocev2-ipv4"))
-    return None
+    return fab, fip.ip
 
 
 def port_of(ctx: Context, e: Entry):
     """``(device, port)`` of the fabric facts that ``e`` names; ``(None, None)`` when none does."""
-    for d in ctx.obs.fabric.devices:
+    for d in ctx.obs.fabric.devices if ctx.obs.fabric else ():
         if d.name == e.device:
             for p in d.ports:
                 if p.num == e.port:
@@ -83,7 +100,7 @@ def _best_carrier(ctx: Context) -> Entry | None:
 
 def carrier_entry(ctx: Context, gate_id: str) -> Entry | Verdict:
     """The entry of the port carrying the fabric IP, or the SKIP/WARN verdict that stops the gate."""
-    if (v := _need_fabric(ctx, gate_id)) is not None:
+    if isinstance(v := _need_fabric(ctx, gate_id), Verdict):
         return v
     e = _best_carrier(ctx)
     if e is None:
@@ -105,10 +122,10 @@ def rdma_present(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
                        remedy("snapshot.fabric"))
     if not fab.devices:
-        why = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
+        said = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
         verdict = FAIL if ctx.requires("rdma") else SKIP
         role = f"; role {ctx.playbook.name} requires one" if verdict == FAIL else ""
-        return Verdict(gate_id, verdict, f"no RDMA device on this host ({why[-1]}){role}", remedy(gate_id),
+        return Verdict(gate_id, verdict, f"no RDMA device on this host ({said[-1]}){role}", remedy(gate_id),
                        {"notes": fab.notes})
     devs = [
         {"name": d.name, "index": d.index, "hca_type": d.hca_type, "fw_ver": d.fw_ver, "board_id": d.board_id,
@@ -118,7 +135,8 @@ def rdma_present(ctx: Context, gate_id: str) -> Verdict:
         for d in fab.devices
     ]
     names = ", ".join(d.name for d in fab.devices)
-    return Verdict(gate_id, PASS, f"{len(fab.devices)} RDMA device(s) in enumeration order ({fab.order_source}): {names}",
+    return Verdict(gate_id, PASS,
+                   f"{len(fab.devices)} RDMA device(s) in enumeration order ({fab.order_source}): {names}",
                    "nothing to do", {"devices": devs, "order_source": fab.order_source, "notes": fab.notes})
 
 
@@ -154,7 +172,7 @@ def link(ctx: Context, gate_id: str) -> Verdict:
         return e
     ip = ctx.fabric_ip.ip
     _, port = port_of(ctx, e)
-    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
+    nd = ctx.obs.fabric.netdevs.get(e.netdev or "") if ctx.obs.fabric else None
     facts = {"device": e.device, "port": e.port, "state": port.state, "phys_state": port.phys_state,
              "rate": port.rate, "netdev": e.netdev, "netdev_operstate": nd.operstate if nd else None}
     subject = f"{e.device} port {e.port} (fabric IP {ip}, {e.netdev})"
@@ -166,7 +184,8 @@ def link(ctx: Context, gate_id: str) -> Verdict:
                        f"read the port state on the host: `cat /sys/class/infiniband/{e.device}/ports/{e.port}/state` "
                        "or `rdma link show` (as root in a container)", facts)
     if port.state != "ACTIVE" or (port.phys_state and port.phys_state != "LinkUp"):
-        return Verdict(gate_id, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gate_id), facts)
+        return Verdict(gate_id, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gate_id),
+                       facts)
     if nd and nd.operstate in ("down", "lowerlayerdown", "notpresent"):
         return Verdict(gate_id, FAIL, f"{subject}: netdev {e.netdev} is {nd.operstate}", remedy(gate_id), facts)
     return Verdict(gate_id, PASS, f"{subject}: ACTIVE, LinkUp, {port.rate}", "nothing to do", facts)
@@ -178,7 +197,7 @@ def mtu(ctx: Context, gate_id: str) -> Verdict:
     if isinstance(e, Verdict):
         return e
     ip = ctx.fabric_ip.ip
-    nd = ctx.obs.fabric.netdevs.get(e.netdev or "")
+    nd = ctx.obs.fabric.netdevs.get(e.netdev or "") if ctx.obs.fabric else None
     if nd is None or nd.mtu is None:
         return Verdict(gate_id, SKIP, f"{e.netdev}: netdev MTU not read", remedy("snapshot.fabric"))
     rm = roce_mtu(nd.mtu)
@@ -205,7 +224,8 @@ def _roce_v1_only(gate_id: str, entries: list[Entry], inventory: list, ip: str |
                    action="HW_INSPECTION")
 
 
-TYPE_NOT_READ_REMEDY = ("read the GID types on the host: `cat /sys/class/infiniband/<hca>/ports/<p>/gid_attrs/types/<i>` "
+TYPE_NOT_READ_REMEDY = ("read the GID types on the host: "
+                        "`cat /sys/class/infiniband/<hca>/ports/<p>/gid_attrs/types/<i>` "
                         "(or `show_gids`), then re-run; nothing on this host is judged wrong on an unread type")
 
 
@@ -222,7 +242,7 @@ def _type_not_read(gate_id: str, entries: list[Entry], inventory: list, ip: str 
 def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or not fab.devices:
-        return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return _no_fabric(ctx, gate_id)
     entries = ipv4_entries(fab)
     inventory = [to_jsonable(e) for e in entries]
     ip = ctx.fabric_ip.ip
@@ -257,17 +277,18 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     down = [e for e in rocev2_carriers(fab) if e.ip == ip]
     if down:  # the GID is right; the port's link is fabric.link's concern (one fault, one remedy)
         e = down[0]
-        return Verdict(gate_id, PASS, f"fabric IP {ip}: {gid_slot(e)}; its port is {e.port_state or 'in a state not read'} "
-                       "(fabric.link judges the link)", "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
+        return Verdict(gate_id, PASS, f"fabric IP {ip}: {gid_slot(e)}; its port is "
+                       f"{e.port_state or 'in a state not read'} (fabric.link judges the link)",
+                       "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
     cs = carriers(fab, ip)
     if cs:
-        kinds = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in cs)
+        slots = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in cs)
         if any(e.gid_type is None for e in cs):  # unread, not v1: never the HCA-mode remedy on it
             return _type_not_read(gate_id, cs, inventory, ip)
         if all(e.gid_type != ROCE_V2 for e in cs):
             return _roce_v1_only(gate_id, cs, inventory, ip)
         why = "not on an ACTIVE port"
-        return Verdict(gate_id, FAIL, f"fabric IP {ip}: {why}: {kinds}", remedy(gate_id), {"inventory": inventory})
+        return Verdict(gate_id, FAIL, f"fabric IP {ip}: {why}: {slots}", remedy(gate_id), {"inventory": inventory})
     stray = [e for e in entries if e.ip == ip]
     if stray:
         return Verdict(gate_id, FAIL, f"fabric IP {ip}: GID present ({gid_slot(stray[0])}) but netdev "
@@ -276,11 +297,12 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     where = (f"it is on netdev {', '.join(holders)}, which no RDMA port is bound to" if holders
              else "no netdev on this host holds it")
     if usable:  # the host has its RoCE address: the launcher names the wrong one (never move a management address)
-        mine = sorted({f"{e.ip} ({e.netdev}, {e.device} GID {e.gid_index})" for e in usable})
+        addrs = sorted({f"{e.ip} ({e.netdev}, {e.device} GID {e.gid_index})" for e in usable})
         return Verdict(gate_id, FAIL, f"fabric IP {ip}: no GID carries it ({where}); this host's IPv4 RoCE v2 "
-                       f"addresses: {', '.join(mine)}", WRONG_FABRIC_IP_REMEDY.format(
+                       f"addresses: {', '.join(addrs)}", WRONG_FABRIC_IP_REMEDY.format(
                            addrs=", ".join(sorted({e.ip for e in usable}))), {"inventory": inventory}, action="SET_ENV")
-    return Verdict(gate_id, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gate_id), {"inventory": inventory})
+    return Verdict(gate_id, FAIL, f"fabric IP {ip}: no GID carries it ({where})", remedy(gate_id),
+                   {"inventory": inventory})
 
 
 def engine_device_for(fab: FabricFacts | None, env: dict[str, str] | None, ip: str | None) -> tuple[str | None, str]:
@@ -304,9 +326,8 @@ def engine_device(ctx: Context) -> tuple[str | None, str]:
     return engine_device_for(ctx.obs.fabric, ctx.obs.env, ctx.fabric_ip.ip)
 
 
-def _map_fix(ctx: Context, ips: list[str]) -> str:
-    """``export MAP=ip=dev,...`` naming, for each of ``ips``, the device carrying it as RoCE v2."""
-    fab = ctx.obs.fabric
+def _map_fix(fab: FabricFacts, ips: list[str]) -> str:
+    """``export MAP=ip=dev,...`` naming, for each of ``ips``, the device of ``fab`` carrying it as RoCE v2."""
     pairs = []
     for ip in ips:
         e = next((e for e in rocev2_carriers(fab) if e.ip == ip), None)
@@ -315,10 +336,9 @@ def _map_fix(ctx: Context, ips: list[str]) -> str:
     return f"export {MAP_VAR}={','.join(pairs)} on this host's launcher" if pairs else remedy("fabric.rocev2-ipv4")
 
 
-def _first_device_ambiguous(ctx: Context, gate_id: str, warn: Verdict) -> Verdict:
+def _first_device_ambiguous(ctx: Context, fab: FabricFacts, gate_id: str, warn: Verdict) -> Verdict:
     """Several candidate fabric IPs: FAIL when, whichever one the launcher uses, the device the
-    engine opens (the map's entry for it, else the first enumerated) carries none of them."""
-    fab = ctx.obs.fabric
+    engine opens (the map's entry for it, else the first enumerated of ``fab``) carries none of them."""
     env = ctx.obs.env or {}
     entries = parse_device_map(env[MAP_VAR])[0] if MAP_VAR in env else {}
     cands = sorted({e.ip for e in ctx.fabric_ip.candidates})
@@ -333,20 +353,21 @@ def _first_device_ambiguous(ctx: Context, gate_id: str, warn: Verdict) -> Verdic
     unmapped = [c for c in cands if c not in entries]
     if unmapped and not order_known(fab):
         return Verdict(gate_id, WARN, warn.summary + "; device order unknown, so the device the engine opens for "
-                       f"{', '.join(unmapped)} cannot be told", _map_fix(ctx, cands), facts, action="SET_ENV")
-    seen = ", ".join(sorted({f"{d} ({'map' if c in entries else 'first enumerated device'})" for c, d in opens.items()}))
+                       f"{', '.join(unmapped)} cannot be told", _map_fix(fab, cands), facts, action="SET_ENV")
+    seen = ", ".join(sorted({f"{d} ({'map' if c in entries else 'first enumerated device'})"
+                             for c, d in opens.items()}))
     return Verdict(gate_id, FAIL, f"fabric IP ambiguous ({', '.join(cands)}), and the device the engine opens carries "
-                   f"none of them: {seen}", _map_fix(ctx, cands), facts, action="SET_ENV")
+                   f"none of them: {seen}", _map_fix(fab, cands), facts, action="SET_ENV")
 
 
 @gate("fabric.first-device")
 def first_device(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_fabric(ctx, gate_id)) is not None:
-        if v.verdict == WARN and ctx.fabric_ip.ambiguous:
-            return _first_device_ambiguous(ctx, gate_id, v)
-        return v
-    ip = ctx.fabric_ip.ip
-    fab = ctx.obs.fabric
+    need = _need_fabric(ctx, gate_id)
+    if isinstance(need, Verdict):
+        if need.verdict == WARN and ctx.fabric_ip.ambiguous and ctx.obs.fabric is not None:
+            return _first_device_ambiguous(ctx, ctx.obs.fabric, gate_id, need)
+        return need
+    fab, ip = need
     dev, how = engine_device(ctx)
     cs = carriers(fab, ip)
     carrying = sorted({e.device for e in cs})
@@ -362,8 +383,9 @@ def first_device(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, WARN, f"order unknown: the device the engine opens (libibverbs' first) cannot be told "
                        f"without the device index order ({fab.order_source}); {where}, not on "
                        f"{', '.join(d for d in order if d not in carrying)}",
-                       _map_fix(ctx, [ip]) + " (then the order does not matter), or capture the order "
-                       "(`afddiag capture` records it; live it comes from pyverbs or NETLINK_RDMA)", facts, action="SET_ENV")
+                       _map_fix(fab, [ip]) + " (then the order does not matter), or capture the order "
+                       "(`afddiag capture` records it; live it comes from pyverbs or NETLINK_RDMA)", facts,
+                       action="SET_ENV")
     if dev in carrying:
         return Verdict(gate_id, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts)
     good = [e for e in rocev2_carriers(fab) if e.ip == ip]
@@ -403,7 +425,7 @@ def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
                        f"({ctx.obs.env_source})", "nothing to judge; fabric.first-device covers the default")
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or not fab.devices:
-        return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return _no_fabric(ctx, gate_id)
     ip = ctx.fabric_ip.ip
     found = devicemap.Findings(set_vars)
     if MAP_VAR in set_vars:
@@ -459,6 +481,7 @@ def qp_rtr(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, SKIP, f"QP test not run: {why}", rem)
     if fab is None or not fab.devices:
         return Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+    dev: str | None
     if ctx.fabric_ip.ip is None and ctx.fabric_ip.ambiguous:
         dev, how = fab.devices[0].name, "first enumerated device (fabric IP ambiguous)"
     else:
@@ -480,9 +503,10 @@ def qp_rtr(ctx: Context, gate_id: str) -> Verdict:
     cannot = [r for r in bad if r.errno is not None and abs(r.errno) == EOPNOTSUPP]
     if bad and len(cannot) == len(bad):  # "this device cannot", not "this device is broken"
         r = cannot[0]
-        step = next((s.to for s in r.steps if not s.ok), "the walk")
-        return Verdict(gate_id, SKIP, f"{dev} ({how}): this device cannot run the RC QP walk: {step} toward {r.target} "
-                       f"answered errno {abs(r.errno)} (EOPNOTSUPP, operation not supported by this device)",
+        refused = next((s.to for s in r.steps if not s.ok), "the walk")
+        return Verdict(gate_id, SKIP, f"{dev} ({how}): this device cannot run the RC QP walk: {refused} "
+                       f"toward {r.target} "
+                       f"answered errno {EOPNOTSUPP} (EOPNOTSUPP, operation not supported by this device)",
                        "nothing is broken on this evidence; test the path with the engine's own transport", facts)
     if bad:
         r = bad[0]
@@ -507,7 +531,8 @@ def route(ctx: Context, gate_id: str) -> Verdict:
     leaves by the netdev of the GID selected for the fabric IP."""
     peers = list(ctx.inputs.peers)
     if not peers:
-        return Verdict(gate_id, SKIP, "no peer given (--peer or AFD_PEER_FABRIC_IPS in the launch env): no route to judge",
+        return Verdict(gate_id, SKIP,
+                       "no peer given (--peer or AFD_PEER_FABRIC_IPS in the launch env): no route to judge",
                        "give the peers' fabric IPs with --peer")
     e = carrier_entry(ctx, gate_id)
     if isinstance(e, Verdict):
@@ -560,7 +585,7 @@ def arp(ctx: Context, gate_id: str) -> Verdict:
     if (v := probe_failed(gate_id, fab)) is not None:
         return v
     if fab is None or not fab.captured or not fab.devices:
-        return _need_fabric(ctx, gate_id) or Verdict(gate_id, SKIP, "no RDMA device", remedy("fabric.rdma-present"))
+        return _no_fabric(ctx, gate_id)
     rails = {e.netdev for e in ipv4_entries(fab) if e.netdev}
     nets: dict[str, set[str]] = {}
     for name in sorted(rails):
@@ -589,24 +614,27 @@ def arp(ctx: Context, gate_id: str) -> Verdict:
                        "leave by the port the request came in on", "nothing to do", facts)
     if rf is None or not rf.sysctl_captured:
         why = "; ".join(rf.notes) if rf is not None and rf.notes else "not probed"
-        return Verdict(gate_id, SKIP, f"{', '.join(f'{n} share {k}' for k, n in ((k, ' and '.join(v)) for k, v in shared.items()))}"
-                       f", but the ARP sysctls were not captured ({why})", remedy("snapshot.route"), facts)
+        sharing = ", ".join(f"{' and '.join(v)} share {k}" for k, v in shared.items())
+        return Verdict(gate_id, SKIP, f"{sharing}, but the ARP sysctls were not captured ({why})",
+                       remedy("snapshot.route"), facts)
     facts["effective"] = rf.effective
     facts["conf"] = rf.conf
-    fails, warns = [], []
+    fails: list[str] = []
+    warns: list[str] = []
     for net, nds in shared.items():
-        for nd in nds:
-            eff = rf.effective.get(nd) or {}
+        for name in nds:
+            eff = rf.effective.get(name) or {}
             ai, aa, rp = eff.get("arp_ignore"), eff.get("arp_announce"), eff.get("rp_filter")
             if ai is not None and ai < ARP_IGNORE_MIN:
-                fails.append(f"{nd} ({net}): arp_ignore {ai}: it answers ARP for its sibling's address")
+                fails.append(f"{name} ({net}): arp_ignore {ai}: it answers ARP for its sibling's address")
             if aa is not None and aa < ARP_ANNOUNCE_WANT:
-                (fails if aa == 0 else warns).append(f"{nd} ({net}): arp_announce {aa}, not 2")
+                (fails if aa == 0 else warns).append(f"{name} ({net}): arp_announce {aa}, not 2")
             if rp == RP_FILTER_STRICT:
-                warns.append(f"{nd} ({net}): rp_filter 1 (strict) drops replies that come back on the other rail")
+                warns.append(f"{name} ({net}): rp_filter 1 (strict) drops replies that come back on the other rail")
     names = ", ".join(f"{' and '.join(v)} on {k}" for k, v in shared.items())
     if fails or warns:
-        return Verdict(gate_id, FAIL if fails else WARN, f"several rails on one subnet ({names}): " + "; ".join(fails + warns),
+        return Verdict(gate_id, FAIL if fails else WARN,
+                       f"several rails on one subnet ({names}): " + "; ".join(fails + warns),
                        remedy(gate_id), facts)
     return Verdict(gate_id, PASS, f"several rails on one subnet ({names}): arp_ignore, arp_announce and rp_filter "
                    "keep replies on the right port", "nothing to do", facts)
@@ -667,12 +695,14 @@ def mem_registration(ctx: Context, gate_id: str) -> Verdict:
     if isinstance(m, Verdict):
         return m
     if not m.devices:  # nothing registered; the CUDA and driver side was still read: keep it in the facts
-        side = {"verbs_why": m.verbs_why, "open_kernel_module": m.open_kernel_module, "peermem_loaded": m.peermem_loaded,
-                "gpus": m.gpus, "dmabuf_export": m.dmabuf_export, "cuda_why": m.cuda_why,
+        side = {"verbs_why": m.verbs_why, "open_kernel_module": m.open_kernel_module,
+                "peermem_loaded": m.peermem_loaded, "gpus": m.gpus, "dmabuf_export": m.dmabuf_export,
+                "cuda_why": m.cuda_why,
                 "cma_total_kb": m.cma_total_kb, "cma_free_kb": m.cma_free_kb, "kho_off": m.kho_off,
                 "kernel_release": m.kernel_release, "memlock_soft_bytes": m.memlock_soft_bytes}
         return Verdict(gate_id, SKIP, f"no registration tried: {m.verbs_why or 'no RDMA device'}",
-                       remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "") else remedy("fabric.rdma-present"),
+                       remedy("fabric.qp-rtr.no-pyverbs") if "pyverbs" in (m.verbs_why or "")
+                       else remedy("fabric.rdma-present"),
                        side)
     pb = ctx.playbook
     k = mem_kinds(m)
@@ -717,7 +747,8 @@ def mem_registration(ctx: Context, gate_id: str) -> Verdict:
     if short and not by_limit:
         return Verdict(gate_id, WARN, f"{names}: {host_txt} but only {count_txt} (ENOMEM with RLIMIT_MEMLOCK "
                        f"{limit_txt}): pinned memory is short",
-                       "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) and stop it before launch",
+                       "find what pins memory (`grep -E 'Mlocked|Unevictable' /proc/meminfo`) and stop it "
+                       "before launch",
                        facts, action="STOP_PROCESSES")
     note = (f"; the count stopped at RLIMIT_MEMLOCK {limit_txt} (launch.memlock judges it)" if by_limit
             else (f" ({count_txt})" if count_txt else ""))

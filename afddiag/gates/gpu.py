@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from afddiag.catalog import remedy
 from afddiag.expect import SM_LABEL  # noqa: F401 - image label holding the exported SM count
@@ -63,7 +64,8 @@ def _lost_not_judged(gate_id: str, why: str, judged: str, facts: dict) -> Verdic
     """SKIP pointing at gpu.errors for a gate whose only gap is a GPU that fell off the bus (the
     diagnosis lists it under gpu.errors' root: one fault, one remedy); ``judged``: what the gate
     found on the readable GPUs."""
-    return Verdict(gate_id, SKIP, f"not judged: gpu.errors failed ({why})" + (f"; readable: {judged}" if judged else ""),
+    return Verdict(gate_id, SKIP,
+                   f"not judged: gpu.errors failed ({why})" + (f"; readable: {judged}" if judged else ""),
                    "fix gpu.errors first (see its remedy), then re-run", {**facts, "lost": why})
 
 
@@ -93,7 +95,7 @@ def missing_figure(ctx: Context, d: GpuDevice, what: str, calls: tuple[str, ...]
     recorded in the snapshot", not a claim about the live driver. Pure."""
     if not (ctx.obs.source or "").startswith("snapshot"):
         return live
-    why = read_failures(ctx.obs.gpu, d, calls)
+    why = read_failures(ctx.obs.gpu, d, calls) if ctx.obs.gpu is not None else []
     if why:
         live.summary += f" (the capture says: {'; '.join(why[:2])})"
         return live
@@ -102,7 +104,9 @@ def missing_figure(ctx: Context, d: GpuDevice, what: str, calls: tuple[str, ...]
                    NOT_RECORDED_REMEDY, live.facts)
 
 
-def _need_gpu(ctx: Context, gate_id: str) -> Verdict | None:
+def _need_gpu(ctx: Context, gate_id: str) -> GpuFacts | Verdict:
+    """The GPU facts a gate judges (captured, a GPU listed), else the SKIP/ERROR Verdict to return
+    (a gate's preamble: ``g = _need_gpu(...)``; ``if isinstance(g, Verdict): return g``)."""
     g = ctx.obs.gpu
     if (v := probe_failed(gate_id, g)) is not None:
         return v
@@ -113,7 +117,7 @@ def _need_gpu(ctx: Context, gate_id: str) -> Verdict | None:
         reason = reason if reason.lower().startswith("no ") else f"no GPU seen: {reason}"
         why = reason if gate_id == "gpu.present" else "no GPU seen (gpu.present says why)"
         return Verdict(gate_id, SKIP, why, remedy("gpu.present"))
-    return None
+    return g
 
 
 def xid_faults_without_gpu(g: GpuFacts | None) -> list[str]:
@@ -130,7 +134,7 @@ def xid_faults_without_gpu(g: GpuFacts | None) -> list[str]:
 
 @gate("gpu.present")
 def present(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
+    if isinstance(v := _need_gpu(ctx, gate_id), Verdict):
         if v.verdict == SKIP and (xids := xid_faults_without_gpu(ctx.obs.gpu)):
             # the GPU fell off the bus (or needs a reset/reboot): gpu.errors names that root once;
             # "install the driver" would send the operator after the wrong fault
@@ -143,7 +147,7 @@ def present(ctx: Context, gate_id: str) -> Verdict:
             g = ctx.obs.gpu
             v.action = "INSTALL" if g is not None and g.captured else "RERUN"  # not looked at: nothing to fix
         return v
-    g = ctx.obs.gpu
+    g = v
     model = ctx.playbook.gpu_model
     wrong = [d for d in g.devices if model and model.lower() not in (d.name or "").lower()]
     if wrong:
@@ -157,7 +161,8 @@ def present(ctx: Context, gate_id: str) -> Verdict:
         f"{gpu_label(d)} ("
         + (f"{d.sm_count} SMs, " if d.sm_count is not None else ("? SMs, " if cuda_read else ""))
         + f"cc {'.'.join(map(str, d.compute_capability)) if d.compute_capability else '?'})" for d in g.devices)
-    return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s): {names}; driver {g.driver_version or '?'}", "nothing to do",
+    return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s): {names}; driver {g.driver_version or '?'}",
+                   "nothing to do",
                    {"devices": devs, "driver_version": g.driver_version, "cuda_driver_version": g.cuda_driver_version,
                     "versions": g.versions, "notes": g.notes})
 
@@ -174,7 +179,7 @@ def expected_sm(ctx: Context) -> tuple[int | None, str]:
 
 @gate("gpu.sm-count")
 def sm_count(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
+    if isinstance(v := _need_gpu(ctx, gate_id), Verdict):
         want, src = expected_sm(ctx)
         g = ctx.obs.gpu
         if (v.verdict == SKIP and want is not None and g is not None and g.captured and not g.devices
@@ -186,10 +191,10 @@ def sm_count(ctx: Context, gate_id: str) -> Verdict:
                            "run on the GPU host, or see gpu.present for why no GPU is listed",
                            {"expected": want, "expected_from": src}, action="RERUN")
         return v
-    g = ctx.obs.gpu
+    g = v
     want, src = expected_sm(ctx)
     have = {d.index: d.sm_count for d in g.devices}
-    facts = {"expected": want, "expected_from": src if want is not None else None, "sm_count": have}
+    facts: dict[str, Any] = {"expected": want, "expected_from": src if want is not None else None, "sm_count": have}
     if want is None:
         return Verdict(gate_id, SKIP, "no expected SM count (the image's export): give --expect-sm N",
                        "pass --expect-sm with the SM count the image's kernels were exported for", facts)
@@ -200,16 +205,20 @@ def sm_count(ctx: Context, gate_id: str) -> Verdict:
     if wrong:
         d = wrong[0]
         mig = mig_instance(d)
-        if mig and d.sm_count < want:  # the partition is the cause: a slice of a GPU, not another model
+        # the partition is the cause: a slice of a GPU, not another model
+        if mig and d.sm_count is not None and d.sm_count < want:
             facts["mig_instance"] = {"device": d.index, "profile": mig, "sm_count": d.sm_count}
-            return Verdict(gate_id, FAIL, f"{gpu_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), the image was exported "
+            return Verdict(gate_id, FAIL, f"{gpu_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), "
+                           "the image was exported "
                            f"for {want} SMs: MIG mode partitions this GPU", remedy("gpu.sm-count.mig"), facts,
                            action="RESET_GPU")
         return Verdict(gate_id, FAIL, f"{gpu_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
                        remedy(gate_id).format(have=d.sm_count), facts)
     if unknown:
-        return missing_figure(ctx, unknown[0], "SM count", ("cuDeviceGetAttribute", "libcuda", "cuInit", "cuDeviceGet("),
-                              Verdict(gate_id, WARN, f"{gpu_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
+        return missing_figure(ctx, unknown[0], "SM count",
+                              ("cuDeviceGetAttribute", "libcuda", "cuInit", "cuDeviceGet("),
+                              Verdict(gate_id, WARN,
+                                      f"{gpu_label(unknown[0])}: SM count could not be read (CUDA attribute 16)",
                                       "check that libcuda.so.1 loads (driver installed, /dev/nvidia* visible)", facts))
     if lost:
         return _lost_not_judged(gate_id, lost_why, f"{len(devs)} GPU(s) with {want} SMs" if devs else "", facts)
@@ -219,10 +228,10 @@ def sm_count(ctx: Context, gate_id: str) -> Verdict:
 
 @gate("gpu.memory")
 def memory(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
-        return v
-    g = ctx.obs.gpu
-    facts = {str(d.index): {"total_bytes": d.memory_total_bytes, "free_bytes": d.memory_free_bytes,
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        return g
+    facts: dict[str, Any] = {str(d.index): {"total_bytes": d.memory_total_bytes, "free_bytes": d.memory_free_bytes,
                             "used_bytes": d.memory_used_bytes, "source": d.memory_source, "unified": d.unified}
              for d in g.devices}
     lost, lost_why = lost_gpus(g)
@@ -239,22 +248,23 @@ def memory(ctx: Context, gate_id: str) -> Verdict:
                               Verdict(gate_id, WARN, f"{gpu_label(d)}: total memory not read "
                                       f"({'; '.join(d.notes) or 'no reading'})", remedy(gate_id), facts))
     pb = ctx.playbook
-    for d in devs:
-        if pb.min_memory_bytes and d.memory_total_bytes < pb.min_memory_bytes:
-            return Verdict(gate_id, FAIL, f"{gpu_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB, role {pb.name} needs "
+    sized = [(d, total) for d in devs if (total := d.memory_total_bytes)]  # every one of devs, after `missing`
+    for d, total in sized:
+        if pb.min_memory_bytes and total < pb.min_memory_bytes:
+            return Verdict(gate_id, FAIL, f"{gpu_label(d)}: {total / 2**30:.1f} GiB, role {pb.name} needs "
                            f"{pb.min_memory_bytes / 1e9:.0f} GB", "run this role on a GPU with enough memory", facts)
         if pb.reserve_fraction and not d.unified:
-            need = pb.reserve_fraction * d.memory_total_bytes
+            need = pb.reserve_fraction * total
             if d.memory_free_bytes is None:
                 return missing_figure(ctx, d, "free memory", ("nvmlDeviceGetMemoryInfo",),
                                       Verdict(gate_id, WARN, f"{gpu_label(d)}: free memory not read, cannot check the "
                                               f"{pb.reserve_fraction:.0%} reservation", remedy(gate_id), facts))
             if d.memory_free_bytes < need:
                 return Verdict(gate_id, FAIL, f"{gpu_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
-                               f"{d.memory_total_bytes / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
+                               f"{total / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
                                f"{need / 2**30:.2f} GiB", "stop the other processes holding GPU memory "
                                "(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`)", facts)
-    parts = [f"{gpu_label(d)}: {d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_source})" for d in devs]
+    parts = [f"{gpu_label(d)}: {total / 2**30:.1f} GiB ({d.memory_source})" for d, total in sized]
     if lost:
         return _lost_not_judged(gate_id, lost_why, "; ".join(parts), facts)
     return Verdict(gate_id, PASS, "; ".join(parts), "nothing to do", facts)
@@ -262,9 +272,9 @@ def memory(ctx: Context, gate_id: str) -> Verdict:
 
 @gate("gpu.clock-events")
 def clock_events(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
-        return v
-    g = ctx.obs.gpu
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        return g
     worst, lines, facts = PASS, [], {}
     unread: list[GpuDevice] = []
     lost, lost_why = lost_gpus(g)
@@ -298,13 +308,14 @@ def clock_events(ctx: Context, gate_id: str) -> Verdict:
                              ", ".join(f"{k} {v / 1e6:.2f} s" for k, v in spent.items()))
     if worst == PASS and unread and len(unread) + len(lost) == len(g.devices) and not lost:
         d = unread[0]
-        return missing_figure(ctx, d, "clock event reasons", ("ClocksEventReasons", "ClocksThrottleReasons"),
+        return missing_figure(ctx, d, "clock event reasons", CLOCK_EVENT_CALLS,
                               Verdict(gate_id, SKIP, f"{gpu_label(d)}: clock event reasons not read "
-                                      f"({'; '.join(read_failures(g, d, ('ClocksEventReasons', 'ClocksThrottleReasons'))) or 'no reading'})",
+                                      f"({'; '.join(read_failures(g, d, CLOCK_EVENT_CALLS)) or 'no reading'})",
                                       "check NVML on the host: `nvidia-smi -q -d PERFORMANCE`", facts))
     judged = len(g.devices) - len(lost) - len(unread)
     if worst == PASS and lost:
-        return _lost_not_judged(gate_id, lost_why, f"{len(g.devices) - len(lost)} GPU(s) without a thermal, HW slowdown "
+        return _lost_not_judged(gate_id, lost_why, f"{len(g.devices) - len(lost)} GPU(s) without a thermal, "
+                                "HW slowdown "
                                 "or power-brake reason" if len(lost) < len(g.devices) else "", facts)
     if worst == PASS:
         seen = sorted({n for f in facts.values() for n in f["names"]})
@@ -315,14 +326,17 @@ def clock_events(ctx: Context, gate_id: str) -> Verdict:
     return Verdict(gate_id, worst, "; ".join(lines), remedy(gate_id + (".hw" if worst == FAIL else ".thermal")), facts)
 
 
+CLOCK_EVENT_CALLS = ("ClocksEventReasons", "ClocksThrottleReasons")  # NVML's names for the reasons' reads
+
+
 @gate("gpu.slow-state")
 def slow_state(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
-        return v
-    if ctx.obs.gpu.load_failed:
-        return Verdict(gate_id, ERROR, f"not judged: {ctx.obs.gpu.load_failed}", PROBE_FAILED_REMEDY,
-                       {"probe_failed": ctx.obs.gpu.load_failed})
-    g = ctx.obs.gpu
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        return g
+    if g.load_failed:
+        return Verdict(gate_id, ERROR, f"not judged: {g.load_failed}", PROBE_FAILED_REMEDY,
+                       {"probe_failed": g.load_failed})
     facts: dict = {"host_baseline": (ctx.obs.baseline or {}).get("path") or ctx.obs.baseline_why or None,
                    "versions": {"driver": g.driver_version, "cuda_driver": g.cuda_driver_version, **(g.versions or {})}}
     seen = SlowSeen()
@@ -369,8 +383,9 @@ def _cuda_needed(img) -> tuple[int, int] | None:
 
 @gate("gpu.image-arch")
 def image_arch(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
-        return v
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        return g
     img = ctx.obs.image
     le = ctx.inputs.launch_env or {}
     if (v := probe_failed(gate_id, img)) is not None:
@@ -380,7 +395,6 @@ def image_arch(ctx: Context, gate_id: str) -> Verdict:
                                                else "no image given (--launch-env with AFD_IMAGE)")
         return Verdict(gate_id, SKIP, f"image not inspected: {why}", "give the launch env's AFD_IMAGE on a host with "
                        "docker or podman, or a capture of that host (`afddiag capture`)")
-    g = ctx.obs.gpu
     arch_text = img.labels.get(ARCH_LABEL) or img.env.get("TORCH_CUDA_ARCH_LIST", "")
     archs = parse_arch_list(arch_text)
     need = _cuda_needed(img)
@@ -451,7 +465,8 @@ RECOVERY_ACTIONS = (("node reboot required", "REBOOT"), ("system reboot", "REBOO
                     ("gpu reset required", "RESET_GPU"), ("bus reset", "RESET_GPU"), ("drain p2p", "WARN"),
                     ("(none)", "NONE"))
 ACTION_RANK = {"HW_INSPECTION": 4, "REBOOT": 3, "RESET_GPU": 2}
-REMAP_FAILED_REMEDY = ("drain the host and have the GPU serviced (RMA): row remapping failed, no spare rows are left in "
+REMAP_FAILED_REMEDY = ("drain the host and have the GPU serviced (RMA): row remapping failed, no spare rows are "
+                       "left in "
                        "that bank (NVIDIA's GPU memory error management guide: the failure flag is the RMA threshold); "
                        "a reset or reboot does not restore spare rows")
 XID_UNKNOWN = "not in afddiag's Xid table"
@@ -487,15 +502,19 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
 
 @gate("gpu.errors")
 def errors(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None and not xid_faults_without_gpu(ctx.obs.gpu):
-        return v  # no GPU listed and no Xid that explains it: nothing to judge (a listed GPU's Xids are judged below)
-    g = ctx.obs.gpu
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        if ctx.obs.gpu is None or not xid_faults_without_gpu(ctx.obs.gpu):
+            return g  # no GPU listed and no Xid that explains it: nothing to judge (a listed GPU's Xids are below)
+        g = ctx.obs.gpu
     if g.xid_events is None and all(d.ecc is None and d.retired_pages is None and d.remapped_rows is None
                                     for d in g.devices):
         return Verdict(gate_id, SKIP, "no ECC, retirement, remapping or kernel-log readings (not captured"
                        + (f"; kernel log {g.xid_source}" if g.xid_source else "") + ")",
                        "run on the host (as root for the kernel log)")
-    fails, warns, facts = [], [], {"xid_source": g.xid_source, "xid_events": g.xid_events}
+    fails: list[str] = []
+    warns: list[str] = []
+    facts: dict[str, Any] = {"xid_source": g.xid_source, "xid_events": g.xid_events}
     service: list[str] = []  # GPUs whose row remapping failed: service (RMA), not a reset
     for d in g.devices:
         label = gpu_label(d)
@@ -563,10 +582,11 @@ def errors(ctx: Context, gate_id: str) -> Verdict:
 
 @gate("gpu.processes")
 def processes(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
-        return v
-    g = ctx.obs.gpu
-    others, unknown, mine, shown, facts = [], [], [], [], {}
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        return g
+    others, unknown, mine, shown = [], [], [], []
+    facts: dict[str, Any] = {}
     for d in g.devices:
         facts[str(d.index)] = d.processes
         if isinstance(d.processes, list):
@@ -646,15 +666,17 @@ def judge_unified_headroom(label: str, meminfo_kb: dict | None, need_bytes: int,
         cache = (cached or 0) + (buffers or 0)
         return WARN, (f"{label} (unified memory): MemFree {g(free)} is below the {g(need_bytes)} {plan}; page cache "
                       f"{g(cache)} holds the difference (MemAvailable {g(avail)} covers it): the CUDA free figure "
-                      "follows MemFree, so the engine may refuse to start (\"free memory ... less than desired\")"), facts
+                      "follows MemFree, so the engine may refuse to start "
+                      "(\"free memory ... less than desired\")"), facts
     return PASS, f"{label} (unified memory): MemFree {g(free)} covers the {g(need_bytes)} {plan}", facts
 
 
 @gate("gpu.headroom")
 def headroom(ctx: Context, gate_id: str) -> Verdict:
-    if (v := _need_gpu(ctx, gate_id)) is not None:
-        return v
-    g, pb = ctx.obs.gpu, ctx.playbook
+    g = _need_gpu(ctx, gate_id)
+    if isinstance(g, Verdict):
+        return g
+    pb = ctx.playbook
     results: list[tuple[str, str, dict]] = []
     lost, lost_why = lost_gpus(g)
     for d in g.devices:
@@ -671,23 +693,25 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
                     else f"{pb.reserve_fraction:.0%} reservation of role {pb.name}")
             verdict, text, f = judge_unified_headroom(label, g.host_meminfo_kb, need, plan)
             if verdict == WARN and "MemAvailable not read" in text:
-                m = missing_figure(ctx, d, "MemAvailable (/proc/meminfo)", ("meminfo",), Verdict(gate_id, WARN, text, "", f))
+                m = missing_figure(ctx, d, "MemAvailable (/proc/meminfo)", ("meminfo",),
+                                   Verdict(gate_id, WARN, text, "", f))
                 verdict, text = m.verdict, m.summary
             results.append((verdict, text, f))
         elif pb.reserve_bytes:
             free = d.memory_free_bytes
-            facts = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free, "total_bytes": d.memory_total_bytes}
+            reserve = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free, "total_bytes": d.memory_total_bytes}
             if free is None:
                 m = missing_figure(ctx, d, "NVML free memory", ("nvmlDeviceGetMemoryInfo",),
                                    Verdict(gate_id, WARN, f"{label}: NVML free memory not read, cannot check the "
-                                           f"{pb.reserve_bytes / GIB:.1f} GiB reservation of role {pb.name}", "", facts))
-                results.append((m.verdict, m.summary, facts))
+                                           f"{pb.reserve_bytes / GIB:.1f} GiB reservation of role {pb.name}", "",
+                                           reserve))
+                results.append((m.verdict, m.summary, reserve))
             elif free < pb.reserve_bytes:
                 results.append((FAIL, f"{label}: NVML free {free / GIB:.2f} GiB is below the "
-                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", facts))
+                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", reserve))
             else:
                 results.append((PASS, f"{label}: NVML free {free / GIB:.2f} GiB covers the "
-                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", facts))
+                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", reserve))
         elif pb.reserve_fraction:
             results.append((SKIP, f"{label}: discrete GPU: gpu.memory judges NVML free memory against the "
                             f"{pb.reserve_fraction:.0%} reservation", {}))
@@ -696,7 +720,7 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
     order = [FAIL, WARN, PASS, SKIP]
     worst = min((v for v, _, _ in results), key=order.index)
     summary = "; ".join(s for v, s, _ in results if v == worst)
-    facts = {str(d.index): f for d, (_, _, f) in zip(g.devices, results, strict=True)}
+    facts: dict[str, Any] = {str(d.index): f for d, (_, _, f) in zip(g.devices, results, strict=True)}
     facts["host_meminfo_kb"] = g.host_meminfo_kb
     if lost and worst in (PASS, SKIP):  # nothing wrong on the readable GPUs: the lost one is gpu.errors'
         return _lost_not_judged(gate_id, lost_why, summary if worst == PASS else "", facts)
