@@ -131,6 +131,44 @@ class _Capped:
         self.raw.close()
 
 
+def _accepted_member_path(m: tarfile.TarInfo) -> list[str]:
+    """The path components of the tar member ``m`` (``[]`` for the bundle's root); BundleError when ``m``
+    is a link, a device, FIFO or other non-file, or deeper than :data:`MAX_DEPTH`."""
+    parts = _member_path(m.name)
+    if len(parts) > MAX_DEPTH:
+        raise BundleError(f"member {m.name[:80]!r}... is {len(parts)} folders deep (cap {MAX_DEPTH})")
+    if m.issym() or m.islnk():
+        raise BundleError(f"member {m.name!r} is a {'symbolic' if m.issym() else 'hard'} link "
+                          f"(to {m.linkname!r}); a bundle holds plain files only")
+    if not (m.isreg() or m.isdir()):
+        raise BundleError(f"member {m.name!r} is not a plain file or folder (device, FIFO or other)")
+    return parts
+
+
+def _write_member(tar: tarfile.TarFile, m: tarfile.TarInfo, root: Path, parts: list[str], max_file_bytes: int) -> None:
+    """Copy the regular member ``m`` of ``tar`` into the new file ``root/parts...`` (``O_EXCL|O_NOFOLLOW``,
+    mode 0644; its folders made by :func:`_mkdirs`), at most ``max_file_bytes`` (its header's size and the
+    bytes read both); BundleError when over or when the file exists (the member appears twice)."""
+    if m.size > max_file_bytes:
+        raise BundleError(f"member {m.name!r} is {m.size} bytes, over the {max_file_bytes}-byte cap")
+    parent = _mkdirs(root, parts[:-1])
+    src = tar.extractfile(m)
+    if src is None:  # pragma: no cover - isreg() members always have data
+        raise BundleError(f"member {m.name!r} has no data")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(parent / parts[-1], flags, 0o644)
+    except FileExistsError:
+        raise BundleError(f"member {m.name!r} appears twice") from None
+    with os.fdopen(fd, "wb") as out:
+        written = 0
+        while chunk := src.read(1 << 16):
+            written += len(chunk)
+            if written > max_file_bytes:
+                raise BundleError(f"member {m.name!r} is over the {max_file_bytes}-byte cap")
+            out.write(chunk)
+
+
 def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_bytes: int | None = None,
                  max_total_bytes: int | None = None, max_members: int | None = None,
                  timeout_s: float | None = None) -> Path:
@@ -172,37 +210,13 @@ def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_by
                 count += 1
                 if count > max_members:
                     raise BundleError(f"more than {max_members} members")
-                parts = _member_path(m.name)
-                if len(parts) > MAX_DEPTH:
-                    raise BundleError(f"member {m.name[:80]!r}... is {len(parts)} folders deep (cap {MAX_DEPTH})")
-                if m.issym() or m.islnk():
-                    raise BundleError(f"member {m.name!r} is a {'symbolic' if m.issym() else 'hard'} link "
-                                      f"(to {m.linkname!r}); a bundle holds plain files only")
-                if not (m.isreg() or m.isdir()):
-                    raise BundleError(f"member {m.name!r} is not a plain file or folder (device, FIFO or other)")
+                parts = _accepted_member_path(m)
                 if not parts:
                     continue
                 if m.isdir():
                     _mkdirs(root, parts)
                     continue
-                if m.size > max_file_bytes:
-                    raise BundleError(f"member {m.name!r} is {m.size} bytes, over the {max_file_bytes}-byte cap")
-                parent = _mkdirs(root, parts[:-1])
-                src = tar.extractfile(m)
-                if src is None:  # pragma: no cover - isreg() members always have data
-                    raise BundleError(f"member {m.name!r} has no data")
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                try:
-                    fd = os.open(parent / parts[-1], flags, 0o644)
-                except FileExistsError:
-                    raise BundleError(f"member {m.name!r} appears twice") from None
-                with os.fdopen(fd, "wb") as out:
-                    written = 0
-                    while chunk := src.read(1 << 16):
-                        written += len(chunk)
-                        if written > max_file_bytes:
-                            raise BundleError(f"member {m.name!r} is over the {max_file_bytes}-byte cap")
-                        out.write(chunk)
+                _write_member(tar, m, root, parts, max_file_bytes)
             while stream.read(1 << 16):  # to the gzip trailer: its CRC catches a corrupt stream zlib let by
                 pass
     except BundleError:

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,6 +91,14 @@ def parse(text: str, path: str) -> Playbook:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlaybookError(f"playbook {path}: not valid TOML ({e})") from None
+    _check_shape(d, path)
+    pb = _playbook_from(d, path)
+    _check_values(pb, path)
+    return pb
+
+
+def _check_shape(d: dict[str, Any], path: str) -> None:
+    """PlaybookError naming ``path`` for an unknown table or key, or a list that is not one of strings."""
     for table, allowed in (("", _TOP | {"timeouts"}), ("gpu", _GPU), ("launch", _LAUNCH), ("host", _HOST),
                            ("fabric", _FABRIC), ("plan", PLAN_KEYS), ("timeouts", _TIMEOUTS)):
         got = d if not table else d.get(table, {})
@@ -105,6 +114,11 @@ def parse(text: str, path: str) -> Playbook:
     bad_req = set(d.get("requires", [])) - {"gpu", "rdma"}
     if bad_req:
         raise PlaybookError(f"playbook {path}: requires may hold 'gpu' and 'rdma', not {sorted(bad_req)}")
+
+
+def _playbook_from(d: dict[str, Any], path: str) -> Playbook:
+    """The :class:`Playbook` of the parsed TOML ``d`` (keys checked by :func:`_check_shape`), its values
+    converted; PlaybookError naming ``path`` for one that does not convert."""
     g, la = d.get("gpu", {}), d.get("launch", {})
     if not isinstance(d.get("fabric", {}).get("rail_stale_init_gbps", []), list):
         raise PlaybookError(f"playbook {path}: [fabric] rail_stale_init_gbps: give [low, high] Gb/s (or [] for none)")
@@ -136,6 +150,12 @@ def parse(text: str, path: str) -> Playbook:
         )
     except (TypeError, ValueError, AttributeError, OverflowError) as e:
         raise PlaybookError(f"playbook {path}: bad value ({e})") from None
+    return pb
+
+
+def _check_values(pb: Playbook, path: str) -> None:
+    """PlaybookError naming ``path`` for a value out of its range (finite numbers, ports, fractions,
+    timeouts, the rail bands) or a required feature whose gate the playbook does not run."""
     numbers = {"gpu.reserve_fraction": pb.reserve_fraction, "fabric.rail_healthy_gbps": pb.rail_healthy_gbps,
                "fabric.rail_fail_below_gbps": pb.rail_fail_below_gbps,
                **{f"fabric.rail_stale_init_gbps[{i}]": x for i, x in enumerate(pb.rail_stale_init_gbps)},
@@ -172,7 +192,6 @@ def parse(text: str, path: str) -> Playbook:
     if bad_t:
         raise PlaybookError(f"playbook {path}: [timeouts] {', '.join(f'{k} = {v:g}' for k, v in bad_t.items())}: "
                             "give seconds within 0.1..600")
-    return pb
 
 
 def rail_band_problem(pb: Playbook) -> str | None:

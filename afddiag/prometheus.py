@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 STATUS = {"PASS": 0, "WARN": 1, "FAIL": 2, "ERROR": 3, "SKIP": 4}
@@ -75,26 +76,12 @@ def path_mtus(fabric: dict[str, Any] | None) -> list[tuple[str, str, str, int]]:
     return out
 
 
-def registry_for(report: dict[str, Any], command: str = "all"):
-    """A :class:`prometheus_client.CollectorRegistry` holding the report's gauges (see the module
-    docstring). Raises :class:`PrometheusUnavailable` when prometheus_client is not installed."""
-    try:
-        from prometheus_client import CollectorRegistry, Gauge
-    except ImportError as e:
-        raise PrometheusUnavailable(f"--format prometheus needs prometheus_client ({e}): pip install "
-                                    "prometheus-client, or apt install python3-prometheus-client") from e
-    reg = CollectorRegistry(auto_describe=True)
-    role = (report.get("inputs") or {}).get("role") or "generic"
-    base = {"role": role, "command": command}
+# gauge(name, doc, label names, rows of (label values, value)): registry_for's family maker
+AddGauge = Callable[[str, str, tuple[str, ...], Any], None]
 
-    def gauge(name: str, doc: str, labels: tuple[str, ...], rows) -> None:
-        rows = [(lv, v) for lv, v in rows if v is not None]
-        if not rows:  # nothing read (no GPU, no QP walk): no family, rather than an empty one
-            return
-        g = Gauge(name, doc, labels, registry=reg)
-        for lv, v in rows:
-            (g.labels(**lv) if labels else g).set(v)
 
+def _verdict_gauges(gauge: AddGauge, report: dict[str, Any], base: dict[str, str]) -> None:
+    """The run's own families: each gate's verdict, the verdict counts, the exit code, the run's time."""
     gates = _dicts(report.get("gates"))
     gauge("afddiag_gate_status", "Verdict of one afddiag gate: 0 PASS, 1 WARN, 2 FAIL, 3 ERROR, 4 SKIP.",
           ("role", "command", "gate"),
@@ -106,7 +93,10 @@ def registry_for(report: dict[str, Any], command: str = "all"):
           ("role", "command"), [(base, report.get("exit_code", 3))])
     gauge("afddiag_last_run_timestamp_seconds", "When the last afddiag run made its report (Unix time).",
           ("role", "command"), [(base, round(_timestamp(report), 3))])
-    facts = report["facts"] if isinstance(report.get("facts"), dict) else {}
+
+
+def _fabric_gauges(gauge: AddGauge, facts: dict[str, Any]) -> None:
+    """The fabric families: each port's RoCE path MTU, each QP walk's time to RTR."""
     gauge("afddiag_roce_path_mtu_bytes", "RoCE path MTU of an RDMA port: the largest of 256..4096 that fits its "
           "netdev MTU (kernel iboe_get_mtu).", ("device", "port", "netdev"),
           [({"device": d, "port": p, "netdev": n}, m) for d, p, n, m in path_mtus(facts.get("fabric"))])
@@ -119,6 +109,10 @@ def registry_for(report: dict[str, Any], command: str = "all"):
             rtr.append(({"device": str(r.get("device")), "port": str(r.get("port"))}, ms / 1e3))
     gauge("afddiag_qp_rtr_transition_seconds", "Time of the QP walk's ibv_modify_qp to RTR (address resolution "
           "included) on a device.", ("device", "port"), rtr)
+
+
+def _gpu_gauges(gauge: AddGauge, facts: dict[str, Any]) -> None:
+    """The GPU families: clocks, power, rates and temperature, per GPU (under load and at the probe's read)."""
     gpu = facts["gpu"] if isinstance(facts.get("gpu"), dict) else {}
     devs = _dicts(gpu.get("devices"))
 
@@ -154,6 +148,32 @@ def registry_for(report: dict[str, Any], command: str = "all"):
           per_gpu(lambda d: [({}, scaled(d.get("clock_sm_mhz"), 1e6))]))
     gauge("afddiag_gpu_temperature_celsius", "GPU temperature when the GPU probe read it.", g2,
           per_gpu(lambda d: [({}, _num(d.get("temperature_c")))]))
+
+
+def registry_for(report: dict[str, Any], command: str = "all"):
+    """A :class:`prometheus_client.CollectorRegistry` holding the report's gauges (see the module
+    docstring). Raises :class:`PrometheusUnavailable` when prometheus_client is not installed."""
+    try:
+        from prometheus_client import CollectorRegistry, Gauge
+    except ImportError as e:
+        raise PrometheusUnavailable(f"--format prometheus needs prometheus_client ({e}): pip install "
+                                    "prometheus-client, or apt install python3-prometheus-client") from e
+    reg = CollectorRegistry(auto_describe=True)
+    role = (report.get("inputs") or {}).get("role") or "generic"
+    base = {"role": role, "command": command}
+
+    def gauge(name: str, doc: str, labels: tuple[str, ...], rows) -> None:
+        rows = [(lv, v) for lv, v in rows if v is not None]
+        if not rows:  # nothing read (no GPU, no QP walk): no family, rather than an empty one
+            return
+        g = Gauge(name, doc, labels, registry=reg)
+        for lv, v in rows:
+            (g.labels(**lv) if labels else g).set(v)
+
+    _verdict_gauges(gauge, report, base)
+    facts = report["facts"] if isinstance(report.get("facts"), dict) else {}
+    _fabric_gauges(gauge, facts)
+    _gpu_gauges(gauge, facts)
     gauge("afddiag_device_map_info", "One entry of DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP: fabric IP -> RDMA device.",
           ("ip", "device"), [({"ip": ip, "device": dev}, 1) for ip, dev in (report.get("device_map") or {}).items()])
     gauge("afddiag_build_info", "afddiag version that made the report.", ("version",),

@@ -49,21 +49,10 @@ def _key(path: str, k: Any) -> str:
     return f"{path}.{k}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", str(k)) else f"{path}[{_shown(str(k))}]"
 
 
-def compile_schema(schema: dict[str, Any], root: dict[str, Any] | None = None) -> Check:
-    """``schema`` (a JSON Schema of the subset above) as one check function."""
-    root = root if root is not None else schema
+def _scalar_checks(schema: dict[str, Any]) -> list[Check]:
+    """The checks of ``schema``'s value keywords, in order: type, const, enum, pattern/minLength,
+    minimum/maximum."""
     checks: list[Check] = []
-    unknown = set(schema) - _ANNOTATIONS - {"type", "const", "enum", "required", "properties", "additionalProperties",
-                                            "items", "anyOf", "$ref", "$defs", "pattern", "minLength", "minimum",
-                                            "maximum", "propertyNames"}
-    if unknown:
-        raise ValueError(f"report schema: keyword(s) {sorted(unknown)} not supported by afddiag.fleet.validate")
-    if "$ref" in schema:
-        ref = schema["$ref"]
-        if not ref.startswith("#/$defs/"):
-            raise ValueError(f"report schema: $ref {ref!r}: only #/$defs/... is supported")
-        target = compile_schema(root["$defs"][ref[len("#/$defs/"):]], root)
-        checks.append(target)
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         tests = [_TYPES[t] for t in types]
@@ -110,6 +99,13 @@ def compile_schema(schema: dict[str, Any], root: dict[str, Any] | None = None) -
                 return f"{p}: {_shown(v)} is greater than {hi}"
             return None
         checks.append(bounded)
+    return checks
+
+
+def _container_checks(schema: dict[str, Any], root: dict[str, Any]) -> list[Check]:
+    """The checks of ``schema``'s object and array keywords, in order: required, properties
+    (additionalProperties, propertyNames), items, anyOf; subschemas compiled against ``root``."""
+    checks: list[Check] = []
     if "required" in schema:
         required = list(schema["required"])
 
@@ -162,6 +158,26 @@ def compile_schema(schema: dict[str, Any], root: dict[str, Any] | None = None) -
             whys = [o(v, p) for o in options]
             return None if any(w is None for w in whys) else whys[0]
         checks.append(any_of)
+    return checks
+
+
+def compile_schema(schema: dict[str, Any], root: dict[str, Any] | None = None) -> Check:
+    """``schema`` (a JSON Schema of the subset above) as one check function."""
+    root = root if root is not None else schema
+    checks: list[Check] = []
+    unknown = set(schema) - _ANNOTATIONS - {"type", "const", "enum", "required", "properties", "additionalProperties",
+                                            "items", "anyOf", "$ref", "$defs", "pattern", "minLength", "minimum",
+                                            "maximum", "propertyNames"}
+    if unknown:
+        raise ValueError(f"report schema: keyword(s) {sorted(unknown)} not supported by afddiag.fleet.validate")
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not ref.startswith("#/$defs/"):
+            raise ValueError(f"report schema: $ref {ref!r}: only #/$defs/... is supported")
+        target = compile_schema(root["$defs"][ref[len("#/$defs/"):]], root)
+        checks.append(target)
+    checks += _scalar_checks(schema)
+    checks += _container_checks(schema, root)
 
     def check(v: Any, p: str) -> str | None:
         for c in checks:

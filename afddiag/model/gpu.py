@@ -196,6 +196,91 @@ class GpuFacts:
     load_failed: str | None = None  # the load probe timed out or crashed (gpu.slow-state says ERROR)
 
 
+def gpu_device_from_reading(i: int, d: dict[str, Any], meminfo: dict[str, int] | None) -> GpuDevice:
+    """The :class:`GpuDevice` of one entry ``d`` of the readings' ``devices`` (the ``i``-th): CUDA's and
+    NVML's figures, its memory (:func:`_read_memory`), its under-load figures (:func:`_read_under_load`)
+    and notes."""
+    cuda = _typed(d, "cuda", dict) or {}
+    nvml = _typed(d, "nvml", dict) or {}
+    cc = cuda.get("compute_capability")
+    if not isinstance(cc, (list, tuple)):  # CUDA not read (or silent): NVML's view of the same fact
+        cc = nvml.get("compute_capability")
+    dev = GpuDevice(
+        index=d.get("index", i) if isinstance(d.get("index", i), int) else i,
+        name=_typed(d, "name", str),
+        uuid=_typed(d, "uuid", str),
+        pci_bus_id=_typed(d, "pci_bus_id", str),
+        sm_count=_num(cuda.get("sm_count")),
+        compute_capability=(int(cc[0]), int(cc[1]))
+        if isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
+        else None,
+        integrated=_typed(cuda, "integrated", bool),
+        clock_sm_mhz=_num(nvml.get("clock_sm_mhz")),
+        clock_sm_max_mhz=_num(nvml.get("clock_sm_max_mhz")),
+        power_mw=_num(nvml.get("power_mw")),
+        power_limit_mw=_num(nvml.get("power_limit_mw")),
+        pstate=_int(nvml.get("pstate")),
+        clocks_event_reasons=_int(nvml.get("clocks_event_reasons")),
+        clocks_event_reason_counters_us=_typed(nvml, "clocks_event_reason_counters_us", dict),
+        temperature_c=_num(nvml.get("temperature_c")),
+        utilization_pct=_num(nvml.get("utilization_pct")),
+        ecc=_typed(nvml, "ecc", (dict, str)),
+        retired_pages=_typed(nvml, "retired_pages", (dict, str)),
+        remapped_rows=_typed(nvml, "remapped_rows", (dict, str)),
+        processes=_typed(nvml, "processes", (list, str)),
+        nvml_read=isinstance(d.get("nvml"), dict),
+    )
+    _read_memory(dev, nvml.get("memory_info"), meminfo)
+    _read_under_load(dev, d.get("under_load"))
+    for note in _typed(d, "notes", list) or []:
+        if isinstance(note, str):
+            dev.notes.append(note)
+    return dev
+
+
+def _read_memory(dev: GpuDevice, mem: Any, meminfo: dict[str, int] | None) -> None:
+    """Set ``dev``'s memory figures from NVML's ``memory_info`` reading ``mem``; an integrated GPU whose
+    NVML says NOT_SUPPORTED reads ``meminfo`` (/proc/meminfo, KiB) as unified memory. Notes what is unread."""
+    if isinstance(mem, dict) and _num(mem.get("total_bytes")):
+        dev.memory_total_bytes = _num(mem.get("total_bytes"))
+        dev.memory_used_bytes = _num(mem.get("used_bytes"))
+        dev.memory_free_bytes = _num(mem.get("free_bytes"))
+        dev.memory_source = "nvml"
+    elif mem == NOT_SUPPORTED and (dev.integrated or dev.integrated is None) and meminfo:
+        total = _num(meminfo.get("MemTotal"))
+        avail = _num(meminfo.get("MemAvailable"))
+        if total:
+            dev.unified = True
+            dev.memory_total_bytes = int(total) * 1024
+            dev.memory_free_bytes = int(avail) * 1024 if avail is not None else None
+            dev.memory_source = "meminfo, unified memory"
+            dev.notes.append("NVML memory info NOT_SUPPORTED: unified memory, read /proc/meminfo")
+    else:
+        dev.notes.append(f"memory not read (NVML memory_info: {mem!r})")
+
+
+def _read_under_load(dev: GpuDevice, ul: Any) -> None:
+    """Set ``dev``'s under-load figures (or why the load probe did not run) from its ``under_load`` reading."""
+    if isinstance(ul, dict) and isinstance(ul.get("why"), str):
+        dev.load_why = ul["why"]
+        dev.load_busy_before = _typed(ul, "busy_before", dict)
+    elif isinstance(ul, dict):
+        ach = _typed(ul, "achieved", dict) or {}
+        dev.under_load = UnderLoad(
+            clock_sm_mhz=_num(ul.get("clock_sm_mhz")),
+            power_mw=_num(ul.get("power_mw")),
+            utilization_pct=_num(ul.get("utilization_pct")),
+            clocks_event_reasons=_int(ul.get("clocks_event_reasons")),
+            pstate=_int(ul.get("pstate")),
+            fp32_tflops=_num(ach.get("fp32_tflops")),
+            bf16_tflops=_num(ach.get("bf16_tflops")),
+            gemv_gbps=_num(ach.get("gemv_gbps")),
+            copy_gbps=_num(ach.get("copy_gbps")),
+            busy_before=_typed(ul, "busy_before", dict),
+            busy_after=_typed(ul, "busy_after", dict),
+        )
+
+
 def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
     """Normalise the GPU probe's readings (:func:`afddiag.probes.gpu.read_gpu`'s shape, live or from a
     snapshot) into facts.
@@ -212,76 +297,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
     for i, d in enumerate(_typed(r, "devices", list) or []):
         if not isinstance(d, dict):
             continue
-        cuda = _typed(d, "cuda", dict) or {}
-        nvml = _typed(d, "nvml", dict) or {}
-        cc = cuda.get("compute_capability")
-        if not isinstance(cc, (list, tuple)):  # CUDA not read (or silent): NVML's view of the same fact
-            cc = nvml.get("compute_capability")
-        dev = GpuDevice(
-            index=d.get("index", i) if isinstance(d.get("index", i), int) else i,
-            name=_typed(d, "name", str),
-            uuid=_typed(d, "uuid", str),
-            pci_bus_id=_typed(d, "pci_bus_id", str),
-            sm_count=_num(cuda.get("sm_count")),
-            compute_capability=(int(cc[0]), int(cc[1]))
-            if isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) for x in cc)
-            else None,
-            integrated=_typed(cuda, "integrated", bool),
-            clock_sm_mhz=_num(nvml.get("clock_sm_mhz")),
-            clock_sm_max_mhz=_num(nvml.get("clock_sm_max_mhz")),
-            power_mw=_num(nvml.get("power_mw")),
-            power_limit_mw=_num(nvml.get("power_limit_mw")),
-            pstate=_int(nvml.get("pstate")),
-            clocks_event_reasons=_int(nvml.get("clocks_event_reasons")),
-            clocks_event_reason_counters_us=_typed(nvml, "clocks_event_reason_counters_us", dict),
-            temperature_c=_num(nvml.get("temperature_c")),
-            utilization_pct=_num(nvml.get("utilization_pct")),
-            ecc=_typed(nvml, "ecc", (dict, str)),
-            retired_pages=_typed(nvml, "retired_pages", (dict, str)),
-            remapped_rows=_typed(nvml, "remapped_rows", (dict, str)),
-            processes=_typed(nvml, "processes", (list, str)),
-            nvml_read=isinstance(d.get("nvml"), dict),
-        )
-        mem = nvml.get("memory_info")
-        if isinstance(mem, dict) and _num(mem.get("total_bytes")):
-            dev.memory_total_bytes = _num(mem.get("total_bytes"))
-            dev.memory_used_bytes = _num(mem.get("used_bytes"))
-            dev.memory_free_bytes = _num(mem.get("free_bytes"))
-            dev.memory_source = "nvml"
-        elif mem == NOT_SUPPORTED and (dev.integrated or dev.integrated is None) and meminfo:
-            total = _num(meminfo.get("MemTotal"))
-            avail = _num(meminfo.get("MemAvailable"))
-            if total:
-                dev.unified = True
-                dev.memory_total_bytes = int(total) * 1024
-                dev.memory_free_bytes = int(avail) * 1024 if avail is not None else None
-                dev.memory_source = "meminfo, unified memory"
-                dev.notes.append("NVML memory info NOT_SUPPORTED: unified memory, read /proc/meminfo")
-        else:
-            dev.notes.append(f"memory not read (NVML memory_info: {mem!r})")
-        ul = d.get("under_load")
-        if isinstance(ul, dict) and isinstance(ul.get("why"), str):
-            dev.load_why = ul["why"]
-            dev.load_busy_before = _typed(ul, "busy_before", dict)
-        elif isinstance(ul, dict):
-            ach = _typed(ul, "achieved", dict) or {}
-            dev.under_load = UnderLoad(
-                clock_sm_mhz=_num(ul.get("clock_sm_mhz")),
-                power_mw=_num(ul.get("power_mw")),
-                utilization_pct=_num(ul.get("utilization_pct")),
-                clocks_event_reasons=_int(ul.get("clocks_event_reasons")),
-                pstate=_int(ul.get("pstate")),
-                fp32_tflops=_num(ach.get("fp32_tflops")),
-                bf16_tflops=_num(ach.get("bf16_tflops")),
-                gemv_gbps=_num(ach.get("gemv_gbps")),
-                copy_gbps=_num(ach.get("copy_gbps")),
-                busy_before=_typed(ul, "busy_before", dict),
-                busy_after=_typed(ul, "busy_after", dict),
-            )
-        for note in _typed(d, "notes", list) or []:
-            if isinstance(note, str):
-                dev.notes.append(note)
-        devices.append(dev)
+        devices.append(gpu_device_from_reading(i, d, meminfo))
     why = _typed(r, "why", str)
     baseline = _typed(expect, "baseline", dict)
     return GpuFacts(

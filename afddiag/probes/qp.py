@@ -97,64 +97,103 @@ def _err_code(exc: BaseException) -> int | None:
     return None
 
 
+def _modify(qp: Any, res: QpResult, to: str, attr: Any, mask: int) -> bool:
+    """One ``ibv_modify_qp`` of ``qp`` to state ``to``, recorded as a :class:`QpStep` of ``res`` (its
+    errno and time in ms; ``res.reached`` on success, ``res.errno``/``res.error`` on failure)."""
+    s0 = time.monotonic()
+    st = QpStep(to=to, ok=False)
+    res.steps.append(st)
+    try:
+        qp.modify(attr, mask)
+        st.ok = True
+        res.reached = to
+    except Exception as exc:  # noqa: BLE001
+        st.errno = _err_code(exc)
+        st.message = str(exc)
+        res.errno = st.errno
+        meaning = decode_errno(st.errno) if st.errno is not None else str(exc)
+        res.error = f"{to}: errno {st.errno}, {meaning}" if st.errno else f"{to}: {exc}"
+    st.elapsed_ms = round((time.monotonic() - s0) * 1000.0, 3)
+    return st.ok
+
+
+def _init_attr(pv: dict[str, Any], port: int) -> tuple[Any, int]:
+    """RESET→INIT: the QP attributes (P_Key index 0, ``port``, local write/remote read/write access) and mask."""
+    e = pv["enums"]
+    a = pv["qp"].QPAttr()
+    a.qp_state = e.IBV_QPS_INIT
+    a.pkey_index = 0
+    a.port_num = port
+    a.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+    return a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS
+
+
+def _rtr_attr(pv: dict[str, Any], qp: Any, port: int, mtu_enum: Any, dgid: str, sgid_index: int) -> tuple[Any, int]:
+    """INIT→RTR: the QP attributes (a global route to ``dgid`` from the GID at ``sgid_index``, the
+    port's active MTU, the QP's own number as the destination) and mask. Address resolution happens here."""
+    e = pv["enums"]
+    gr = pv["addr"].GlobalRoute(dgid=pv["addr"].GID(dgid), sgid_index=sgid_index, hop_limit=AH_HOP_LIMIT)
+    a = pv["qp"].QPAttr()
+    a.qp_state = e.IBV_QPS_RTR
+    a.path_mtu = mtu_enum
+    a.dest_qp_num = qp.qp_num
+    a.rq_psn = RTR_RQ_PSN
+    a.max_dest_rd_atomic = RTR_MAX_DEST_RD_ATOMIC
+    a.min_rnr_timer = RTR_MIN_RNR_TIMER
+    a.ah_attr = pv["addr"].AHAttr(gr=gr, is_global=1, port_num=port)
+    return a, (e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN
+               | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+
+
+def _rts_attr(pv: dict[str, Any]) -> tuple[Any, int]:
+    """RTR→RTS: the QP attributes (timeout, retry counts, send PSN, outstanding reads) and mask."""
+    e = pv["enums"]
+    a = pv["qp"].QPAttr()
+    a.qp_state = e.IBV_QPS_RTS
+    a.timeout = RTS_TIMEOUT
+    a.retry_cnt = RTS_RETRY_CNT
+    a.rnr_retry = RTS_RNR_RETRY
+    a.sq_psn = RTS_SQ_PSN
+    a.max_rd_atomic = RTS_MAX_RD_ATOMIC
+    return a, (e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY | e.IBV_QP_SQ_PSN
+               | e.IBV_QP_MAX_QP_RD_ATOMIC)
+
+
+def _open_rc_qp(pv: dict[str, Any], device: str, port: int, created: list[Any]) -> tuple[Any, Any]:
+    """Open ``device`` and create a PD, a CQ and an RC QP on it, each appended to ``created`` as it is
+    made (the caller closes them, reversed); ``(qp, the port's attributes)``. Raises what pyverbs raises."""
+    e = pv["enums"]
+    ctx = pv["device"].Context(name=device)
+    created.append(ctx)
+    pd = pv["pd"].PD(ctx)
+    created.append(pd)
+    cq = pv["cq"].CQ(ctx, 4)
+    created.append(cq)
+    cap = pv["qp"].QPCap(max_send_wr=1, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+    qp = pv["qp"].QP(pd, pv["qp"].QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+    created.append(qp)
+    return qp, ctx.query_port(port)
+
+
 def _walk(pv: dict[str, Any], res: QpResult, port: int, sgid_index: int | None) -> None:
     """Open ``res.device``, create PD/CQ/RC QP, and step it RESET→INIT→RTR→RTS, filling ``res``.
 
     Runs in the probe's worker thread. Every object created is closed in reverse order in
     ``finally``; ``res.destroyed`` says whether that succeeded.
     """
-    e = pv["enums"]
     created: list[Any] = []  # in creation order; closed reversed
     t0 = time.monotonic()
     res.destroyed = False
     try:
         try:
-            ctx = pv["device"].Context(name=res.device)
-            created.append(ctx)
-            pd = pv["pd"].PD(ctx)
-            created.append(pd)
-            cq = pv["cq"].CQ(ctx, 4)
-            created.append(cq)
-            cap = pv["qp"].QPCap(max_send_wr=1, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
-            init_attr = pv["qp"].QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap)
-            qp = pv["qp"].QP(pd, init_attr)
-            created.append(qp)
-            port_attr = ctx.query_port(port)
+            qp, port_attr = _open_rc_qp(pv, res.device, port, created)
         except Exception as exc:  # noqa: BLE001 - every failure is a fact
             res.errno = _err_code(exc)
             res.error = f"open {res.device} port {port} / create PD, CQ, QP failed: {exc}"
             return
         mtu_enum = port_attr.active_mtu
         res.path_mtu = mtu_enum_to_bytes(mtu_enum)
-
-        def step(to: str, attr: Any, mask: int) -> bool:
-            s0 = time.monotonic()
-            st = QpStep(to=to, ok=False)
-            res.steps.append(st)
-            try:
-                qp.modify(attr, mask)
-                st.ok = True
-                res.reached = to
-            except Exception as exc:  # noqa: BLE001
-                st.errno = _err_code(exc)
-                st.message = str(exc)
-                res.errno = st.errno
-                meaning = decode_errno(st.errno) if st.errno is not None else str(exc)
-                res.error = f"{to}: errno {st.errno}, {meaning}" if st.errno else f"{to}: {exc}"
-            st.elapsed_ms = round((time.monotonic() - s0) * 1000.0, 3)
-            return st.ok
-
-        # RESET → INIT
-        a = pv["qp"].QPAttr()
-        a.qp_state = e.IBV_QPS_INIT
-        a.pkey_index = 0
-        a.port_num = port
-        a.qp_access_flags = (
-            e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
-        )
-        if not step(
-            "INIT", a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS
-        ):
+        if not _modify(qp, res, "INIT", *_init_attr(pv, port)):
             return
         if sgid_index is None or res.dgid is None:
             res.error = (
@@ -163,49 +202,9 @@ def _walk(pv: dict[str, Any], res: QpResult, port: int, sgid_index: int | None) 
                 else f"RTR not attempted: no destination GID for {res.target!r}"
             )
             return
-        # INIT → RTR (address resolution of dgid from the GID at sgid_index happens here)
-        gr = pv["addr"].GlobalRoute(
-            dgid=pv["addr"].GID(res.dgid), sgid_index=sgid_index, hop_limit=AH_HOP_LIMIT
-        )
-        ah = pv["addr"].AHAttr(gr=gr, is_global=1, port_num=port)
-        a = pv["qp"].QPAttr()
-        a.qp_state = e.IBV_QPS_RTR
-        a.path_mtu = mtu_enum
-        a.dest_qp_num = qp.qp_num
-        a.rq_psn = RTR_RQ_PSN
-        a.max_dest_rd_atomic = RTR_MAX_DEST_RD_ATOMIC
-        a.min_rnr_timer = RTR_MIN_RNR_TIMER
-        a.ah_attr = ah
-        if not step(
-            "RTR",
-            a,
-            e.IBV_QP_STATE
-            | e.IBV_QP_AV
-            | e.IBV_QP_PATH_MTU
-            | e.IBV_QP_DEST_QPN
-            | e.IBV_QP_RQ_PSN
-            | e.IBV_QP_MAX_DEST_RD_ATOMIC
-            | e.IBV_QP_MIN_RNR_TIMER,
-        ):
+        if not _modify(qp, res, "RTR", *_rtr_attr(pv, qp, port, mtu_enum, res.dgid, sgid_index)):
             return
-        # RTR → RTS
-        a = pv["qp"].QPAttr()
-        a.qp_state = e.IBV_QPS_RTS
-        a.timeout = RTS_TIMEOUT
-        a.retry_cnt = RTS_RETRY_CNT
-        a.rnr_retry = RTS_RNR_RETRY
-        a.sq_psn = RTS_SQ_PSN
-        a.max_rd_atomic = RTS_MAX_RD_ATOMIC
-        step(
-            "RTS",
-            a,
-            e.IBV_QP_STATE
-            | e.IBV_QP_TIMEOUT
-            | e.IBV_QP_RETRY_CNT
-            | e.IBV_QP_RNR_RETRY
-            | e.IBV_QP_SQ_PSN
-            | e.IBV_QP_MAX_QP_RD_ATOMIC,
-        )
+        _modify(qp, res, "RTS", *_rts_attr(pv))
     except Exception as exc:  # noqa: BLE001 - never raise out of the worker
         res.error = res.error or f"unexpected error: {exc!r}"
     finally:
