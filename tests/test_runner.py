@@ -169,7 +169,8 @@ def test_gpu_launch_env_with_image_inspects_it(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     docker = bindir / "docker"
-    docker.write_text("#!/bin/sh\n[ \"$3\" = registry.example/afd/expert:sm120 ] || exit 1\ncat <<'EOF'\n"
+    docker.write_text("#!/bin/sh\n[ \"$3\" = -- ] && [ \"$4\" = registry.example/afd/expert:sm120 ] || exit 1\n"
+                      "cat <<'EOF'\n"
                       + json.dumps([GB10_IMAGE]) + "\nEOF\n")
     docker.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")

@@ -51,7 +51,7 @@ def run_inspect(ref: str | None, timeout_s: float = 10.0) -> tuple[object | None
         if not exe:
             continue
         try:
-            p = proc.run([exe, "image", "inspect", ref], timeout_s)
+            p = proc.run([exe, "image", "inspect", "--", ref], timeout_s)  # "--": a ref is never an option
         except subprocess.TimeoutExpired:
             return None, engine, f"{engine} image inspect timed out after {timeout_s:g} s"
         except OSError as e:
