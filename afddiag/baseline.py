@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ FLOOR_FRACTION = 0.8  # a figure below 80 % of the reference table's for the mod
 CPU_FIGURES = ("loop_mops", "loop_mops_on_cpu", "loop_samples_mops", "loop_on_cpu", "under_load_mhz", "max_mhz")
 
 
-def record(readings: dict[str, Any], cpu: dict[str, Any] | None, host: str,
+def record(readings: Mapping[str, Any], cpu: dict[str, Any] | None, host: str,
            path: str | os.PathLike | None = None, forced: list[str] | None = None,
            cpu_forced: list[str] | None = None) -> Path:
     """Write the healthy figures of every GPU that has under-load readings (keyed by UUID) and the

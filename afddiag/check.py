@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
 
 from afddiag import progress, runner
 from afddiag.inputs import FAMILIES
+from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import gpu as gpu_probe
 
 
-def diagnose(inputs: Inputs, families: Iterable[str] | None = None) -> tuple[dict[str, Any], Observation]:
+def diagnose(inputs: Inputs, families: Iterable[str] | None = None) -> tuple[Report, Observation]:
     """:func:`afddiag.runner.diagnose` for the gates of ``families`` (default ``inputs.families``) →
     ``(JSON report, observation)``. The progress bar (one a timed-out probe left open) is stopped
     before the caller prints."""
@@ -31,7 +31,7 @@ def diagnose(inputs: Inputs, families: Iterable[str] | None = None) -> tuple[dic
         progress.stop()
 
 
-def check(command: str, inputs: Inputs) -> dict[str, Any]:
+def check(command: str, inputs: Inputs) -> Report:
     """The run of ``afddiag <command>`` (``fabric``, ``gpu``, ``all``) → its JSON report. A live run whose
     GPU probe needs the CUDA driver (:func:`afddiag.probes.gpu.cuda_reason`) starts it first, in the
     background."""

@@ -4,13 +4,14 @@ from the verdicts and facts; the reporters (:data:`afddiag.report.REPORTERS`) re
 from __future__ import annotations
 
 import datetime as _dt
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from afddiag import __version__
 from afddiag.diagnosis import prepare
 from afddiag.endpoint import device_map
 from afddiag.envvars import redact_report
 from afddiag.model import to_jsonable
+from afddiag.model.report import Report
 from afddiag.verdict import Verdict, exit_code
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ SCHEMA_VERSION = 1
 
 def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any],
           fabric: FabricFacts | None, notes: list[str] | None = None,
-          facts: dict[str, Any] | None = None, expectations: dict[str, Any] | None = None) -> dict[str, Any]:
+          facts: dict[str, Any] | None = None, expectations: dict[str, Any] | None = None) -> Report:
     """The JSON report (schema ``afddiag/schema/report.schema.json``, ``schema_version`` 1).
 
     Gates whose dependency failed are settled first and every verdict gets its typed action
@@ -31,7 +32,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
     counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
     for v in verdicts:
         counts[v.verdict] += 1
-    return redact_report({  # no credential (by name or by shape) leaves in a report
+    return cast(Report, redact_report({  # no credential (by name or by shape) leaves in a report
         "schema_version": SCHEMA_VERSION,
         "afddiag_version": __version__,
         "host": host,
@@ -46,7 +47,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "notes": list(notes or []),
         "facts": to_jsonable(facts or {}),
         "expectations": to_jsonable(expectations or {}),
-    })
+    }))
 
 
 def _device_map(fabric: FabricFacts | None) -> dict[str, str]:

@@ -27,6 +27,7 @@ import sqlite3
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,7 @@ def connect(path: str | os.PathLike | None = None, create: bool = True,
     return con
 
 
-def insert_run(con: sqlite3.Connection, report: dict[str, Any], command: str) -> int:
+def insert_run(con: sqlite3.Connection, report: Mapping[str, Any], command: str) -> int:
     """Insert one run (the report and its per-gate verdicts) in the caller's transaction → run id.
     The stored report has every credential redacted (:func:`afddiag.envvars.redact_report`)."""
     from afddiag.envvars import redact_report
@@ -209,7 +210,7 @@ def prune(con: sqlite3.Connection, max_runs: int | None = None, max_bytes: int |
     return len(rows) - keep
 
 
-def append(report: dict[str, Any], command: str, path: str | os.PathLike | None = None,
+def append(report: Mapping[str, Any], command: str, path: str | os.PathLike | None = None,
            busy_s: float | None = None) -> int:
     """Append one run to the store and prune it, in one transaction → the run id. ``busy_s``: how
     long a lock held by another run is waited for. Raises sqlite3.Error or OSError when the store
@@ -234,7 +235,7 @@ def append(report: dict[str, Any], command: str, path: str | os.PathLike | None 
         con.close()
 
 
-def record_run(report: dict[str, Any], command: str, enabled: bool = True,
+def record_run(report: Mapping[str, Any], command: str, enabled: bool = True,
                busy_s: float | None = None) -> int | None:
     """:func:`append`, never raising: the run id, or None when disabled or the store could not be
     written (said on stderr the first time in this process). ``busy_s`` (the run's --timeout) bounds

@@ -17,6 +17,7 @@ from afddiag.endpoint import given_fabric_ip
 from afddiag.inputs import InputsError
 from afddiag.model import to_jsonable
 from afddiag.model.pair import PairFacts
+from afddiag.model.report import Report
 from afddiag.model.run import Inputs
 from afddiag.playbook import Playbook
 from afddiag.probes import pair as pairmod
@@ -38,7 +39,7 @@ class PairResult:
     not destroyed)."""
 
     facts: PairFacts
-    report: dict[str, Any] | None
+    report: Report | None
     code: int
 
     def to_json(self) -> dict[str, Any]:
@@ -111,7 +112,7 @@ def pair_test(inputs: Inputs, serve: bool, target: str | None, port: int = pairm
     return PairResult(facts, rep, rep["exit_code"] if facts.destroyed else 2)
 
 
-def judge_pair(inputs: Inputs, fabric: Any, pair_json: dict[str, Any]) -> dict[str, Any]:
+def judge_pair(inputs: Inputs, fabric: Any, pair_json: dict[str, Any]) -> Report:
     """The JSON report of one side's bandwidth run: ``pair_json`` (the pair test's JSON) read through
     the probe registry's pair entry (as a replay of a saved one is), this host's fabric facts, and the
     gates of :data:`PAIR_GATES` the role runs, on the rail the pair test used."""

@@ -18,6 +18,7 @@ from typing import Any
 from afddiag import runner, slurm
 from afddiag.check import diagnose
 from afddiag.inputs import FAMILIES
+from afddiag.model.report import Report
 from afddiag.model.run import Inputs
 from afddiag.termsafe import one_line
 
@@ -46,7 +47,7 @@ class PreflightResult:
     (:func:`afddiag.runner.judge_with_exports`' record; None without ``export``)."""
 
     options: PreflightOptions
-    report: dict[str, Any]
+    report: Report
     verdict_code: int
     code: int
     role: str

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 STATUS = {"PASS": 0, "WARN": 1, "FAIL": 2, "ERROR": 3, "SKIP": 4}
@@ -181,7 +181,7 @@ def registry_for(report: dict[str, Any], command: str = "all"):
     return reg
 
 
-def render(report: dict[str, Any], command: str = "all") -> str:
+def render(report: Mapping[str, Any], command: str = "all") -> str:
     """The report (``afddiag/schema/report.schema.json`` shape) as textfile-collector text
     (``prometheus_client.generate_latest``), ending with a newline. ``command`` is the afddiag command
     that made it (a label). Raises :class:`PrometheusUnavailable` without prometheus_client."""

@@ -7,7 +7,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TextIO, cast
 
 from afddiag import prometheus
@@ -25,13 +25,13 @@ from afddiag.render import (
 from afddiag.termsafe import one_line
 
 
-def write_json(report: dict[str, Any], out: TextIO | None = None) -> None:
+def write_json(report: Mapping[str, Any], out: TextIO | None = None) -> None:
     out = out or sys.stdout
     json.dump(report, out, indent=2, sort_keys=False, default=str)
     out.write("\n")
 
 
-def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
+def write_table(report: Mapping[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
     """A rich table on a terminal (cells fold at its width, or at ``width``); plain full-width
     lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`)."""
     report = one_line(report)  # device names, remote text: no control sequence or forged row reaches the terminal
@@ -59,7 +59,7 @@ def write_table(report: dict[str, Any], out: TextIO | None = None, width: int | 
               f" — exit {report['exit_code']}\n")
 
 
-def write_diagnosis(report: dict[str, Any], out: TextIO, width: int | None = None) -> None:
+def write_diagnosis(report: Mapping[str, Any], out: TextIO, width: int | None = None) -> None:
     """The report's opening: each independent fault with its one remedy and action, in fix order.
     ``width`` (a terminal's columns): lines wrap between words, under their indent, and a command
     (``export VAR=value``, a long word) is never split (:func:`afddiag.render.wrap`)."""
@@ -128,7 +128,7 @@ class Reporter(NamedTuple):
     """One output format: ``write(report, out, command)`` renders the report on ``out``;
     ``missing()`` says why it cannot run on this machine (None: it can), checked before any probing."""
 
-    write: Callable[[dict[str, Any], TextIO, str], None]
+    write: Callable[[Mapping[str, Any], TextIO, str], None]
     missing: Callable[[], str | None] = lambda: None
 
 
@@ -157,7 +157,7 @@ def choose_format(as_json: bool = False, fmt: str | None = None) -> str:
     return name
 
 
-def emit(report: dict[str, Any], fmt: str, output: str | os.PathLike | None = None, command: str = "all") -> None:
+def emit(report: Mapping[str, Any], fmt: str, output: str | os.PathLike | None = None, command: str = "all") -> None:
     """Render ``report`` as ``fmt`` (a :data:`REPORTERS` name) on stdout, or into ``output``
     atomically (temporary file, fsync, rename, mode 0644; a character device written in place).
     Raises OSError when ``output`` cannot be written."""

@@ -21,6 +21,7 @@ from typing import Any
 from afddiag import __version__, baseline, collect, document, endpoint, expect, summary
 from afddiag.collect import Progress, SnapshotError
 from afddiag.gates import Context, run_gates
+from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import registry
 
@@ -123,7 +124,7 @@ def observe(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> O
     return obs
 
 
-def diagnose(inputs: Inputs, host: Any = None) -> tuple[dict, Observation]:
+def diagnose(inputs: Inputs, host: Any = None) -> tuple[Report, Observation]:
     """Gather (:func:`gather`), resolve the fabric IP, run the gates of ``inputs.families`` →
     ``(JSON report, observation)``. A capture bundle (``.tar.gz``) is extracted safely once and its
     folder named as the bundle in the report. Raises :class:`~afddiag.collect.SnapshotError` for a
@@ -137,7 +138,7 @@ def diagnose(inputs: Inputs, host: Any = None) -> tuple[dict, Observation]:
     return rep, obs
 
 
-def judge(inputs: Inputs, obs: Observation) -> dict:
+def judge(inputs: Inputs, obs: Observation) -> Report:
     """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``:
     :func:`afddiag.probes.registry.report_facts`)."""
     fip = obs.fabric_ip or endpoint.fabric_ip_of(inputs, obs.fabric)  # no fabric probe ran: the given one
@@ -152,11 +153,11 @@ def judge(inputs: Inputs, obs: Observation) -> dict:
          "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
         obs.fabric, notes, registry.report_facts(obs),
         expectations={k: v for k, v in vars(expected).items() if v not in (None, {})})
-    rep["summary"] = summary.from_report(rep)  # what the fleet compares (schema: summary)
+    rep["summary"] = summary.from_run(inputs, obs, (fip.ip, fip.source), verdicts, rep["device_map"])  # fleet
     return rep
 
 
-def judge_with_exports(inputs: Inputs, obs: Observation, rep: dict) -> tuple[dict, Observation, dict]:
+def judge_with_exports(inputs: Inputs, obs: Observation, rep: Report) -> tuple[Report, Observation, dict]:
     """The launch as it will be after the launcher evaluates ``afddiag preflight --export``'s lines:
     the exports :mod:`afddiag.endpoint` derives from ``obs`` and ``rep`` (a variable the launch env
     already sets is kept unless ``fabric.devicemap-env`` FAILed on that variable, its facts'

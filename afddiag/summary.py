@@ -4,8 +4,14 @@ Each host report carries ``summary`` (schema: ``afddiag/schema/report.schema.jso
 The fleet gates (:mod:`afddiag.gates.fleet`) read only it, never another gate's free-form facts:
 a key renamed in a gate's facts changes this module and its schema, not the fleet.
 
-:func:`from_report` builds it from a report when the report is made (:mod:`afddiag.runner`), and
-for a report of an older afddiag that carries none (``afddiag merge`` of files collected earlier).
+:func:`from_run` builds it at judge time (:mod:`afddiag.runner`) from the run's typed facts: the
+:class:`~afddiag.model.run.Observation` (its fabric, GPU, versions and reach dataclasses), the
+:class:`~afddiag.model.run.Inputs`, the resolved fabric IP and the :class:`~afddiag.verdict.Verdict`
+objects (their verdict, summary line and, for what only a gate works out, its facts). Its shape is
+:class:`afddiag.model.summary.Summary`. :func:`of` gives a report's summary to the fleet: the one the
+report carries once it passes the schema's ``summary`` check (:func:`load`), else one built by
+:func:`from_report` from the report's JSON (a report of an older afddiag that carries none: ``afddiag
+merge`` of files collected earlier; only there are gate facts and note text read).
 
 Fields (None where the host did not say):
 
@@ -37,14 +43,23 @@ Fields (None where the host did not say):
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
-from afddiag.envvars import GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR
+from afddiag import __version__
+from afddiag.envvars import GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR, redact_report
 from afddiag.expect import CAPACITY_KEYS
-from afddiag.model.gpu import LOAD_FIGURES
+from afddiag.model import to_jsonable
+from afddiag.model.gpu import LOAD_FIGURES, GpuFacts
+from afddiag.model.report import Report
+from afddiag.model.run import Inputs, Observation
+from afddiag.model.summary import SUMMARY_VERSION, ControlPlane, FirmwareRow, GpuRow, Summary, VerdictBrief
+from afddiag.schema.validate import summary_check
 from afddiag.textnum import digits
+from afddiag.verdict import Verdict
 
-SUMMARY_VERSION = 1
+__all__ = ["SUMMARY_VERSION", "Summary", "as_int", "from_report", "from_run", "load", "of"]
+_VERDICTS = ("PASS", "WARN", "FAIL", "SKIP", "ERROR")
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -70,7 +85,7 @@ def _verdict(g: dict[str, Any]) -> dict[str, Any] | None:
     return {"verdict": g.get("verdict"), "summary": str(g.get("summary", ""))} if g else None
 
 
-def versions_of(rep: dict[str, Any]) -> dict[str, str]:
+def versions_of(rep: Report | Mapping[str, Any]) -> dict[str, str]:
     """``afddiag``, ``driver`` (NVIDIA), ``kernel``, ``bios``, ``rdma_core`` and ``firmware`` (per HCA
     type: ``"MT4129 28.45.4028"``; several joined by ",") from a report's facts."""
     f = _d(rep.get("facts"))
@@ -91,7 +106,7 @@ def versions_of(rep: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def firmware_of(rep: dict[str, Any]) -> list[dict[str, str]]:
+def firmware_of(rep: Report | Mapping[str, Any]) -> list[dict[str, str]]:
     """Each HCA model's firmware from a report's ``facts.fabric.devices``: ``[{"hca", "fw_ver"}]``,
     ``hca`` the board id (PSID, sysfs ``board_id``: one board's firmware line) when the report has it,
     else the HCA type (sysfs ``hca_type``, the chip: MT4129 is a ConnectX-7), else "?"; one row per
@@ -106,7 +121,7 @@ def firmware_of(rep: dict[str, Any]) -> list[dict[str, str]]:
 _NOT_TRIED = re.compile(r"^(\S+):(\d+) not tried")
 
 
-def control_plane_of(rep: dict[str, Any]) -> dict[str, Any] | None:
+def control_plane_of(rep: Report | Mapping[str, Any]) -> dict[str, Any] | None:
     """What ``launch.control-plane`` found on this host, for ``fleet.control-plane``: ``{"verdict",
     "source"`` (the fabric IP the connects were bound to), ``"peers"`` (IPv4 addresses), ``"ports"``
     (TCP ports), ``"attempts": [{"peer", "port", "outcome"}]`` (outcome as
@@ -140,7 +155,7 @@ def control_plane_of(rep: dict[str, Any]) -> dict[str, Any] | None:
             "attempts": attempts, "not_tried": not_tried, "advertised_bad": bad}
 
 
-def from_report(rep: dict[str, Any]) -> dict[str, Any]:
+def from_report(rep: Report | Mapping[str, Any]) -> dict[str, Any]:
     """The summary of one host report (see the module docstring). Never raises on odd content."""
     gates = {g.get("id"): g for g in rep.get("gates") or [] if isinstance(g, dict)}
 
@@ -200,13 +215,147 @@ def from_report(rep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def of(rep: dict[str, Any] | None) -> dict[str, Any]:
-    """The report's own summary, else one built from it (a report of an older afddiag); {} without a report."""
+def _brief(v: Verdict | None) -> VerdictBrief | None:
+    return {"verdict": cast(Any, v.verdict), "summary": str(v.summary)} if v is not None else None
+
+
+def _prefixes(obs: Observation) -> dict[str, int]:
+    """Address → prefix length of every IPv4 address on the host's netdevs (the first one seen)."""
+    out: dict[str, int] = {}
+    for nd in (obs.fabric.netdevs if obs.fabric is not None else {}).values():
+        for a in nd.ipv4:
+            addr, _, plen = str(a).partition("/")
+            if digits(plen):
+                out.setdefault(addr, int(plen))
+    return out
+
+
+def _gpus(gpu: GpuFacts | None) -> list[GpuRow]:
+    rows: list[GpuRow] = []
+    for d in gpu.devices if gpu is not None else []:
+        ul = d.under_load
+        figures = {k: getattr(ul, k) for k, _ in LOAD_FIGURES} if ul is not None else {}
+        rows.append({"name": d.name, "uuid": d.uuid, "sm_count": as_int(d.sm_count),
+                     "under_load": {k: v for k, v in figures.items() if _num(v) is not None}})
+    return rows
+
+
+def _versions(obs: Observation) -> dict[str, str]:
+    """As :func:`versions_of`, from the typed facts."""
+    out = {"afddiag": __version__} if __version__ else {}
+    if obs.gpu is not None and obs.gpu.driver_version:
+        out["driver"] = str(obs.gpu.driver_version)
+    v = {**(obs.gpu.versions if obs.gpu is not None else {}), **(obs.versions or {})}
+    for k in ("kernel", "bios", "rdma_core"):
+        if v.get(k):
+            out[k] = str(v[k])
+    devices = obs.fabric.devices if obs.fabric is not None else []
+    fws = sorted({f"{d.hca_type or '?'} {d.fw_ver}" for d in devices if d.fw_ver})
+    if fws:
+        out["firmware"] = ", ".join(fws)
+    return out
+
+
+def _firmware(obs: Observation) -> list[FirmwareRow]:
+    """As :func:`firmware_of`, from the typed fabric facts."""
+    devices = obs.fabric.devices if obs.fabric is not None else []
+    rows = {(str(d.board_id or d.hca_type or "?"), str(d.fw_ver)) for d in devices if d.fw_ver}
+    return [{"hca": h, "fw_ver": v} for h, v in sorted(rows)]
+
+
+def _control_plane(gate: Verdict | None, obs: Observation) -> ControlPlane | None:
+    """As :func:`control_plane_of`, from ``launch.control-plane``'s verdict and the typed reach facts
+    (:class:`~afddiag.model.host.ReachFacts`: its ``not_tried`` pairs, not its notes)."""
+    if gate is None:
+        return None
+    r = obs.reach
+    reached = r if r is not None and r.captured and not r.failed else None
+    found = gate.facts.get("advertised_bad")
+    bad: list[Any] = found if isinstance(found, list) else []
+    attempts = [{"peer": a["peer"], "port": as_int(a.get("port")), "outcome": str(a.get("outcome") or "error")}
+                for a in (reached.attempts if reached else [])
+                if isinstance(a.get("peer"), str) and as_int(a.get("port")) is not None]
+    return cast(ControlPlane, {
+        "verdict": gate.verdict if gate.verdict in _VERDICTS else None,
+        "source": reached.source if reached and isinstance(reached.source, str) else None,
+        "peers": [str(p) for p in (reached.peers if reached else [])],
+        "ports": [p for p in map(as_int, reached.ports if reached else []) if p is not None and 0 < p < 65536],
+        "attempts": attempts,
+        "not_tried": [{"peer": peer, "port": port} for peer, port in (reached.not_tried if reached else [])],
+        "advertised_bad": [{"key": str(b.get("key")), "value": str(b.get("value")), "why": str(b.get("why"))}
+                           for b in bad if isinstance(b, dict)]})
+
+
+def from_run(inputs: Inputs, obs: Observation, fabric_ip: tuple[str | None, str | None], verdicts: list[Verdict],
+             device_map: dict[str, str]) -> Summary:
+    """The summary of one run, at judge time, from its typed facts (see the module docstring);
+    ``fabric_ip``: the resolved fabric IP and its source (:class:`afddiag.endpoint.FabricIp`'s ``ip``,
+    ``source``); ``device_map``: this host's map (:func:`afddiag.endpoint.device_map` of ``obs.fabric``, as the report
+    holds it). Call it after the report is built (:func:`afddiag.report.build` settles the verdicts'
+    dependencies first). Its strings go through the report's redaction, as the report's do."""
+    gates = {v.id: v for v in verdicts}
+
+    def gf(gate_id: str) -> dict[str, Any]:  # what only a gate works out: its facts, as the report holds them
+        v = gates.get(gate_id)
+        return _d(to_jsonable(v.facts)) if v is not None else {}
+
+    env = {str(k): str(v) for k, v in (obs.env or {}).items()}
+    cap = gf("launch.capacity")
+    capacity = ({"key": cap["key"], "value": as_int(cap.get("value")), "set": bool(cap.get("set"))}
+                if cap.get("key") in CAPACITY_KEYS.values() and as_int(cap.get("value")) is not None else None)
+    entry = _d(gf("fabric.rocev2-ipv4").get("entry"))
+    mtu = gf("fabric.mtu")
+    built = {
+        "summary_version": SUMMARY_VERSION,
+        "role": inputs.playbook.name if inputs.playbook else "generic",
+        "fabric_ip": fabric_ip[0],
+        "fabric_ip_source": fabric_ip[1],
+        "ipv4_prefixlen": _prefixes(obs),
+        "launch_env": inputs.launch_env_path,
+        "engine_device": gf("fabric.first-device").get("engine_device"),
+        "rdma_device": entry.get("device"),
+        "port": as_int(entry.get("port")),
+        "gid_index": as_int(entry.get("gid_index")),
+        "netdev": mtu.get("netdev") or entry.get("netdev"),
+        "netdev_mtu_bytes": as_int(mtu.get("netdev_mtu")),
+        "roce_mtu_bytes": as_int(mtu.get("roce_mtu")),
+        "device_map": dict(device_map),
+        "device_map_env": env.get(MAP_VAR),
+        "gid_index_env": env.get(NCCL_GID_VAR),
+        "gid_index_envs": {v: env[v] for v in GID_INDEX_VARS if isinstance(env.get(v), str)},
+        "devicemap_env": _brief(gates.get("fabric.devicemap-env")),
+        "fabric_link": _brief(gates.get("fabric.link")),
+        "first_device": _brief(gates.get("fabric.first-device")),
+        "capacity": capacity,
+        "gpus": _gpus(obs.gpu),
+        "slow_state": _brief(gates.get("gpu.slow-state")),
+        "gpu_busy": any(isinstance(v, dict) and v.get("busy") for v in gf("gpu.slow-state").values()),
+        "rails": [{k: r.get(k) for k in ("port", "ip", "subnet", "gid_index")}
+                  for r in gf("fabric.devicemap-env").get("rails") or [] if isinstance(r, dict)],
+        "versions": _versions(obs),
+        "firmware": _firmware(obs),
+        "control_plane": _control_plane(gates.get("launch.control-plane"), obs),
+    }
+    return cast(Summary, redact_report(built))
+
+
+def load(obj: Any) -> Summary | None:
+    """A summary from a report's JSON once it passes the schema's ``summary`` check and is of this
+    :data:`SUMMARY_VERSION`; None otherwise (the caller builds one from the report)."""
+    if summary_check()(obj, "summary") is not None:
+        return None
+    return cast(Summary, obj)
+
+
+def of(rep: dict[str, Any] | None) -> Summary:
+    """The report's own summary (:func:`load`), else one built from it (a report of an older afddiag);
+    {} without a report."""
     if not isinstance(rep, dict):
         return {}
-    s = rep.get("summary")
-    if not (isinstance(s, dict) and s.get("summary_version") == SUMMARY_VERSION):
-        return from_report(rep)
+    loaded = load(rep.get("summary"))
+    if loaded is None:
+        return cast(Summary, from_report(rep))
+    s: dict[str, Any] = dict(loaded)
     if "control_plane" not in s:  # a summary made before control_plane joined it: read the gate's facts
         s = {**s, "control_plane": control_plane_of(rep)}
     gates = {g.get("id"): g for g in rep.get("gates") or [] if isinstance(g, dict)}
@@ -215,4 +364,4 @@ def of(rep: dict[str, Any] | None) -> dict[str, Any]:
             s = {**s, key: _verdict(_d(gates.get(gid)))}
     if "firmware" not in s:
         s = {**s, "firmware": firmware_of(rep)}
-    return s
+    return cast(Summary, s)

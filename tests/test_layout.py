@@ -138,7 +138,7 @@ LAYERS = {
     "utilities": ("afddiag", "afddiag.atomic", "afddiag.baseline", "afddiag.bundle", "afddiag.catalog",
                   "afddiag.envvars", "afddiag.exitcodes", "afddiag.packaged", "afddiag.playbook", "afddiag.proc",
                   "afddiag.progress", "afddiag.reader", "afddiag.schema", "afddiag.termsafe", "afddiag.textlayout",
-                  "afddiag.textnum", "afddiag.fleet.validate"),
+                  "afddiag.textnum", "afddiag.schema.validate"),
     "model": ("afddiag.model", "afddiag.model.*", "afddiag.facts", "afddiag.verdict", "afddiag.expect",
               "afddiag.endpoint", "afddiag.collect"),
     "probes": ("afddiag.probes", "afddiag.probes.*"),

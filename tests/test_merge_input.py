@@ -15,7 +15,7 @@ import pytest
 
 from afddiag.cli import run
 from afddiag.fleet import judge, load_reports
-from afddiag.fleet.validate import compile_schema, report_problem
+from afddiag.schema.validate import compile_schema, report_problem
 from conftest import REPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))

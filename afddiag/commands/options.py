@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import click
 
@@ -58,12 +59,12 @@ def output_format(as_json: bool, fmt: str | None) -> str:
         return choose_format(as_json, fmt)
 
 
-def keep(report: dict, command: str, enabled: bool, busy_s: float | None) -> None:
+def keep(report: Mapping[str, Any], command: str, enabled: bool, busy_s: float | None) -> None:
     """Append the run to the local history store (:func:`afddiag.history.record_run`, which never raises)."""
     record_run(report, command, enabled=enabled, busy_s=busy_s)
 
 
-def write_report(report: dict, fmt: str, output: str | None, command: str, flag: str = "--output") -> None:
+def write_report(report: Mapping[str, Any], fmt: str, output: str | None, command: str, flag: str = "--output") -> None:
     """:func:`afddiag.report.emit`; a target that cannot be written is a usage error naming ``flag``."""
     if output is None:
         emit(report, fmt, None, command)  # a closed pipe is the group's to end quietly (141)

@@ -10,10 +10,10 @@ from typing import Any
 
 from afddiag import __version__
 from afddiag.envvars import redact_report
-from afddiag.fleet.validate import report_problem
 from afddiag.gates.fleet import HostResult, run_fleet_gates
 from afddiag.model import to_jsonable
 from afddiag.reader import DepthError, InputError, parse_json, read_bytes
+from afddiag.schema.validate import report_problem
 from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, WARN
 
 FLEET_SCHEMA = "afddiag-fleet/1"  # kept in "schema" for readers of the first fleet reports
@@ -41,7 +41,7 @@ def parse_report(text: str, where: str) -> tuple[dict[str, Any] | None, str | No
 def _not_a_report(obj: Any) -> str | None:
     """Why ``obj`` cannot be judged as one host's report (one line naming its first problem), else None:
     not an object, a fleet report, or a report that breaks ``report.schema.json`` (types, required
-    fields, gate ids) or holds NaN (:func:`afddiag.fleet.validate.report_problem`)."""
+    fields, gate ids) or holds NaN (:func:`afddiag.schema.validate.report_problem`)."""
     if not isinstance(obj, dict):
         return f"JSON {type(obj).__name__}, not an afddiag report object"
     if obj.get("kind") == "fleet" or obj.get("schema") == FLEET_SCHEMA:

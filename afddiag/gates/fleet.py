@@ -18,7 +18,7 @@ from __future__ import annotations
 import ipaddress
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from afddiag.expect import CAPACITY_KEYS
 from afddiag.gates import declared, gate
 from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
 from afddiag.model.gpu import LOAD_FIGURES
+from afddiag.model.summary import Summary
 from afddiag.summary import as_int as _int  # one reading of an integer, with the summary
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
@@ -55,7 +56,7 @@ class HostResult:
     error: str | None = None
     elapsed_s: float | None = None
     _gates: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
-    _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _summary: Summary | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -89,7 +90,7 @@ class HostResult:
         return e if isinstance(e, dict) else {}
 
     @property
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Summary:
         """The report's per-host summary (:mod:`afddiag.summary`; built from an older report that has
         none); {} without a report. The fleet gates read only this."""
         if self._summary is None:
@@ -168,7 +169,7 @@ def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        f = h.summary.get("capacity") or {}
+        f: Mapping[str, Any] = h.summary.get("capacity") or {}
         val = _int(f.get("value"))
         if f.get("key") in CAPACITY_KEYS.values() and val is not None:
             flags[h.name] = (f["key"], val, bool(f.get("set")), h.summary.get("launch_env") or "?")
@@ -321,7 +322,8 @@ def gid_index(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
             continue
         envs = h.summary.get("gid_index_envs")
         if not isinstance(envs, dict):
-            envs = {NCCL_GID_VAR: h.summary["gid_index_env"]} if isinstance(h.summary.get("gid_index_env"), str) else {}
+            one = h.summary.get("gid_index_env")
+            envs = {NCCL_GID_VAR: one} if isinstance(one, str) else {}
         envs = {k: v for k, v in envs.items() if isinstance(k, str) and isinstance(v, str)}
         if envs:
             forced[h.name] = envs
@@ -384,12 +386,12 @@ def devicemap(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        dm_env = h.summary.get("devicemap_env") or {}
+        dm_env: Mapping[str, Any] = h.summary.get("devicemap_env") or {}
         if dm_env.get("verdict") == FAIL:
             bad_local.append(f"{h.name} ({_brief(dm_env.get('summary'))})")
         val = h.summary.get("device_map_env")
         if val is None:
-            first = h.summary.get("first_device") or {}
+            first: Mapping[str, Any] = h.summary.get("first_device") or {}
             verdict = first.get("verdict") if isinstance(first, dict) else None
             if dm_env.get("verdict") == FAIL:
                 continue  # named once, as its devicemap-env FAIL (which explains first-device's)
@@ -477,7 +479,7 @@ def gpu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     for h in fleet:
         if not h.ok:
             continue
-        g = h.summary.get("slow_state") or {}
+        g: Mapping[str, Any] = h.summary.get("slow_state") or {}
         if g.get("verdict") == FAIL:
             slow.append(f"{h.name} ({_brief(g.get('summary'))})")
         elif g.get("verdict") == WARN:
@@ -511,7 +513,8 @@ def gpu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
         return Verdict(gate_id, WARN, f"{_names(warn)}: gpu.slow-state inconclusive" + _tail(fleet),
                        "re-run `afddiag gpu --load` on the named hosts when their GPUs are idle: nothing is proven "
                        "wrong with them", facts, action="RERUN")
-    judged = [h.name for h in fleet if h.ok and (h.summary.get("slow_state") or {}).get("verdict") == PASS]
+    judged = [h.name for h in fleet
+              if h.ok and (h.summary.get("slow_state") or {"verdict": None}).get("verdict") == PASS]
     if not judged and not figs:
         return Verdict(gate_id, SKIP, "no host reported GPU load figures (run with --load, or the expert role)"
                        + _tail(fleet), "run `afddiag all --load` on every rank", facts)
@@ -622,7 +625,7 @@ def rails(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
             if not isinstance(r, dict) or not r.get("subnet"):
                 continue
             seen.append(f"{h.name} {r.get('port')} {r.get('subnet')}")
-            if not subnets.get(r["subnet"], set()) - {h.name}:
+            if not subnets.get(str(r["subnet"]), set()) - {h.name}:
                 lonely.append(f"{h.name} {r.get('port')} ({r.get('ip')} on {r['subnet']})")
     facts = {"rails": seen, "lonely": lonely, "subnets": {k: sorted(v) for k, v in subnets.items()},
              "not_judged": _not_judged(fleet)}
@@ -685,9 +688,9 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
             for s, row in matrix.items() for d, cells in row.items()}
     down = {k: v for k, v in down.items() if v}
     # a host whose own fabric.link FAILs explains every connection to and from it: that is the root
-    link_down = {h.name: str(h.summary["fabric_link"].get("summary") or "") for h in fleet
-                 if h.ok and isinstance(h.summary.get("fabric_link"), dict)
-                 and h.summary["fabric_link"].get("verdict") == FAIL}
+    link_down = {h.name: str(link.get("summary") or "") for h in fleet
+                 if h.ok and isinstance(link := h.summary.get("fabric_link"), dict)
+                 and link.get("verdict") == FAIL}
     by_link = {k: v for k, v in down.items() if k[0] in link_down or k[1] in link_down}
     asym = asymmetric(matrix, down, by_link)
     roles = {h.name: h.host_role for h in fleet if h.ok}

@@ -7,6 +7,7 @@ verdict never disagree. Pure: nothing here touches the host or the baseline file
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from afddiag import baseline
@@ -15,12 +16,12 @@ from afddiag.gates import Context
 from afddiag.gates import gpu as gates_gpu
 from afddiag.gates import host as gates_host
 from afddiag.gates.gpu_load import gpu_busy
-from afddiag.model.gpu import THROUGHPUT_FIGURES, gpu_facts_from_readings
+from afddiag.model.gpu import THROUGHPUT_FIGURES, GpuReadings, gpu_facts_from_readings
 from afddiag.model.run import Inputs, Observation
 from afddiag.verdict import FAIL
 
 
-def gpu_refusals(readings: dict[str, Any]) -> list[str]:
+def gpu_refusals(readings: GpuReadings | Mapping[str, Any]) -> list[str]:
     """Why the GPU probe's readings (with the load probe's ``under_load``) must not
     become this host's healthy baseline; [] when they may:
 

@@ -6,8 +6,9 @@ Data only (no I/O); :func:`gpu_facts_from_readings` normalises the GPU probe's r
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 NOT_SUPPORTED = "NOT_SUPPORTED"
 
@@ -63,7 +64,7 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and -READING_MAX < v < READING_MAX else None
 
 
-def _typed(src: dict[str, Any], key: str, kinds: type | tuple[type, ...]) -> Any:
+def _typed(src: Mapping[str, Any], key: str, kinds: type | tuple[type, ...]) -> Any:
     """``src[key]`` when it is an instance of ``kinds``, else None (missing, null, another type): how
     a recorded reading whose shape is not trusted is read field by field."""
     v = src.get(key)
@@ -191,7 +192,7 @@ class GpuFacts:
     cuda_view: dict[str, Any] | None = None  # {"read": bool, "why": str}: was the CUDA driver asked, and why (not)
     probe_pid: int | None = None  # the afddiag process that read NVML (its own CUDA context is not "another job")
     notes: list[str] = field(default_factory=list)
-    readings: dict[str, Any] | None = None  # the raw readings (afddiag.probes.gpu.read_gpu's shape)
+    readings: GpuReadings | None = None  # the raw readings (afddiag.probes.gpu.read_gpu's shape, not trusted)
     failed: str | None = None  # the GPU probe timed out or crashed: what it was doing (gpu.* say ERROR)
     load_failed: str | None = None  # the load probe timed out or crashed (gpu.slow-state says ERROR)
 
@@ -281,7 +282,72 @@ def _read_under_load(dev: GpuDevice, ul: Any) -> None:
         )
 
 
-def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
+class CudaView(TypedDict):
+    """Whether the GPU probe asked the CUDA driver (``read``) and why, or why not."""
+
+    read: bool
+    why: str | None
+
+
+class CudaReading(TypedDict, total=False):
+    """One device as the CUDA driver sees it (``cuDeviceGetAttribute``)."""
+
+    ordinal: int
+    sm_count: int | None
+    compute_capability: list[int] | None  # [major, minor]
+    integrated: bool | None
+
+
+class UnderLoadReading(TypedDict, total=False):
+    """The load probe's readings of one device (``why`` alone when it gave no figures)."""
+
+    why: str
+    clock_sm_mhz: float | None
+    power_mw: float | None
+    utilization_pct: float | None
+    clocks_event_reasons: int | None
+    pstate: int | None
+    achieved: dict[str, float | None]  # THROUGHPUT_FIGURES keys
+    busy_before: dict[str, Any] | None
+    busy_after: dict[str, Any] | None
+
+
+class GpuDeviceReading(TypedDict, total=False):
+    """One device of the GPU readings: NVML and CUDA joined by UUID (``nvml``: the NVML readings, by the
+    names in :mod:`afddiag.probes.gpu`'s docstring; a value NVML refused is ``"NOT_SUPPORTED"``)."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    pci_bus_id: str | None
+    cuda: CudaReading | None
+    nvml: dict[str, Any] | None
+    under_load: UnderLoadReading
+    notes: list[str]
+
+
+class GpuReadings(TypedDict, total=False):
+    """The GPU probe's readings: what :func:`afddiag.probes.gpu.read_gpu` returns and a snapshot holds (fields and
+    sources: that module's docstring, "The readings"); :func:`gpu_facts_from_readings` reads it, never
+    trusting its shape (a snapshot may hold anything)."""
+
+    driver_version: str | None
+    cuda_driver_version: int | None
+    versions: dict[str, str | None]  # kernel, bios, nvml
+    devices: list[GpuDeviceReading]
+    host_meminfo_kb: dict[str, int] | None
+    xid_events: list[dict[str, Any]] | None
+    xid_source: str | None
+    probe_pid: int | None
+    cuda_view: CudaView
+    notes: list[str]
+    why: str
+    failed: str
+    load_failed: str
+    expect: dict[str, Any]  # a snapshot's expectations: image_sm_count, baseline
+
+
+def gpu_facts_from_readings(r: GpuReadings | Mapping[str, Any]) -> GpuFacts:
     """Normalise the GPU probe's readings (:func:`afddiag.probes.gpu.read_gpu`'s shape, live or from a
     snapshot) into facts.
 
@@ -316,7 +382,7 @@ def gpu_facts_from_readings(r: dict[str, Any]) -> GpuFacts:
         xid_source=_typed(r, "xid_source", str),
         probe_pid=_int(r.get("probe_pid")),
         cuda_view=_typed(r, "cuda_view", dict),
-        readings=r,
+        readings=cast(GpuReadings, r),
         failed=_typed(r, "failed", str),
         load_failed=_typed(r, "load_failed", str),
     )

@@ -143,6 +143,22 @@ class ReachFacts:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # peer, port, ok, outcome, errno, error, elapsed_ms
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # the probe timed out or crashed (launch.control-plane says ERROR)
+    not_tried: list[tuple[str, int]] = field(default_factory=list)  # (peer, port) past the probe's time bound
+
+
+#: A note of a capture made before the reach readings held ``not_tried``: ``"10.0.0.2:9000 not tried: ..."``.
+_NOT_TRIED_NOTE = re.compile(r"^(\S+):(\d+) not tried")
+
+
+def _not_tried(r: dict[str, Any]) -> list[tuple[str, int]]:
+    """The (peer, port) pairs past the time bound: ``not_tried`` of the readings, else (a capture of an
+    older afddiag) the notes that name them."""
+    rows = r.get("not_tried")
+    if isinstance(rows, list):
+        return [(d["peer"], d["port"]) for d in rows if isinstance(d, dict) and isinstance(d.get("peer"), str)
+                and isinstance(d.get("port"), int) and not isinstance(d.get("port"), bool)]
+    found = (_NOT_TRIED_NOTE.match(n) for n in _of_type(r.get("notes"), str))
+    return [(m.group(1), int(m.group(2))) for m in found if m]
 
 
 def reach_facts(r: object) -> ReachFacts:
@@ -154,4 +170,4 @@ def reach_facts(r: object) -> ReachFacts:
            and isinstance(a.get("port"), int)]
     return ReachFacts(source=r.get("source") if isinstance(r.get("source"), str) else None,
                       peers=_of_type(r.get("peers"), str), ports=_of_type(r.get("ports"), int), attempts=att,
-                      notes=_of_type(r.get("notes"), str))
+                      notes=_of_type(r.get("notes"), str), not_tried=_not_tried(r))

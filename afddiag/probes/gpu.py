@@ -80,10 +80,10 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from afddiag import collect, expect, reader
-from afddiag.model.gpu import GpuFacts, gpu_facts_from_readings
+from afddiag.model.gpu import GpuFacts, GpuReadings, gpu_facts_from_readings
 from afddiag.model.run import Inputs, Observation, wants_load
 from afddiag.probes import cudadrv
 from afddiag.probes.cudadrv import (
@@ -305,7 +305,7 @@ def read_gpu(
     xid_log: str | None = None,
     cuda: bool = True,
     cuda_why: str | None = None,
-) -> dict:
+) -> GpuReadings:
     """Read every NVIDIA GPU on this host through NVML and (when ``cuda``) the CUDA driver, within
     ``timeout_s``.
 
@@ -339,7 +339,7 @@ def read_gpu(
         out["notes"].append(f"GPU probe failed: {type(e).__name__}: {e}")
         out.setdefault("why", f"GPU probe failed: {type(e).__name__}: {e}")
         out["failed"] = f"GPU probe failed: {type(e).__name__}: {e}"
-    return out
+    return cast(GpuReadings, out)  # built field by field by the readers above
 
 
 def _read_host(out: dict[str, Any], meminfo_path: str) -> None:

@@ -94,10 +94,11 @@ def read_reach(peers: list[str], ports: list[int], source: str | None, timeout_s
     """Every (peer, port) once, each bounded by a share of ``timeout_s`` (at most 2 s, at least
     0.2 s); attempts past the whole bound are recorded as not tried; a set over :data:`MAX_ATTEMPTS`
     pairs or with a peer that is no IPv4 address is not tried at all (a note says why). Returns ``{"source", "peers",
-    "ports", "attempts": [connect_once(...)], "notes"}``. Never raises."""
+    "ports", "attempts": [connect_once(...)], "not_tried": [{"peer", "port"}] (past the bound), "notes"}``.
+    Never raises."""
     peers, ports = list(dict.fromkeys(peers)), list(dict.fromkeys(ports))
     out: dict[str, Any] = {"source": source, "peers": peers[:MAX_ATTEMPTS], "ports": ports[:MAX_ATTEMPTS],
-                           "attempts": [], "notes": []}
+                           "attempts": [], "not_tried": [], "notes": []}
     refused = bounds_problem(peers, ports)
     if refused:
         out["notes"].append(f"not tried: {refused}")
@@ -108,6 +109,7 @@ def read_reach(peers: list[str], ports: list[int], source: str | None, timeout_s
     for peer, port in pairs:
         if time.monotonic() + each > deadline:
             out["notes"].append(f"{peer}:{port} not tried: the {timeout_s:g} s bound was used up")
+            out["not_tried"].append({"peer": peer, "port": port})
             continue
         out["attempts"].append(connect_once(peer, port, source, each))
     return out

@@ -169,7 +169,7 @@ def compile_schema(schema: dict[str, Any], root: dict[str, Any] | None = None) -
                                             "items", "anyOf", "$ref", "$defs", "pattern", "minLength", "minimum",
                                             "maximum", "propertyNames"}
     if unknown:
-        raise ValueError(f"report schema: keyword(s) {sorted(unknown)} not supported by afddiag.fleet.validate")
+        raise ValueError(f"report schema: keyword(s) {sorted(unknown)} not supported by afddiag.schema.validate")
     if "$ref" in schema:
         ref = schema["$ref"]
         if not ref.startswith("#/$defs/"):
@@ -192,6 +192,14 @@ def report_check() -> Check:
     """``report.schema.json`` compiled (once)."""
     text = resources.files("afddiag.schema").joinpath("report.schema.json").read_text(encoding="utf-8")
     return compile_schema(json.loads(text))
+
+
+@lru_cache(maxsize=1)
+def summary_check() -> Check:
+    """The ``summary`` part of ``report.schema.json`` compiled (once): what :func:`afddiag.summary.load` checks."""
+    text = resources.files("afddiag.schema").joinpath("report.schema.json").read_text(encoding="utf-8")
+    schema = json.loads(text)
+    return compile_schema(schema["properties"]["summary"], schema)
 
 
 def _non_finite(obj: Any) -> str | None:
