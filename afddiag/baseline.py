@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-FIGURES = ("clock_sm_mhz_under_load", "power_mw_under_load", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
+#: The load probe's throughput figures (field names of ``afddiag.model.gpu.UnderLoad``; their units:
+#: ``afddiag.model.gpu.THROUGHPUT_FIGURES``): the one list of their names.
+THROUGHPUT_NAMES = ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
+FIGURES = ("clock_sm_mhz_under_load", "power_mw_under_load", *THROUGHPUT_NAMES)
 
 # Healthy figures by GPU model (NVML name), for hosts without a recorded baseline. Throughput figures
 # are the load probe's own (other tools measure other things); unknown figures are left out.
@@ -121,7 +124,7 @@ def from_under_load(ul: dict[str, Any]) -> dict[str, Any]:
     """A load probe's under-load readings → baseline figures (units in the names)."""
     ach = ul.get("achieved") or {}
     out = {"clock_sm_mhz_under_load": ul.get("clock_sm_mhz"), "power_mw_under_load": ul.get("power_mw")}
-    out.update({k: ach.get(k) for k in ("fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")})
+    out.update({k: ach.get(k) for k in THROUGHPUT_NAMES})
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
 

@@ -12,7 +12,7 @@ from afddiag.endpoint import device_map
 from afddiag.envvars import redact_report
 from afddiag.model import to_jsonable
 from afddiag.model.report import Report
-from afddiag.verdict import Verdict, exit_code
+from afddiag.verdict import VERDICTS, Verdict, exit_code
 
 if TYPE_CHECKING:
     from afddiag.model.fabric import FabricFacts
@@ -29,7 +29,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
     Gates whose dependency failed are settled first and every verdict gets its typed action
     (:func:`afddiag.diagnosis.prepare`); ``diagnosis`` lists the independent faults in fix order."""
     diagnosis = prepare(verdicts)
-    counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    counts = {v: 0 for v in VERDICTS}
     for v in verdicts:
         counts[v.verdict] += 1
     return cast(Report, redact_report({  # no credential (by name or by shape) leaves in a report

@@ -18,6 +18,8 @@ UCX_GID_VAR = "UCX_IB_GID_INDEX"  # UCX (UCT/IB; NIXL and UCX-based engines)
 # port the engine uses); without one set each engine selects its own by address family.
 GID_INDEX_VARS = (NCCL_GID_VAR, MC_GID_VAR, UCX_GID_VAR)
 WATCHED = (MAP_VAR, NCCL_HCA_VAR) + GID_INDEX_VARS
+#: Each role's capacity flag in the launch env (the coordinator's and the ranks' must agree): the one definition.
+CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
 
 # Names whose values are credentials: a whole "_"-separated word of the name, trailing digits aside
 # (AFD_PASS2, DB_PWD1), is one of _SECRET_WORDS (AFD_HF_TOKEN, AFD_DB_PASSWORD, AFD_API_KEY,
@@ -321,7 +323,7 @@ def _check_value(key: str, val: str, where: str) -> None:
         for v in re.split(r"[,\s]+", val.strip()):
             if v:
                 ipv4(v)
-    elif key in ("AFD_PREFILL_CAPACITY", "AFD_EXPERT_CAPACITY", "AFD_IMAGE_SM_COUNT") and val:
+    elif key in (*CAPACITY_KEYS.values(), "AFD_IMAGE_SM_COUNT") and val:
         if not re.fullmatch(r"[0-9]{1,9}", val) or int(val) <= 0:  # ASCII digits only: '²'.isdigit() is True
             raise LaunchEnvError(f"{where}: {key}={val[:20]!r}{'...' if len(val) > 20 else ''} is not a positive "
                                  "integer (1 to 999999999, ASCII digits)")

@@ -26,11 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag.envvars import CAPACITY_KEYS
 from afddiag.textnum import digits
 
 SM_LABEL = "afd.export.sm_count"  # image label holding the SM count the AOT kernels were exported for
-CAPACITY_KEYS = {"coordinator": "AFD_PREFILL_CAPACITY", "expert": "AFD_EXPERT_CAPACITY"}
-OTHER_KEY = {"AFD_PREFILL_CAPACITY": "AFD_EXPERT_CAPACITY", "AFD_EXPERT_CAPACITY": "AFD_PREFILL_CAPACITY"}
+_PREFILL, _EXPERT = CAPACITY_KEYS["coordinator"], CAPACITY_KEYS["expert"]
+OTHER_KEY = {_PREFILL: _EXPERT, _EXPERT: _PREFILL}  # one side's capacity flag -> the other side's
 
 
 @dataclass

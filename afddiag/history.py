@@ -31,11 +31,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from afddiag.baseline import THROUGHPUT_NAMES
+
 SCHEMA_VERSION = 1
 MAX_RUNS = 5000
 MAX_BYTES = 64 << 20
 BUSY_TIMEOUT_S = 10.0
-FIGURES = ("clock_sm_mhz", "power_mw", "fp32_tflops", "bf16_tflops", "gemv_gbps", "copy_gbps")
+FIGURES = ("clock_sm_mhz", "power_mw", *THROUGHPUT_NAMES)
 _warned = False
 
 _SCHEMA = """

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.termsafe import html as esc
-from afddiag.verdict import ERROR, FAIL, WARN
+from afddiag.verdict import ERROR, FAIL, VERDICTS, WARN
 
 TELLS = (FAIL, ERROR, WARN)
 _ORDER = {FAIL: 0, ERROR: 1, WARN: 2}
@@ -60,7 +60,7 @@ def _e(v: Any) -> str:
 
 
 def _v(verdict: str | None) -> str:
-    v = verdict if verdict in ("PASS", "WARN", "FAIL", "SKIP", "ERROR") else "ERROR"
+    v = verdict if verdict in VERDICTS else "ERROR"
     return f'<span class="v {v}">{_e(verdict or "?")}</span>'
 
 

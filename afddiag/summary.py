@@ -47,8 +47,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from afddiag import __version__
-from afddiag.envvars import GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR, redact_report
-from afddiag.expect import CAPACITY_KEYS
+from afddiag.envvars import CAPACITY_KEYS, GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR, redact_report
 from afddiag.model import to_jsonable
 from afddiag.model.gpu import LOAD_FIGURES, GpuFacts
 from afddiag.model.report import Report
@@ -56,10 +55,9 @@ from afddiag.model.run import Inputs, Observation
 from afddiag.model.summary import SUMMARY_VERSION, ControlPlane, FirmwareRow, GpuRow, Summary, VerdictBrief
 from afddiag.schema.validate import summary_check
 from afddiag.textnum import digits
-from afddiag.verdict import Verdict
+from afddiag.verdict import VERDICTS, Verdict
 
 __all__ = ["SUMMARY_VERSION", "Summary", "as_int", "from_report", "from_run", "load", "of"]
-_VERDICTS = ("PASS", "WARN", "FAIL", "SKIP", "ERROR")
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -148,7 +146,7 @@ def control_plane_of(rep: Report | Mapping[str, Any]) -> dict[str, Any] | None:
             not_tried.append({"peer": m.group(1), "port": int(m.group(2))})
     bad = [{"key": str(b.get("key")), "value": str(b.get("value")), "why": str(b.get("why"))}
            for b in seq("advertised_bad") if isinstance(b, dict)]
-    verdict = g.get("verdict") if g.get("verdict") in ("PASS", "WARN", "FAIL", "SKIP", "ERROR") else None
+    verdict = g.get("verdict") if g.get("verdict") in VERDICTS else None
     return {"verdict": verdict, "source": f.get("source") if isinstance(f.get("source"), str) else None,
             "peers": [str(p) for p in seq("peers")],
             "ports": [p for p in map(as_int, seq("ports")) if p is not None and 0 < p < 65536],
@@ -276,7 +274,7 @@ def _control_plane(gate: Verdict | None, obs: Observation) -> ControlPlane | Non
                 for a in (reached.attempts if reached else [])
                 if isinstance(a.get("peer"), str) and as_int(a.get("port")) is not None]
     return cast(ControlPlane, {
-        "verdict": gate.verdict if gate.verdict in _VERDICTS else None,
+        "verdict": gate.verdict if gate.verdict in VERDICTS else None,
         "source": reached.source if reached and isinstance(reached.source, str) else None,
         "peers": [str(p) for p in (reached.peers if reached else [])],
         "ports": [p for p in map(as_int, reached.ports if reached else []) if p is not None and 0 < p < 65536],

@@ -14,7 +14,7 @@ from afddiag.gates.fleet import HostResult, run_fleet_gates
 from afddiag.model import to_jsonable
 from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 from afddiag.schema.validate import report_problem
-from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, WARN
+from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, VERDICTS, WARN
 
 FLEET_SCHEMA = "afddiag-fleet/1"  # kept in "schema" for readers of the first fleet reports
 FLEET_SCHEMA_VERSION = 1  # afddiag/schema/fleet.schema.json
@@ -125,7 +125,7 @@ def _host_row(h: HostResult) -> dict[str, Any]:
     verdicts = [g.get("verdict") for g in gates]
     failing = [str(g.get("id")) for g in gates if g.get("verdict") in (FAIL, ERROR)]
     warned = [str(g.get("id")) for g in gates if g.get("verdict") == WARN]
-    counts = {v: verdicts.count(v) for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    counts = {v: verdicts.count(v) for v in VERDICTS}
     code = (EXIT_FAIL if FAIL in verdicts else EXIT_ERROR if ERROR in verdicts else EXIT_WARN if WARN in verdicts
             else EXIT_OK)
     return {"name": h.name, "role": h.host_role if h.ok else h.role, "target": h.target,
@@ -156,7 +156,7 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
         code = EXIT_WARN
     else:
         code = EXIT_OK
-    counts = {v: 0 for v in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")}
+    counts = {v: 0 for v in VERDICTS}
     for v in verdicts:
         counts[v.verdict] += 1
     out = {"schema_version": FLEET_SCHEMA_VERSION, "kind": "fleet", "schema": FLEET_SCHEMA,

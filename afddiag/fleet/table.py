@@ -8,6 +8,7 @@ from typing import Any, TextIO
 
 from afddiag.render import COLORS, console_for, print_gate_table, wrap, write_gate_lines
 from afddiag.termsafe import one_line
+from afddiag.verdict import VERDICTS
 
 
 def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
@@ -25,7 +26,7 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
                   "pass/warn/fail/skip/error  failing gates / error\n")
         for r in fr["hosts"]:
             c = r.get("counts") or {}
-            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
+            cnt = "/".join(str(c.get(k, "-")) for k in VERDICTS) if c else "-"
             what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
             out.write(f"{r['name']:<{w}}  {str(r.get('role') or '-'):<12} {r['status']:<9} {r['exit_code']!s:<5} "
                       f"{cnt:<26} {what}\n")
@@ -46,7 +47,7 @@ def write_fleet_table(fr: dict[str, Any], out: TextIO | None = None, width: int 
         t.add_column("failing gates / error", overflow="fold", ratio=1)
         for r in fr["hosts"]:
             c = r.get("counts") or {}
-            cnt = "/".join(str(c.get(k, "-")) for k in ("PASS", "WARN", "FAIL", "SKIP", "ERROR")) if c else "-"
+            cnt = "/".join(str(c.get(k, "-")) for k in VERDICTS) if c else "-"
             what = r["error"] if r["status"] != "ok" else (", ".join(r["failing"]) or "-")
             status = Text(r["status"], style="" if r["status"] == "ok" else COLORS["ERROR"])
             t.add_row(Text(r["name"]), Text(str(r.get("role") or "-")), status, Text(str(r["exit_code"])), Text(cnt),

@@ -25,8 +25,7 @@ from typing import Any
 from afddiag import summary
 from afddiag.catalog import remedy
 from afddiag.diagnosis import fill_actions
-from afddiag.envvars import MAP_VAR, NCCL_GID_VAR, parse_device_map
-from afddiag.expect import CAPACITY_KEYS
+from afddiag.envvars import CAPACITY_KEYS, MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.gates import declared, gate
 from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
 from afddiag.model.gpu import LOAD_FIGURES

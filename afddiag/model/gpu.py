@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
+from afddiag.baseline import THROUGHPUT_NAMES
+
 NOT_SUPPORTED = "NOT_SUPPORTED"
 
 # NVML clocks event reasons (nvml.h ``nvmlClocksEventReason*``), bit -> name.
@@ -115,8 +117,8 @@ def busy_evidence(processes: Any, utilization_pct: Any, own_pids: set[int] | fro
 #: The load probe's throughput figures (fields of :class:`UnderLoad`) with their units, and every figure a
 #: GPU is compared by under load (the SM clock first): the one list the gates, the summary and the
 #: baseline refusals read.
-THROUGHPUT_FIGURES: tuple[tuple[str, str], ...] = (("fp32_tflops", "TFLOP/s"), ("bf16_tflops", "TFLOP/s"),
-                                                   ("gemv_gbps", "GB/s"), ("copy_gbps", "GB/s"))
+THROUGHPUT_FIGURES: tuple[tuple[str, str], ...] = tuple(zip(THROUGHPUT_NAMES, ("TFLOP/s", "TFLOP/s", "GB/s", "GB/s"),
+                                                             strict=True))
 LOAD_FIGURES: tuple[tuple[str, str], ...] = (("clock_sm_mhz", "MHz"), *THROUGHPUT_FIGURES)
 
 

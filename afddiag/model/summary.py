@@ -22,7 +22,7 @@ class VerdictBrief(TypedDict):
 
 
 class Capacity(TypedDict):
-    """This role's capacity flag (``launch.capacity``): ``key`` one of :data:`afddiag.expect.CAPACITY_KEYS`."""
+    """This role's capacity flag (``launch.capacity``): ``key`` one of :data:`afddiag.envvars.CAPACITY_KEYS`."""
 
     key: str
     value: int
