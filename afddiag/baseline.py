@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from afddiag.atomic import atomic_write, private_folder, written_by_others
+from afddiag.reader import InputError, load_json
+
 SCHEMA_VERSION = 1
 #: The load probe's throughput figures (field names of ``afddiag.model.gpu.UnderLoad``; their units:
 #: ``afddiag.model.gpu.THROUGHPUT_FIGURES``): the one list of their names.
@@ -93,10 +96,7 @@ def load(path: str | os.PathLike | None = None, strict: bool = False) -> tuple[d
     not read: the words are an :class:`IgnoredWhy`. Never raises, except with ``strict`` (a file the
     user named): a file that is there but refused (too big, nested too deep, not JSON, a device) or
     of another format raises :class:`afddiag.reader.InputError`, one line naming it."""
-    from afddiag.reader import InputError, load_json
-
     p = Path(path) if path else default_path()
-    from afddiag.atomic import written_by_others
 
     unsafe = written_by_others(p, sticky_ok=path is not None)
     if unsafe:
@@ -165,7 +165,6 @@ def record(readings: Mapping[str, Any], cpu: dict[str, Any] | None, host: str,
         data["forced"], data["forced_over"] = True, list(forced)
     if cpu_forced and data["cpu"]:
         data["cpu"] = {**data["cpu"], "forced_over": list(cpu_forced)}
-    from afddiag.atomic import atomic_write, private_folder
 
     if path:
         p = Path(path)

@@ -13,9 +13,10 @@ import io
 import os
 import posixpath
 import stat
-import tarfile
 import time
 from pathlib import Path
+
+from afddiag.atomic import atomic_write
 
 MAX_FILE_BYTES = 64 << 20  # one member (GPU readings with Xid events are ~100 KiB; sysfs files are bytes)
 MAX_TOTAL_BYTES = 256 << 20  # every member together, as extracted (a gzip bomb stops here)
@@ -39,8 +40,9 @@ def write_tar_gz(target: str | os.PathLike, files: dict[str, bytes], top: str = 
     a temporary file in the target's folder, fsync, then ``os.replace``. Members are regular files
     (mode 0644, owner 0, mtime now) under ``top/`` when given, sorted by name. Returns the path.
     Raises OSError when the folder cannot be written (the temporary file is removed)."""
+    import tarfile  # the tar module only when a bundle is written or read (start-up)
+
     p = Path(target)
-    from afddiag.atomic import atomic_write
 
     now = int(time.time())
     with atomic_write(p, binary=True, device_ok=True) as raw:
@@ -188,6 +190,7 @@ def safe_extract(bundle: str | os.PathLike, dest: str | os.PathLike, max_file_by
     (Python 3.11.2's tarfile has no ``filter="data"``; these checks are a superset of it.)
     """
     import gzip
+    import tarfile  # the tar module only when a bundle is written or read (start-up)
 
     max_file_bytes = max_file_bytes or MAX_FILE_BYTES
     max_total_bytes = max_total_bytes or MAX_TOTAL_BYTES

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from afddiag import runner
+from afddiag.bundle import write_tar_gz
 from afddiag.model.run import Inputs
 from afddiag.probes.registry import Sources
 
@@ -42,8 +43,6 @@ def write_bundle(path: str | os.PathLike, src: Sources | None = None, timeout_s:
                  **kw) -> tuple[Path, list[str]]:
     """Collect (:func:`collect_bundle`, ``kw`` passed on) and write the bundle atomically at ``path``
     → (path, notes). Raises OSError when ``path``'s folder cannot be written."""
-    from afddiag.bundle import write_tar_gz
-
     files, host, notes = collect_bundle(src, timeout_s, **kw)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = re.sub(r"[^A-Za-z0-9_.\-]", "_", host)[:64] or "host"

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from afddiag.bundle import BundleError, is_bundle, remove_tree, safe_extract
 from afddiag.reader import RefusedRead
 
 T = TypeVar("T")
@@ -89,8 +90,6 @@ def opened_snapshot(path: str, timeout_s: float | None = None):
     (:func:`afddiag.bundle.remove_tree`). Raises :class:`SnapshotError` when the bundle is missing,
     unreadable or refused (one line naming the bundle and the member)."""
     import tempfile
-
-    from afddiag.bundle import BundleError, is_bundle, remove_tree, safe_extract
 
     if not is_bundle(path):
         yield str(path)

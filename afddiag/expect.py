@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag import baseline
 from afddiag.envvars import CAPACITY_KEYS
 from afddiag.textnum import digits
 
@@ -108,8 +109,6 @@ def resolve(inputs: Any, obs: Any, fabric_ip: Any = None) -> Expectations:
     """Every expectation of one run (``inputs``: :class:`~afddiag.model.run.Inputs`, ``obs``: its
     :class:`~afddiag.model.run.Observation`, ``fabric_ip``: its :class:`~afddiag.endpoint.FabricIp`,
     default ``obs.fabric_ip``), each with its source. Never raises on odd inputs."""
-    from afddiag import baseline
-
     pb = inputs.playbook
     le = inputs.launch_env or {}
     ex = Expectations()

@@ -31,7 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from afddiag.baseline import THROUGHPUT_NAMES
+from afddiag.atomic import OutputTargetError, check_folder, private_folder, target_kind, trusted_uid
+from afddiag.baseline import THROUGHPUT_NAMES, state_dir
+from afddiag.envvars import redact_report
+from afddiag.render import COLORS, console_for
+from afddiag.termsafe import one_line
 
 SCHEMA_VERSION = 1
 MAX_RUNS = 5000
@@ -64,8 +68,6 @@ CREATE INDEX IF NOT EXISTS runs_host ON runs (host, id);
 
 def default_path() -> Path:
     """The store: ``$AFDDIAG_HISTORY``, else ``<state dir>/history.sqlite3``."""
-    from afddiag.baseline import state_dir
-
     return Path(os.environ["AFDDIAG_HISTORY"]) if os.environ.get("AFDDIAG_HISTORY") else state_dir() / "history.sqlite3"
 
 
@@ -99,8 +101,6 @@ def _open_store(p: Path, create: bool) -> None:
     yours, writable by no one else: SQLite puts its journal files beside it by name), and the store
     itself is opened without following a link (``O_NOFOLLOW``), created 0600, a regular file of
     root's or yours (an older store readable by others is made 0600). Raises OSError (one line)."""
-    from afddiag.atomic import OutputTargetError, check_folder, private_folder, target_kind, trusted_uid
-
     try:
         if create:
             private_folder(p.parent)
@@ -177,8 +177,6 @@ def connect(path: str | os.PathLike | None = None, create: bool = True,
 def insert_run(con: sqlite3.Connection, report: Mapping[str, Any], command: str) -> int:
     """Insert one run (the report and its per-gate verdicts) in the caller's transaction → run id.
     The stored report has every credential redacted (:func:`afddiag.envvars.redact_report`)."""
-    from afddiag.envvars import redact_report
-
     report = redact_report(report)
     cur = con.execute(
         "INSERT INTO runs (ts, generated_at, host, command, role, source, exit_code, report) VALUES (?,?,?,?,?,?,?,?)",
@@ -497,8 +495,6 @@ def _drift_lines(d: dict[str, Any] | None) -> list[str]:
 
 def format_text(summary: dict[str, Any]) -> str:
     """:func:`summarize`'s result as lines for people (stored text escaped: :func:`afddiag.termsafe.one_line`)."""
-    from afddiag.termsafe import one_line
-
     summary = one_line(summary)
     lines = [_head(summary)]
     for h, hs in summary["hosts"].items():
@@ -526,8 +522,6 @@ def write_history(summary: dict[str, Any], out: Any = None, width: int | None = 
     elsewhere :func:`format_text`'s plain lines."""
     import sys
 
-    from afddiag.render import COLORS, console_for
-    from afddiag.termsafe import one_line
 
     out = out or sys.stdout
     con = console_for(out, width)

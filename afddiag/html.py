@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from afddiag.atomic import atomic_write
+from afddiag.catalog import load
+from afddiag.prometheus import path_mtus
+from afddiag.render import action_tag
 from afddiag.termsafe import html as esc
 from afddiag.verdict import ERROR, FAIL, VERDICTS, WARN
 
@@ -86,8 +90,6 @@ def host_faults(report: dict[str, Any]) -> list[dict[str, Any]]:
 def _remedy(entry: dict[str, Any]) -> str:
     """The remedy line with its action and drain as the text reports show them
     (:func:`afddiag.render.action_tag`: ``[FIX_ADDRESS, drain]``)."""
-    from afddiag.render import action_tag
-
     tag = action_tag(entry)
     return (f'<div class="remedy">{_e(entry["remedy"])}'
             + (f' <span class="action">{_e(tag)}</span>' if tag else "") + "</div>")
@@ -164,8 +166,6 @@ def _matrix(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[str]
     """Gates down, hosts across. Rows: the catalog's gate ids that some host reported, then at most
     :data:`MAX_UNKNOWN_GATES` ids the catalog lacks (the rest counted), so the page grows linearly in
     hosts whatever ids the reports carry; each host's gates are indexed once (no scan per cell)."""
-    from afddiag.catalog import load
-
     names = [r.get("name") for r in fr.get("hosts") or []]
     known = load().get("gates") or {}
     by_host: dict[Any, dict[str, dict[str, Any]]] = {}
@@ -202,8 +202,6 @@ def _matrix(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> list[str]
 
 
 def _topology(name: str, rep: dict[str, Any]) -> list[str]:
-    from afddiag.prometheus import path_mtus
-
     fab = _dict(_dict(rep.get("facts")).get("fabric"))
     devs = [d for d in _list(fab.get("devices")) if isinstance(d, dict)]
     fip = _dict(rep.get("inputs")).get("fabric_ip")
@@ -282,7 +280,5 @@ def render(fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> str:
 def write_page(path: str, fr: dict[str, Any], reports: dict[str, dict[str, Any]]) -> None:
     """Write :func:`render`'s page to ``path`` atomically. Raises OSError (an
     :class:`afddiag.atomic.OutputTargetError` for a FIFO, socket or folder) when it cannot."""
-    from afddiag.atomic import atomic_write
-
     with atomic_write(path, device_ok=True) as f:
         f.write(render(fr, reports))

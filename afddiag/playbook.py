@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from afddiag.atomic import written_by_others
+from afddiag.packaged import names, read_text
+from afddiag.reader import InputError
+from afddiag.reader import read_text as read_bounded
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -230,8 +235,6 @@ def available() -> dict[str, str]:
 
 
 def _packaged() -> list[str]:
-    from afddiag.packaged import names
-
     return [n for n in names("playbooks") if n.endswith(".toml")]
 
 
@@ -244,12 +247,7 @@ def _read(ref: str) -> str:
     folder is refused), refused when others could have written it
     (:func:`afddiag.atomic.written_by_others`). Raises :class:`PlaybookError` naming the file and why."""
     if ref.startswith("<packaged>/"):
-        from afddiag.packaged import read_text
-
         return read_text("playbooks", ref.split("/", 1)[1])
-    from afddiag.atomic import written_by_others
-    from afddiag.reader import InputError
-    from afddiag.reader import read_text as read_bounded
 
     if unsafe := written_by_others(ref, sticky_ok=True):  # it decides which gates run and what they expect
         raise PlaybookError(f"playbook {ref}: refused: {unsafe}, so anyone could choose the gates and thresholds "

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+from afddiag.termsafe import line
+
 _lock = threading.Lock()
 _state: dict[str, Any] = {"progress": None, "users": 0, "off": False}
 
@@ -55,7 +57,6 @@ class Steps:
         if self._started:
             self._p.advance(self._task)
         self._started = True
-        from afddiag.termsafe import line  # a device name or a peer's address: data, shown as it is
 
         self._p.update(self._task, description=line(f"{self._what}: {label}"))
 

@@ -35,6 +35,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from afddiag.model import roce_mtu
+from afddiag.termsafe import cleaned
+
 STATUS = {"PASS": 0, "WARN": 1, "FAIL": 2, "ERROR": 3, "SKIP": 4}
 
 
@@ -60,8 +63,6 @@ def _dicts(v: Any) -> list[dict[str, Any]]:
 def path_mtus(fabric: dict[str, Any] | None) -> list[tuple[str, str, str, int]]:
     """``(device, port, netdev, RoCE path MTU bytes)`` for each port whose GIDs name a netdev with a
     known MTU, from a report's ``facts.fabric`` (JSON form)."""
-    from afddiag.gates.fabric import roce_mtu
-
     if not isinstance(fabric, dict):
         return []
     netdevs = fabric["netdevs"] if isinstance(fabric.get("netdevs"), dict) else {}
@@ -186,8 +187,6 @@ def render(report: Mapping[str, Any], command: str = "all") -> str:
     (``prometheus_client.generate_latest``), ending with a newline. ``command`` is the afddiag command
     that made it (a label). Raises :class:`PrometheusUnavailable` without prometheus_client."""
     from prometheus_client import generate_latest
-
-    from afddiag.termsafe import cleaned
 
     # label values from the host (device names: a non-UTF-8 one is a lone surrogate) as escapes
     return generate_latest(registry_for(cleaned(report), command)).decode("utf-8")

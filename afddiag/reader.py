@@ -18,6 +18,7 @@ import stat
 import threading
 from typing import Any
 
+from afddiag.atomic import target_kind
 from afddiag.textnum import kernel_int
 
 MAX_JSON_BYTES = 64 << 20  # GPU readings with Xid events are ~100 KiB; 10k netdev addresses ~10 MiB
@@ -41,8 +42,6 @@ class DepthError(InputError):
 
 
 def _kind(mode: int) -> str:
-    from afddiag.atomic import target_kind
-
     return target_kind(os.stat_result((mode,) + (0,) * 9))
 
 

@@ -13,6 +13,7 @@ import io
 import os
 from typing import Any, TextIO
 
+from afddiag.diagnosis import drains
 from afddiag.textlayout import unbroken, units, wrap  # noqa: F401 - the renderers' text layout, re-exported
 
 COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
@@ -55,8 +56,6 @@ def action_tag(entry: dict[str, Any]) -> str:
         return ""
     drain = entry.get("drain")
     if drain is None:
-        from afddiag.diagnosis import drains
-
         try:
             drain = drains(str(entry.get("verdict")), str(action))
         except Exception:  # noqa: BLE001 - a report from elsewhere with an action this catalog lacks

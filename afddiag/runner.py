@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from afddiag import __version__, baseline, collect, document, endpoint, expect, summary
+from afddiag.bundle import is_bundle
 from afddiag.collect import Progress, SnapshotError
 from afddiag.gates import Context, run_gates
 from afddiag.model.report import Report
@@ -102,17 +103,11 @@ def opened(inputs: Inputs):
     """``inputs`` with a capture bundle (``.tar.gz``) snapshot extracted safely to a temporary folder
     (removed on exit); a folder or a live run as is. Raises :class:`~afddiag.collect.SnapshotError`
     for a bundle that is missing or refused."""
-    if inputs.snapshot and not os.path.isdir(inputs.snapshot) and _is_bundle(inputs.snapshot):
+    if inputs.snapshot and not os.path.isdir(inputs.snapshot) and is_bundle(inputs.snapshot):
         with collect.opened_snapshot(inputs.snapshot) as root:  # bounded by bundle.EXTRACT_TIMEOUT_S
             yield dataclasses.replace(inputs, snapshot=root)
     else:
         yield inputs
-
-
-def _is_bundle(path: str) -> bool:
-    from afddiag.bundle import is_bundle  # tarfile: imported only for a bundle (start-up)
-
-    return is_bundle(path)
 
 
 def observe(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Observation:

@@ -115,7 +115,7 @@ def test_numeric_gauges_in_base_units():
     fams = families(invoke(["fabric", "--format", "prometheus", "--no-history", "--snapshot", str(c10)])[0])
     mtus = {(x.labels["device"], x.labels["netdev"]): x.value for x in fams["afddiag_roce_path_mtu_bytes"].samples}
     rep = json.loads(invoke(["fabric", "--json", "--no-history", "--snapshot", str(c10)])[0])
-    from afddiag.gates.fabric import roce_mtu
+    from afddiag.model import roce_mtu
 
     nds = rep["facts"]["fabric"]["netdevs"]
     assert mtus and all(v == roce_mtu(nds[n]["mtu"]) for (_, n), v in mtus.items())

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag.reader import InputError, read_text
 from afddiag.textnum import digits
 
 if sys.version_info >= (3, 11):
@@ -143,8 +144,6 @@ def load_inventory(path: str) -> Inventory:
     Raises :class:`InventoryError` (naming the file and the entry) for an unreadable file, TOML
     errors, unknown keys, a host without a name, duplicate names, or a fabric IP that is not IPv4.
     """
-    from afddiag.reader import InputError, read_text
-
     try:
         data = tomllib.loads(read_text(path))
     except FileNotFoundError as e:

@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import afddiag
+from afddiag.atomic import atomic_write
 from afddiag.fleet.inventory import Inventory, InvHost, parse_target, remote_args
 from afddiag.fleet.judge import parse_report
 from afddiag.gates.fleet import HostResult
+from afddiag.packaged import data_dir
+from afddiag.termsafe import clean
 
 MAX_OUTPUT_MIB = 32  # a host's stdout past this is an ERROR row (a 10k-device report is ~10 MiB)
 
@@ -47,8 +51,6 @@ class Progress:
     def __call__(self, host: str, state: str) -> None:
         """Write ``[  12.3s] host: state`` (nothing with ``quiet``)."""
         if not self.quiet:
-            from afddiag.termsafe import clean
-
             self.stream.write(clean(f"[{time.monotonic() - self.t0:6.1f}s] {host}: {state}", keep_newlines=False)
                               + "\n")
             self.stream.flush()
@@ -233,8 +235,6 @@ def build_zipapp(dest: str) -> str:
     import importlib.util
     import zipfile
 
-    import afddiag
-    from afddiag.packaged import data_dir
 
     pkg = Path(afddiag.__file__).resolve().parent
     files: list[tuple[Path, str]] = []
@@ -264,7 +264,6 @@ def build_zipapp(dest: str) -> str:
             raise ImportError(f"{mod} has no source file here (built in?): it is vendored into the zipapp")
     main = "import sys\nfrom afddiag.cli import main\nmain()\n"
     Path(dest).parent.mkdir(parents=True, exist_ok=True)
-    from afddiag.atomic import atomic_write
 
     with atomic_write(dest, binary=True, mode=0o755) as f:
         f.write(b"#!/usr/bin/env python3\n")

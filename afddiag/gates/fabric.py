@@ -15,7 +15,7 @@ from afddiag.envvars import (
 )
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, probe_failed, probed
 from afddiag.gates.devicemap import gid_slot
-from afddiag.model import ROCE_V2, to_jsonable
+from afddiag.model import ROCE_V2, roce_mtu, to_jsonable
 from afddiag.model.fabric import (
     Entry,
     FabricFacts,
@@ -29,16 +29,6 @@ from afddiag.model.fabric import (
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
-ROCE_MTUS = (4096, 2048, 1024, 512, 256)
-ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
-
-
-def roce_mtu(netdev_mtu: int) -> int:
-    """RoCE path MTU (bytes) for a netdev MTU, as the kernel's ``iboe_get_mtu`` computes it:
-    the largest of 256…4096 that fits the netdev MTU less RoCE headers (1500 → 1024, 9000 → 4096).
-    Returns 0 below 256."""
-    room = netdev_mtu - ROCE_OVERHEAD
-    return next((m for m in ROCE_MTUS if room >= m), 0)
 
 
 def fabric_facts(ctx: Context, gate_id: str) -> FabricFacts | Verdict:

@@ -16,6 +16,16 @@ from typing import Any
 
 ROCE_V2 = "RoCE v2"  # a GID's type as the kernel prints it (gid_attrs/types/<i>)
 ROCE_V1 = "IB/RoCE v1"
+ROCE_MTUS = (4096, 2048, 1024, 512, 256)
+ROCE_OVERHEAD = 40 + 8 + 12 + 4 + 28 + 4  # GRH + UDP + BTH + XRC ETH + AtomicETH + ICRC (iboe_get_mtu)
+
+
+def roce_mtu(netdev_mtu: int) -> int:
+    """RoCE path MTU (bytes) for a netdev MTU, as the kernel's ``iboe_get_mtu`` computes it:
+    the largest of 256…4096 that fits the netdev MTU less RoCE headers (1500 → 1024, 9000 → 4096).
+    Returns 0 below 256."""
+    room = netdev_mtu - ROCE_OVERHEAD
+    return next((m for m in ROCE_MTUS if room >= m), 0)
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -24,6 +24,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from afddiag.termsafe import line
+
 Check = Callable[[Any, str], "str | None"]  # (value, path) -> the first problem, or None
 _ANNOTATIONS = {"description", "title", "$schema", "$id", "$comment", "format", "examples", "default"}
 _TYPES: dict[str, Callable[[Any], bool]] = {
@@ -39,8 +41,6 @@ MAX_SHOWN = 60  # characters of a bad value quoted in a problem
 
 
 def _shown(v: Any) -> str:
-    from afddiag.termsafe import line
-
     s = line(json.dumps(v, default=str) if not isinstance(v, str) else repr(v))
     return s if len(s) <= MAX_SHOWN else s[:MAX_SHOWN] + "..."
 
