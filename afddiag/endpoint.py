@@ -27,6 +27,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from afddiag.envvars import MAP_VAR, format_device_map, parse_nccl_hca
 from afddiag.model import ROCE_V1, ROCE_V2
 
 if TYPE_CHECKING:
@@ -206,8 +207,6 @@ def launch_exports(fabric: FabricFacts | None, fabric_ip: str | None) -> list[tu
     """What a launcher exports: the device map, and for the fabric IP's IPv4 RoCE v2 GID
     ``NCCL_IB_HCA==dev:port`` (a leading '=' makes NCCL match exactly, not by prefix: 'roce' would
     match all four Spark devices), ``NCCL_IB_GID_INDEX``, ``UCX_NET_DEVICES=dev:port``, ``MC_GID_INDEX``."""
-    from afddiag.envvars import MAP_VAR, format_device_map
-
     out: list[tuple[str, str]] = []
     dm = device_map(fabric)
     if dm:
@@ -242,7 +241,6 @@ def nccl_gid_index_for(fabric: FabricFacts, hca: str, fabric_ip: str | None) -> 
     index is used for every port NCCL opens, so ``(index, "")`` only when all those ports have theirs
     at the same index, else ``(None, why)`` (no ACTIVE port selected, a port without an IPv4 RoCE v2
     GID, or different indexes). Raises nothing; a value NCCL cannot parse gives ``(None, why)``."""
-    from afddiag.envvars import parse_nccl_hca
     from afddiag.model.fabric import is_link_local_v4, rocev2_carriers
 
     try:

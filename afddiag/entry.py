@@ -8,9 +8,11 @@ skip for ``--version`` (click alone is ~20 ms of a ~50 ms start).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from afddiag import __version__
+from afddiag.exitcodes import EXIT_ERROR, EXIT_SIGPIPE, unexpected_line
 
 
 def main() -> None:
@@ -20,10 +22,6 @@ def main() -> None:
             sys.stdout.write(f"afddiag, version {__version__}\n")
             sys.stdout.flush()
         except OSError as e:  # the reader left (141), or stdout failed (`> /dev/full`): one line, exit 3
-            import os
-
-            from afddiag.exitcodes import EXIT_ERROR, EXIT_SIGPIPE, unexpected_line
-
             if not isinstance(e, BrokenPipeError):
                 print(unexpected_line(e), file=sys.stderr, flush=True)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again

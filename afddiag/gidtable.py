@@ -20,7 +20,6 @@ from typing import TextIO
 
 from afddiag.model import ROCE_V1, ROCE_V2
 from afddiag.model.fabric import FabricFacts
-from afddiag.render import wrap
 from afddiag.termsafe import csv_cell, line
 from afddiag.textlayout import wrap
 

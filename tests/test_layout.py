@@ -277,23 +277,54 @@ def test_no_import_circle():
     assert _circles({"a": {"b": [1]}, "b": {"c": [1]}, "c": {"a": [1]}, "d": {}}) == [["a", "b", "c"]]
 
 
-#: Modules whose afddiag imports are all at the top of the file (a function-level import of an afddiag
-#: module hides a dependency, and hid both circles this test now forbids). Grows as each area is done.
-TOP_LEVEL_ONLY = ("afddiag.gates", "afddiag.gates.*", "afddiag.diagnosis", "afddiag.catalog", "afddiag.summary",
-                  "afddiag.fleet.judge", "afddiag.fleet.table", "afddiag.verdict", "afddiag.textlayout")
+#: The only afddiag imports below the top of a file (a function-level import of an afddiag module hides a
+#: dependency, and hid both circles this test forbids): (importer, imported) -> why it waits.
+LATE_IMPORT_ALLOWED = {
+    ("afddiag.entry", "afddiag.cli"): "`afddiag --version` is answered without loading the CLI (the point of "
+                                      "entry.py)",
+    ("afddiag.probes.gpu", "afddiag.probes.load"): "the load probe's plans and PTX load only when it runs; "
+                                                   "goes when the load probe is its own registry entry",
+    ("afddiag.endpoint", "afddiag.model.fabric"): "the gates and the runner resolve the fabric IP on every run, "
+                                                  "a gpu run included; goes when the fabric-IP decision and the "
+                                                  "endpoint choices are separate modules",
+}
+
+
+def _top_level(tree: ast.Module) -> set[int]:
+    """The statements of a module's top: its body, and the bodies of a top-level ``if TYPE_CHECKING:``
+    or ``try:`` (no import there runs later than the file)."""
+    top = set()
+    for n in tree.body:
+        top.add(id(n))
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING":
+            top |= {id(c) for c in n.body}
+        if isinstance(n, ast.Try):
+            top |= {id(c) for c in n.body + n.orelse + n.finalbody}
+            top |= {id(c) for h in n.handlers for c in h.body}
+    return top
+
+
+def _late_imports() -> dict[tuple[str, str], list[int]]:
+    """``{(importer, imported): [line, ...]}`` for every afddiag import below the top of a file."""
+    mods = _modules()
+    late: dict[tuple[str, str], list[int]] = {}
+    for m, p in mods.items():
+        tree = ast.parse(p.read_text(), str(p))
+        top = _top_level(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+                for t in _imported(m, p, node, mods):
+                    late.setdefault((m, t), []).append(node.lineno)
+    return late
 
 
 def test_afddiag_imports_at_the_top():
-    import fnmatch
-
-    mods = _modules()
-    late = []
-    for m, p in mods.items():
-        if not any(fnmatch.fnmatchcase(m, pat) for pat in TOP_LEVEL_ONLY):
-            continue
-        tree = ast.parse(p.read_text(), str(p))
-        top = {id(n) for n in tree.body}
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top and _imported(m, p, node, mods):
-                late.append(f"{m}:{node.lineno}")
-    assert late == []
+    """Package-wide: every afddiag import at the top of its file, but the named exceptions."""
+    late = _late_imports()
+    assert [f"{m} imports {t} at line {lines[0]}" for (m, t), lines in late.items()
+            if (m, t) not in LATE_IMPORT_ALLOWED] == []
+    stale = [k for k in LATE_IMPORT_ALLOWED if k not in late]
+    assert stale == [], f"LATE_IMPORT_ALLOWED lists imports that are gone: remove {stale}"
+    # the walk sees a function-level import
+    tree = ast.parse("import os\nif TYPE_CHECKING:\n    import afddiag.cli\ndef f():\n    import afddiag.cli\n")
+    assert [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Import) and id(n) not in _top_level(tree)] == [5]

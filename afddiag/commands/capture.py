@@ -6,6 +6,7 @@ import os
 
 import click
 
+from afddiag.atomic import output_error
 from afddiag.capture import write_bundle
 from afddiag.probes.registry import Sources
 
@@ -40,8 +41,6 @@ def capture(output, load, timeout_s, fabric_ip, peers) -> int:
     try:
         path, notes = write_bundle(output, src, timeout_s, load=load, peers=tuple(peers), fabric_ip=fabric_ip)
     except OSError as e:
-        from afddiag.atomic import output_error
-
         raise click.UsageError(output_error(f"--output {output}", e)) from e
     for n in notes:
         click.echo(f"afddiag capture: note: {n}", err=True)

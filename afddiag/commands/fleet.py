@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from afddiag import __version__
+from afddiag.atomic import output_error
 from afddiag.fleet import (
     MAX_OUTPUT_MIB,
     HostResult,
@@ -24,14 +25,15 @@ from afddiag.fleet import (
     load_reports,
     write_fleet_table,
 )
+from afddiag.html import write_page
+from afddiag.reader import InputError
+from afddiag.termsafe import line
 
 
 def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = None,
           html_path: str | None = None) -> int:
     """Print the fleet report (JSON or table) and, with ``html_path``, write the fleet page there."""
     if html_path:
-        from afddiag.atomic import output_error
-        from afddiag.html import write_page
 
         try:
             write_page(html_path, fr, {h.name: h.report for h in hosts or [] if h.ok and h.report})
@@ -120,14 +122,11 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, htm
 
     Exit codes as `afddiag fleet`.
     """
-    from afddiag.reader import InputError
-
     notes: list[str] = []
     try:
         hosts = load_reports(list(files), notes)
     except InputError as e:
         raise click.UsageError(f"merge input {e}") from e
-    from afddiag.termsafe import line
 
     for n in notes:  # a duplicate input is not a second host: say so, judge it once (its host name is data)
         click.echo(line(f"afddiag merge: {n}"), err=True)

@@ -70,9 +70,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from afddiag import endpoint
+from afddiag.atomic import read_secret
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import FabricFacts
-from afddiag.model.pair import REFUSED_KEPT, BandwidthRun, PairFacts, PairPhase, PortCounters, RailQp, RefusedConnection
+from afddiag.model.pair import (
+    REFUSED_KEPT,
+    BandwidthRun,
+    PairFacts,
+    PairPhase,
+    PortCounters,
+    RailQp,
+    RefusedConnection,
+    bandwidth_run,
+    port_counters,
+)
+from afddiag.probes.counters import port_delta, read_port_counters
 from afddiag.probes.qp import (
     AH_HOP_LIMIT,
     RTR_MAX_DEST_RD_ATOMIC,
@@ -83,8 +96,12 @@ from afddiag.probes.qp import (
     RTS_TIMEOUT,
     _err_code,
     _import_pyverbs,
+    decode_errno,
     mtu_enum_to_bytes,
 )
+from afddiag.progress import steps
+from afddiag.termsafe import clean, line
+from afddiag.textnum import kernel_int
 
 DEFAULT_PORT = 18515  # ibv_rc_pingpong's
 DEFAULT_SIZES = (64, 512, 1024, 4096, 65536)
@@ -155,8 +172,6 @@ class PairError(Exception):
 def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int, int, str, str]:
     """``(device, port, gid_index, gid, ip)``: :func:`afddiag.endpoint.pick_endpoint`. Raises
     :class:`PairError` when there is none or it is ambiguous."""
-    from afddiag import endpoint
-
     try:
         return endpoint.pick_endpoint(fabric, fabric_ip)
     except ValueError as e:
@@ -322,7 +337,6 @@ class _Rdma:
         try:
             qp.modify(attr, mask)
         except Exception as exc:  # noqa: BLE001
-            from afddiag.probes.qp import decode_errno
 
             err = _err_code(exc)
             why = f"QP →{to} failed: errno {err} ({decode_errno(err)})" if err else f"QP →{to}: {exc}"
@@ -514,8 +528,6 @@ def load_key(path: str) -> bytes:
     """The pair key in ``path`` (``--pair-key``): its bytes, surrounding whitespace stripped, at least
     :data:`KEY_MIN_BYTES`. The file is read by :func:`afddiag.atomic.read_secret` (regular, no link,
     owned by root or you, mode 0600 or stricter). Raises ValueError with one line naming the file."""
-    from afddiag.atomic import read_secret
-
     key = read_secret(path, KEY_MAX_BYTES).strip()
     if len(key) < KEY_MIN_BYTES:
         raise ValueError(f"{path}: holds {len(key)} bytes, a pair key needs at least {KEY_MIN_BYTES}: write one "
@@ -861,22 +873,16 @@ def _session(r: _Rdma, ch: _Chan, hello: dict[str, Any], facts: PairFacts, deadl
 
 def _read_counters(facts: PairFacts) -> dict[str, Any]:
     """This side's rail counters now (:func:`afddiag.probes.counters.read_port_counters`)."""
-    from afddiag.probes.counters import read_port_counters
-
     if not facts.device or facts.port is None:
         return {"values": {}, "notes": ["no RDMA device/port: counters not read"]}
     return read_port_counters(facts.device, facts.port, facts.netdev)
 
 
 def _local_delta(facts: PairFacts, before: dict[str, Any]) -> PortCounters:
-    from afddiag.probes.counters import port_delta
-
     return port_delta(before, _read_counters(facts), facts.device, facts.port, facts.netdev, "local")
 
 
 def _peer_counters(raw: Any) -> PortCounters | None:
-    from afddiag.model.pair import port_counters
-
     pc = port_counters(raw, "peer")
     if pc is not None:
         pc.side = "peer"
@@ -968,8 +974,6 @@ def _serve_bandwidth(r: _Rdma, ch: _Chan, msg: dict[str, Any], hello: dict[str, 
 def bandwidth_from_client(done: dict[str, Any]) -> BandwidthRun:
     """The client's figures from its end-of-run message (bytes, seconds, Gb/s, per QP, error); odd
     values become None/0. Never raises."""
-    from afddiag.model.pair import bandwidth_run
-
     return bandwidth_run({k: done.get(k) for k in ("seconds", "bytes", "gbps", "per_qp", "error")}) or BandwidthRun()
 
 
@@ -1156,7 +1160,6 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
         facts.path_mtu = mtu_enum_to_bytes(r.connect(peer))
         if ch.recv().get("op") != "rts":
             raise PairError("the server did not reach RTS")
-        from afddiag.progress import steps
 
         if bandwidth is not None:
             with steps("bandwidth run", 1) as bar:
@@ -1182,8 +1185,6 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
 def _refusal(msg: dict[str, Any], facts: PairFacts) -> None:
     """:class:`PairError` when the server's line is its refusal (``{"error": ...}``)."""
     if "error" in msg:
-        from afddiag.termsafe import clean
-
         raise PairError(f"the server at {facts.peer} refused this client: "
                         f"{clean(str(msg['error'])[:300], keep_newlines=False)}")
 
@@ -1282,7 +1283,6 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
     host, sep, p = text.rpartition(":")
     if not sep:
         return text, default_port
-    from afddiag.textnum import kernel_int
 
     port = kernel_int(p, 1, 65535) if p.strip() == p and not p.startswith("-") else None
     if port is None:
@@ -1331,6 +1331,5 @@ def format_pair(f: PairFacts) -> str:
                          + (f"; notes: {'; '.join(c.notes[:3])}" if c.notes else ""))
     lines.append(f"{'ERROR: ' + f.error if f.error else 'OK'} in {f.elapsed_s:.2f} s; "
                  f"{'all objects destroyed' if f.destroyed else 'NOT all objects destroyed'}")
-    from afddiag.termsafe import line
 
     return "\n".join(line(ln) for ln in lines)  # peer fields and errors: escaped, one line each
