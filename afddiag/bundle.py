@@ -15,8 +15,12 @@ import posixpath
 import stat
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from afddiag.atomic import atomic_write
+
+if TYPE_CHECKING:
+    import tarfile
 
 MAX_FILE_BYTES = 64 << 20  # one member (GPU readings with Xid events are ~100 KiB; sysfs files are bytes)
 MAX_TOTAL_BYTES = 256 << 20  # every member together, as extracted (a gzip bomb stops here)
