@@ -257,3 +257,17 @@ def test_odd_summaries_never_raise(junk):
            "summary": {"summary_version": 1, **junk}}
     v = fg.control_plane([fg.HostResult(name="h", report=rep)], {})
     assert v.verdict == "SKIP"
+
+
+def test_untested_pairs_keep_a_few_names_and_the_count_not_every_pair():
+    """Thousands of ranks none of which a coordinator tested: the facts (and the report, the page, the
+    memory) hold MAX_NAMED peers and the count per host, not coordinators x ranks names (issue 22)."""
+    from afddiag.gates.control_plane import not_tested
+
+    ranks = [f"r{i}" for i in range(20)]
+    fip = {n: f"10.0.0.{i}" for i, n in enumerate(["coord", *ranks])}
+    matrix = {"coord": {"r0": {29500: "connected"}}, "r3": {"r5": {29500: "connected"}}}
+    names, counts = not_tested(matrix, ["coord"], ranks, fip, keep=fg.MAX_NAMED)
+    assert names == {"coord": ranks[1:1 + fg.MAX_NAMED], "r3": ["coord"]}
+    assert counts == {"coord": 19, "r3": 1}
+    assert fg._names(names["coord"], counts["coord"]).endswith(f"{ranks[fg.MAX_NAMED]} and {19 - fg.MAX_NAMED} more")

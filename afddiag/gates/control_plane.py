@@ -91,18 +91,27 @@ def asymmetric(matrix: Matrix, down: dict[tuple[str, str], dict[int, str]],
     return asym
 
 
-def not_tested(matrix: Matrix, coords: list[str], ranks: list[str], fip: dict[str, str | None]) -> dict[str, list[str]]:
+def not_tested(matrix: Matrix, coords: list[str], ranks: list[str], fip: dict[str, str | None],
+               keep: int = 8) -> tuple[dict[str, list[str]], dict[str, int]]:
     """The pairs a role requires (each coordinator ↔ every rank) that the source host never tested:
-    ``{source: [peer, ...]}``, coordinators' rows first. Walks the pairs without building them (a
-    fleet of thousands of ranks)."""
-    out: dict[str, list[str]] = defaultdict(list)
+    ``({source: [the first `keep` peers]}, {source: how many peers in all})``, coordinators' rows
+    first. Walks the pairs without building them and keeps at most ``keep`` names a host, so memory
+    and the report grow with the hosts, not with the pairs (a fleet of thousands of ranks)."""
+    names: dict[str, list[str]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+
+    def add(src: str, peer: str) -> None:
+        counts[src] += 1
+        if len(names[src]) < keep:
+            names[src].append(peer)
+
     for c in coords:
         if c in matrix:
             for r in ranks:
                 if r not in matrix[c] and fip.get(r):
-                    out[c].append(r)
+                    add(c, r)
     for c in coords:
         for r in ranks:
             if r in matrix and c not in matrix[r] and fip.get(c):
-                out[r].append(c)
-    return dict(out)
+                add(r, c)
+    return dict(names), dict(counts)

@@ -111,11 +111,14 @@ Fleet = list[HostResult]
 FleetGate = Callable[[Fleet, dict[str, Any]], Verdict]
 
 
-def _names(hosts: list[str]) -> str:
+def _names(hosts: list[str], total: int | None = None) -> str:
+    """At most MAX_NAMED of ``hosts``, then "and N more" (``total``: how many there are in all, when
+    ``hosts`` holds only the first of them)."""
     hosts = list(hosts)
-    if len(hosts) <= MAX_NAMED:
+    total = len(hosts) if total is None else total
+    if total <= MAX_NAMED:
         return ", ".join(hosts)
-    return ", ".join(hosts[:MAX_NAMED]) + f" and {len(hosts) - MAX_NAMED} more"
+    return ", ".join(hosts[:MAX_NAMED]) + f" and {total - MAX_NAMED} more"
 
 
 BRIEF_CHARS = 160  # a host gate's summary quoted in a fleet summary: longer ones shortened by whole items
@@ -693,14 +696,15 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
     by_link = {k: v for k, v in down.items() if k[0] in link_down or k[1] in link_down}
     asym = asymmetric(matrix, down, by_link)
     roles = {h.name: h.host_role for h in fleet if h.ok}
-    untested_pairs = not_tested(matrix, [n for n, r in roles.items() if r == COORDINATOR],
-                                [n for n, r in roles.items() if r != COORDINATOR], fip)
+    untested_pairs, untested_counts = not_tested(matrix, [n for n, r in roles.items() if r == COORDINATOR],
+                                                 [n for n, r in roles.items() if r != COORDINATOR], fip, MAX_NAMED)
     facts: dict[str, Any] = {
         "matrix": {s: {d: {str(p): o for p, o in sorted(cells.items())} for d, cells in row.items()}
                    for s, row in matrix.items()},
         "unreachable": [{"source": s, "peer": d, "peer_ip": fip.get(d) or d, "port": p, "outcome": o}
                         for (s, d), cells in down.items() for p, o in sorted(cells.items())],
-        "asymmetric": asym, "not_tested": untested_pairs,
+        "asymmetric": asym, "not_tested": untested_pairs,  # at most MAX_NAMED peers a host; counts beside
+        "not_tested_count": untested_counts,
         "link_down": link_down,
         "explained_by_link_down": [{"source": s, "peer": d} for (s, d) in by_link],
         "not_tried": {n: sorted(v) for n, v in not_tried.items()},
@@ -724,8 +728,9 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
                      f"{ports_txt(down[(s, d)])}: {d}'s side drops incoming connections")
     for n, bad in advertised.items():
         fails.append(f"{n} advertises " + ", ".join(f"{b.get('key')}={b.get('value')} ({b.get('why')})" for b in bad))
-    untested = [f"{s} never tested {_names(ds)}" + (" (time bound used up)" if set(ds) & not_tried.get(s, set())
-                                                     else " (not in its peer list)")
+    untested = [f"{s} never tested {_names(ds, untested_counts[s])}" + (
+                " (time bound used up)" if set(ds) & not_tried.get(s, set())
+                or (len(ds) < untested_counts[s] and not_tried.get(s)) else " (not in its peer list)")
                 for s, ds in untested_pairs.items()]
     if fails:
         txt = "; ".join(fails) + (f"; also {'; '.join(untested)}" if untested else "")
