@@ -52,18 +52,16 @@ bytes, gbps, error, per_qp, seeds, counters}`` → ``{ok, counters}``.
 Sources: ``ibv_rc_pingpong(1)`` and ``ib_send_lat``/``ib_write_bw`` (perftest) for the method;
 rdma-core ``tests/utils.py`` for pyverbs usage (``SendWR``, ``RecvWR``, ``SGE``, ``set_wr_rdma``).
 Command-line equivalent (roughly): ``ibv_rc_pingpong -d <dev> -g <gid-index> -s <size> [host]``.
+
+Parts in their own modules, their names importable from here as before: the control channel, handshake checks
+and pair key (:mod:`~afddiag.probes.pair_wire`), the pyverbs objects and polling (:mod:`~afddiag.probes.pair_rdma`),
+the server's admission (:mod:`~afddiag.probes.pair_admit`), the text form (:mod:`~afddiag.probes.pair_text`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import ipaddress
-import json
-import os
-import random
 import secrets
-import selectors
 import socket
 import statistics
 import time
@@ -71,47 +69,56 @@ from dataclasses import dataclass
 from typing import Any
 
 from afddiag import endpoint
-from afddiag.atomic import read_secret
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import FabricFacts
+from afddiag.model.pair import REFUSED_KEPT as REFUSED_KEPT
 from afddiag.model.pair import (
-    REFUSED_KEPT,
     BandwidthRun,
     PairFacts,
     PairPhase,
     PortCounters,
     RailQp,
-    RefusedConnection,
     bandwidth_run,
     port_counters,
 )
 from afddiag.probes.counters import port_delta, read_port_counters
-from afddiag.probes.qp import (
-    AH_HOP_LIMIT,
-    RTR_MAX_DEST_RD_ATOMIC,
-    RTR_MIN_RNR_TIMER,
-    RTS_MAX_RD_ATOMIC,
-    RTS_RETRY_CNT,
-    RTS_RNR_RETRY,
-    RTS_TIMEOUT,
-    _err_code,
-    _import_pyverbs,
-    decode_errno,
-    mtu_enum_to_bytes,
+from afddiag.probes.pair_admit import ADMIT_MAX_LINE as ADMIT_MAX_LINE
+from afddiag.probes.pair_admit import ADMIT_PENDING, _Admission, _expected_address
+from afddiag.probes.pair_rdma import POLL_SLEEP_MAX_S as POLL_SLEEP_MAX_S
+from afddiag.probes.pair_rdma import POLL_SPIN_S as POLL_SPIN_S
+from afddiag.probes.pair_rdma import QUEUE_DEPTH, _Rdma, _wc_status
+from afddiag.probes.pair_rdma import WC_STATUS as WC_STATUS
+from afddiag.probes.pair_rdma import idle_wait as idle_wait
+from afddiag.probes.pair_text import format_pair as format_pair
+from afddiag.probes.pair_wire import AUTH_BOUND as AUTH_BOUND
+from afddiag.probes.pair_wire import (
+    AUTH_CLIENT,
+    AUTH_SERVER,
+    MODES,
+    NONCE_HEX,
+    PROTO,
+    PairError,
+    _Chan,
+    _mac,
+    _nonce,
+    _num,
+    _peer_hello,
+    _qp_list,
 )
+from afddiag.probes.pair_wire import KEY_MAX_BYTES as KEY_MAX_BYTES
+from afddiag.probes.pair_wire import KEY_MIN_BYTES as KEY_MIN_BYTES
+from afddiag.probes.pair_wire import MAX_MESSAGE as MAX_MESSAGE
+from afddiag.probes.pair_wire import _parse_line as _parse_line
+from afddiag.probes.pair_wire import load_key as load_key
+from afddiag.probes.qp import _import_pyverbs, mtu_enum_to_bytes
 from afddiag.progress import steps
-from afddiag.termsafe import clean, line
+from afddiag.termsafe import clean
 from afddiag.textnum import kernel_int
 
 DEFAULT_PORT = 18515  # ibv_rc_pingpong's
 DEFAULT_SIZES = (64, 512, 1024, 4096, 65536)
 LAT_ITERS = 20
 BW_COUNT = 16
-QUEUE_DEPTH = 32
-PROTO = 3  # handshake protocol: 1 = phases only (no "proto" key); 2 adds "modes"/"mode" and the bandwidth run;
-# 3 adds the server's refusal line ({"error"}) and the pair key's challenge-response ("nonce", "challenge", "auth",
-# "mac")
-MODES = ("phases", "bandwidth")
 # The bandwidth run: payload Gb/s = 1e9 bits/s.
 BW_SECONDS = 5.0  # per rail
 BW_SIZE = 1 << 20  # bytes per RDMA WRITE
@@ -128,18 +135,6 @@ SESSION_MAX_REGISTERED = 2 * max(DEFAULT_SIZES) + BW_MAX_BUFFER  # bytes of regi
 # Admission (before any session): the server accepts a session from the expected address only, after
 # its handshake line (and, with a pair key, its proof); a connection has ADMIT_S to get there.
 ADMIT_S = 10.0
-ADMIT_MAX_LINE = 16 << 10  # bytes: a handshake or proof line longer than this is refused
-ADMIT_PENDING = 8  # connections being admitted at once; one more is refused at once
-# The pair key (--pair-key FILE): HMAC-SHA256 over a label and both sides' nonces, each side proving it.
-KEY_MIN_BYTES = 16
-KEY_MAX_BYTES = 4096
-NONCE_HEX = 64  # 32 random bytes, hex
-AUTH_CLIENT = b"afddiag pair key: client proof\0"
-AUTH_SERVER = b"afddiag pair key: server proof\0"
-# Waiting for completions: spin this long (a latency phase's next completion comes within it), then
-# sleep, growing to POLL_SLEEP_MAX_S: a peer that never sends costs about nothing.
-POLL_SPIN_S = 0.002
-POLL_SLEEP_MAX_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -165,10 +160,6 @@ class BandwidthSpec:
         return None
 
 
-class PairError(Exception):
-    """A step of the pair test that failed; the message says which and why (recorded, never raised out)."""
-
-
 def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int, int, str, str]:
     """``(device, port, gid_index, gid, ip)``: :func:`afddiag.endpoint.pick_endpoint`. Raises
     :class:`PairError` when there is none or it is ambiguous."""
@@ -176,270 +167,6 @@ def pick_endpoint(fabric: FabricFacts, fabric_ip: str | None) -> tuple[str, int,
         return endpoint.pick_endpoint(fabric, fabric_ip)
     except ValueError as e:
         raise PairError(str(e)) from None
-
-
-MAX_MESSAGE = 1 << 20  # bytes: a control line longer than this (no newline yet) is refused, never held
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _parse_line(line: bytes) -> dict[str, Any]:
-    """One control line as a JSON object; :class:`PairError` naming what the peer sent otherwise
-    (garbage, NaN/Infinity, nesting too deep, not an object)."""
-    try:
-        msg = json.loads(line, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as e:
-        raise PairError(f"the peer's control message is not JSON ({str(e)[:80]}): {line[:60]!r}: not an afddiag "
-                        "pair test, or a different protocol; check the host and port") from None
-    if not isinstance(msg, dict):
-        raise PairError(f"the peer's control message is a JSON {type(msg).__name__}, not an object: "
-                        f"{line[:60]!r}")
-    return msg
-
-
-class _Chan:
-    """JSON lines over a TCP socket, every read and write bounded by the session deadline and every
-    line by :data:`MAX_MESSAGE` bytes; each line must be a JSON object (garbage, NaN/Infinity,
-    a truncated line at close are :class:`PairError` naming what the peer sent)."""
-
-    def __init__(self, sock: socket.socket, deadline: float, buf: bytes = b"") -> None:
-        self.sock, self.deadline, self.buf = sock, deadline, buf
-
-    def _left(self, what: str) -> float:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise PairError(f"timed out {what}")
-        return left
-
-    def send(self, obj: dict[str, Any]) -> None:
-        self.sock.settimeout(self._left("before sending a control message to the peer"))
-        try:
-            self.sock.sendall(json.dumps(obj).encode() + b"\n")
-        except TimeoutError:
-            raise PairError("timed out sending a control message: the peer does not read") from None
-
-    def recv(self) -> dict[str, Any]:
-        self._left("waiting for the peer's control message")  # a peer that floods lines still ends at the deadline
-        while b"\n" not in self.buf:
-            if len(self.buf) > MAX_MESSAGE:
-                raise PairError(f"the peer sent a control message over {MAX_MESSAGE} bytes (no line end): not an "
-                                "afddiag pair test; check the host and port")
-            self.sock.settimeout(self._left("waiting for the peer's control message"))
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                raise PairError("timed out waiting for the peer's control message") from None
-            if not chunk:
-                raise PairError("the peer closed the TCP connection"
-                                + (f" in the middle of a control message ({len(self.buf)} bytes)" if self.buf else ""))
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return _parse_line(line)
-
-
-def _num(msg: dict[str, Any], key: str, lo: int, hi: int, what: str) -> int:
-    """``msg[key]`` as an integer within ``lo..hi``; :class:`PairError` naming ``what`` (whose message)
-    and the key otherwise (missing, not an integer, out of range)."""
-    v = msg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise PairError(f"{what}: {key} {str(v)[:40] if key in msg else '(missing)'} is not an integer "
-                        f"{lo}..{hi}: a different afddiag version or not afddiag; update both sides")
-    return v
-
-
-def _peer_hello(msg: dict[str, Any], what: str, buffer: bool = True) -> dict[str, Any]:
-    """The handshake line's fields checked (QP number and PSN 24-bit, MTU enum 1..5, GID text; with
-    ``buffer``, the buffer address and rkey this side will WRITE to: the server's); raises
-    :class:`PairError` naming the first bad one. Returns ``msg``."""
-    _num(msg, "qpn", 0, (1 << 24) - 1, what)
-    _num(msg, "psn", 0, (1 << 24) - 1, what)
-    _num(msg, "mtu", 1, 5, what)
-    if buffer:
-        _num(msg, "addr", 0, (1 << 64) - 1, what)
-        _num(msg, "rkey", 0, (1 << 32) - 1, what)
-    gid = msg.get("gid")
-    if not isinstance(gid, str) or not 2 <= len(gid) <= 39 or set(gid.lower()) - set("0123456789abcdef:"):
-        raise PairError(f"{what}: gid {str(gid)[:60]!r} is not a GID (8 groups of 4 hex digits)")
-    if "modes" in msg and not (isinstance(msg["modes"], list) and all(isinstance(m, str) for m in msg["modes"])):
-        raise PairError(f"{what}: modes {str(msg['modes'])[:60]} is not a list of mode names")
-    if "proto" in msg and (isinstance(msg["proto"], bool) or not isinstance(msg["proto"], int)):
-        raise PairError(f"{what}: proto {str(msg['proto'])[:40]} is not a protocol number")
-    return msg
-
-
-def _qp_list(raw: Any, n: int, what: str) -> list[dict[str, int]]:
-    """``n`` ``{qpn, psn}`` objects (24-bit integers each); :class:`PairError` otherwise."""
-    if not isinstance(raw, list) or len(raw) != n:
-        got = len(raw) if isinstance(raw, list) else "no list of"
-        raise PairError(f"{what} named {got} QPs for a run of {n}")
-    for q in raw:
-        if not isinstance(q, dict):
-            raise PairError(f"{what}: a QP entry {str(q)[:40]} is not an object")
-        _num(q, "qpn", 0, (1 << 24) - 1, what)
-        _num(q, "psn", 0, (1 << 24) - 1, what)
-    return raw
-
-
-class _Rdma:
-    """Device context, PD, CQ, MR and one RC QP; :meth:`close` destroys them in reverse order."""
-
-    def __init__(self, pv: dict[str, Any], device: str, port: int, gid_index: int, buf_bytes: int) -> None:
-        import pyverbs.mr as mrmod
-        import pyverbs.wr as wrmod
-
-        self.pv, self.e, self.wr = pv, pv["enums"], wrmod
-        self.port, self.gid_index = port, gid_index
-        self.created: list[Any] = []
-        e = self.e
-        self.ctx = self._keep(pv["device"].Context(name=device))
-        self.pd = self._keep(pv["pd"].PD(self.ctx))
-        self.cq = self._keep(pv["cq"].CQ(self.ctx, 2 * QUEUE_DEPTH + 4))
-        self.mr = self._keep(mrmod.MR(self.pd, buf_bytes, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-                                      | e.IBV_ACCESS_REMOTE_READ))
-        cap = pv["qp"].QPCap(max_send_wr=QUEUE_DEPTH, max_recv_wr=QUEUE_DEPTH, max_send_sge=1, max_recv_sge=1)
-        self.qp = self._keep(pv["qp"].QP(self.pd, pv["qp"].QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq,
-                                                                         rcq=self.cq, cap=cap)))
-        self.mtu_enum = self.ctx.query_port(port).active_mtu
-        self.psn = random.randrange(1 << 24)
-
-    def _keep(self, obj: Any) -> Any:
-        self.created.append(obj)
-        return obj
-
-    def connect(self, peer: dict[str, Any], qp: Any = None, psn: int | None = None) -> int:
-        """RESET→INIT→RTR→RTS of ``qp`` (default: the handshake QP, with its PSN ``self.psn``) toward
-        ``peer`` (its qpn, gid, psn, mtu enum); returns the path MTU enum."""
-        e, qpm, addr = self.e, self.pv["qp"], self.pv["addr"]
-        qp = qp if qp is not None else self.qp
-        psn = self.psn if psn is None else psn
-        a = qpm.QPAttr()
-        a.qp_state, a.pkey_index, a.port_num = e.IBV_QPS_INIT, 0, self.port
-        a.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-        self._step(qp, "INIT", a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
-        mtu = min(self.mtu_enum, int(peer["mtu"]))
-        gr = addr.GlobalRoute(dgid=addr.GID(peer["gid"]), sgid_index=self.gid_index, hop_limit=AH_HOP_LIMIT)
-        a = qpm.QPAttr()
-        a.qp_state, a.path_mtu, a.dest_qp_num, a.rq_psn = e.IBV_QPS_RTR, mtu, int(peer["qpn"]), int(peer["psn"])
-        a.max_dest_rd_atomic, a.min_rnr_timer = RTR_MAX_DEST_RD_ATOMIC, RTR_MIN_RNR_TIMER
-        a.ah_attr = addr.AHAttr(gr=gr, is_global=1, port_num=self.port)
-        self._step(qp, "RTR", a, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN | e.IBV_QP_RQ_PSN
-                   | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
-        a = qpm.QPAttr()
-        a.qp_state, a.timeout, a.retry_cnt, a.rnr_retry = e.IBV_QPS_RTS, RTS_TIMEOUT, RTS_RETRY_CNT, RTS_RNR_RETRY
-        a.sq_psn, a.max_rd_atomic = psn, RTS_MAX_RD_ATOMIC
-        self._step(qp, "RTS", a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
-                   | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
-        return mtu
-
-    def _step(self, qp: Any, to: str, attr: Any, mask: int) -> None:
-        try:
-            qp.modify(attr, mask)
-        except Exception as exc:  # noqa: BLE001
-
-            err = _err_code(exc)
-            why = f"QP →{to} failed: errno {err} ({decode_errno(err)})" if err else f"QP →{to}: {exc}"
-            raise PairError(why) from exc
-
-    def post_recv(self, offset: int, size: int, wr_id: int = 0) -> None:
-        sge = self.wr.SGE(self.mr.buf + offset, size, self.mr.lkey)
-        self.qp.post_recv(self.wr.RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]))
-
-    def post_send(self, offset: int, size: int, wr_id: int = 0, rdma: tuple[int, int] | None = None,
-                  qp: Any = None, mr: Any = None) -> None:
-        """One signalled SEND (or RDMA WRITE to ``rdma`` = (rkey, remote address)) of ``size`` bytes at
-        ``offset`` of ``mr`` (default: the handshake MR) on ``qp`` (default: the handshake QP)."""
-        e = self.e
-        mr = mr if mr is not None else self.mr
-        sge = self.wr.SGE(mr.buf + offset, size, mr.lkey)
-        wr = self.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE if rdma else e.IBV_WR_SEND, num_sge=1,
-                            sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
-        if rdma:
-            wr.set_wr_rdma(rdma[0], rdma[1])
-        (qp if qp is not None else self.qp).post_send(wr)
-
-    def bandwidth_objects(self, qps: int, depth: int, buf_bytes: int) -> tuple[Any, Any, list[Any], list[int]]:
-        """A CQ of ``qps * depth`` entries, an MR of ``buf_bytes`` (local write, remote write) and ``qps``
-        RC QPs of send depth ``depth`` on the session's PD → ``(cq, mr, qps, psns)``; all destroyed by
-        :meth:`close`. Raises :class:`PairError` naming what could not be created."""
-        import pyverbs.mr as mrmod
-
-        e, qpm = self.e, self.pv["qp"]
-        try:
-            cq = self._keep(self.pv["cq"].CQ(self.ctx, qps * depth + 16))
-            mr = self._keep(mrmod.MR(self.pd, buf_bytes, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE))
-            cap = qpm.QPCap(max_send_wr=depth, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
-            out = [self._keep(qpm.QP(self.pd, qpm.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap)))
-                   for _ in range(qps)]
-        except Exception as exc:  # noqa: BLE001
-            raise PairError(f"bandwidth run: create CQ ({qps * depth + 16} entries), MR ({buf_bytes} bytes) or "
-                            f"{qps} QPs of depth {depth} failed: {exc}") from None
-        return cq, mr, out, [random.randrange(1 << 24) for _ in out]
-
-    def poll(self, n: int, deadline: float) -> list[Any]:
-        """``n`` completions (any kind), in order; raises PairError on a bad status or the deadline.
-        An empty CQ is polled in a spin for :data:`POLL_SPIN_S`, then between sleeps that grow to
-        :data:`POLL_SLEEP_MAX_S` (:func:`idle_wait`): a peer that never sends costs no core."""
-        out: list[Any] = []
-        idle_since: float | None = None
-        while len(out) < n:
-            got, wcs = self.cq.poll(num_entries=n - len(out))
-            for wc in wcs[:got]:
-                if wc.status != 0:
-                    raise PairError(f"work completion status {wc.status} ({_wc_status(wc.status)}) on wr_id "
-                                    f"{wc.wr_id}")
-                out.append(wc)
-            if got:
-                idle_since = None
-                continue
-            now = time.monotonic()
-            if now > deadline:
-                raise PairError(f"timed out waiting for {n - len(out)} of {n} completion(s)")
-            idle_since = now if idle_since is None else idle_since
-            idle_wait(now - idle_since, deadline - now)
-        return out
-
-    def release(self, *objs: Any) -> bool:
-        """Destroy ``objs`` (a bandwidth run's QPs, then its MR and CQ) now, before the session ends;
-        False when one would not close (``close`` then tries it again)."""
-        ok = True
-        for obj in objs:
-            try:
-                obj.close()
-            except Exception:  # noqa: BLE001
-                ok = False
-                continue
-            self.created = [c for c in self.created if c is not obj]
-        return ok
-
-    def close(self) -> bool:
-        ok = True
-        for obj in reversed(self.created):
-            try:
-                obj.close()
-            except Exception:  # noqa: BLE001
-                ok = False
-        self.created.clear()
-        return ok
-
-
-def idle_wait(idle_s: float, left_s: float) -> None:
-    """One wait of a completion poll that found nothing for ``idle_s`` seconds: a yield within
-    :data:`POLL_SPIN_S`, then a sleep of a tenth of the idle time, at most :data:`POLL_SLEEP_MAX_S`
-    and never past the deadline (``left_s``)."""
-    if idle_s < POLL_SPIN_S:
-        os.sched_yield()
-    else:
-        time.sleep(max(0.0, min(POLL_SLEEP_MAX_S, idle_s / 10, left_s)))
-
-
-WC_STATUS = {1: "local length error", 4: "local protection error", 5: "flushed", 10: "remote access error",
-             12: "transport retry counter exceeded (no ACK: path MTU or route)", 13: "RNR retry exceeded"}
-
-
-def _wc_status(s: int) -> str:
-    return WC_STATUS.get(s, "see ibv_wc_status_str")
 
 
 def _pattern(size: int, seed: int) -> bytes:
@@ -524,237 +251,6 @@ class SessionBudget:
         self.bytes, self.qps = max(0, self.bytes - nbytes), max(0, self.qps - nqps)
 
 
-def load_key(path: str) -> bytes:
-    """The pair key in ``path`` (``--pair-key``): its bytes, surrounding whitespace stripped, at least
-    :data:`KEY_MIN_BYTES`. The file is read by :func:`afddiag.atomic.read_secret` (regular, no link,
-    owned by root or you, mode 0600 or stricter). Raises ValueError with one line naming the file."""
-    key = read_secret(path, KEY_MAX_BYTES).strip()
-    if len(key) < KEY_MIN_BYTES:
-        raise ValueError(f"{path}: holds {len(key)} bytes, a pair key needs at least {KEY_MIN_BYTES}: write one "
-                         f"with `head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}` and copy it to both "
-                         "hosts")
-    return key
-
-
-#: The handshake fields a proof covers: whoever relays a proven session cannot point its QPs elsewhere.
-AUTH_BOUND = ("qpn", "psn", "gid", "mtu", "addr", "rkey")
-
-
-def _mac(key: bytes, label: bytes, first_nonce: str, second_nonce: str, hello: dict[str, Any]) -> str:
-    """HMAC-SHA256 (hex) of ``label``, two nonces (hex text) and the sender's handshake fields
-    :data:`AUTH_BOUND` (compact JSON list, null where absent): a side's proof that it holds ``key``.
-    The label keeps the server's proof from serving as a client's."""
-    bound = json.dumps([hello.get(k) for k in AUTH_BOUND], separators=(",", ":")).encode()
-    return hmac.new(key, label + bytes.fromhex(first_nonce) + bytes.fromhex(second_nonce) + bound,
-                    hashlib.sha256).hexdigest()
-
-
-def _nonce(msg: dict[str, Any], key: str, what: str) -> str:
-    """``msg[key]`` as a nonce (:data:`NONCE_HEX` lowercase hex digits); :class:`PairError` otherwise."""
-    v = msg.get(key)
-    if not isinstance(v, str) or len(v) != NONCE_HEX or set(v) - set("0123456789abcdef"):
-        raise PairError(f"{what}: {key} {str(v)[:80]!r} is not {NONCE_HEX} hex digits")
-    return v
-
-
-def _expected_address(peer: str) -> ipaddress.IPv4Address:
-    """``peer`` (``--peer``) as an IPv4 address; :class:`PairError` otherwise."""
-    try:
-        return ipaddress.IPv4Address(peer)
-    except ValueError:
-        raise PairError(f"--peer {peer[:80]!r} is not an IPv4 address: give the client's fabric IP") from None
-
-
-@dataclass
-class _Pending:
-    """A connection being admitted: its address, when it came (monotonic), what it sent so far, and
-    with a pair key the hello and nonces of the challenge it was sent."""
-
-    sock: socket.socket
-    addr: tuple[str, int]
-    since: float
-    buf: bytes = b""
-    hello: dict[str, Any] | None = None
-    server_nonce: str | None = None
-
-
-@dataclass
-class _Admitted:
-    """The connection admitted to the session: its socket, the client's hello, what it sent after,
-    and (with a pair key) both nonces."""
-
-    sock: socket.socket
-    addr: tuple[str, int]
-    hello: dict[str, Any]
-    rest: bytes
-    client_nonce: str | None = None
-    server_nonce: str | None = None
-
-
-class _Admission:
-    """The server's door: accepts TCP connections on ``lsock`` until one from ``expected`` sends a
-    valid handshake (and, with ``key``, proves it: HMAC-SHA256 challenge-response). Every other
-    connection is refused, recorded in ``facts.refused`` (who, when, why) and the door stays open.
-    Connections are read without blocking (a selector), each for at most :data:`ADMIT_S`; waiting
-    costs no CPU."""
-
-    def __init__(self, lsock: socket.socket, expected: ipaddress.IPv4Address,
-                 key: bytes | None, facts: PairFacts, t0: float, deadline: float) -> None:
-        self.lsock, self.expected, self.key, self.facts = lsock, expected, key, facts
-        self.t0, self.deadline = t0, deadline
-        self.pending: dict[socket.socket, _Pending] = {}
-        self.sel = selectors.DefaultSelector()
-
-    def run(self) -> _Admitted:
-        """The admitted connection; :class:`PairError` at the deadline (naming what was refused)."""
-        self.lsock.setblocking(False)
-        self.sel.register(self.lsock, selectors.EVENT_READ)
-        try:
-            while True:
-                now = time.monotonic()
-                if now >= self.deadline:
-                    for p in list(self.pending.values()):
-                        self._refuse(p, "was still in its handshake when the server's time (--pair-timeout) ran out")
-                    raise PairError(self._nobody())
-                for p in [p for p in self.pending.values() if now - p.since >= ADMIT_S]:
-                    self._refuse(p, f"sent no {'proof of the pair key' if p.hello else 'afddiag handshake'} within "
-                                    f"{ADMIT_S:g} s")
-                wake = min([self.deadline] + [p.since + ADMIT_S for p in self.pending.values()])
-                for sk, _ in self.sel.select(timeout=max(0.0, wake - now)):
-                    p = self.pending.get(sk.fileobj)  # type: ignore[call-overload]
-                    got = self._accept() if sk.fileobj is self.lsock else self._read(p) if p else None
-                    if got is not None:
-                        return got
-        finally:
-            for p in list(self.pending.values()):
-                self._refuse(p, "another connection from the expected peer was admitted first")
-            self.sel.close()
-
-    def _nobody(self) -> str:
-        f = self.facts
-        msg = (f"no client from {self.expected} (--peer) {'proved the pair key ' if self.key else ''}within "
-               f"{self.deadline - self.t0:g} s on port {self.lsock.getsockname()[1]}")
-        if f.refused_total:
-            seen = "; ".join(f"{c.address}: {c.reason}" for c in f.refused[:3])
-            msg += (f"; refused {f.refused_total} connection(s): {seen}"
-                    + (" (a client on another address: a swapped cable, another rail, or the wrong --peer)"
-                       if any(c.address != str(self.expected) for c in f.refused) else ""))
-        return msg
-
-    def _record(self, addr: tuple[str, int], reason: str) -> None:
-        f = self.facts
-        f.refused_total += 1
-        if len(f.refused) < REFUSED_KEPT:
-            f.refused.append(RefusedConnection(address=str(addr[0])[:64], port=int(addr[1]),
-                                               at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                               after_s=round(time.monotonic() - self.t0, 3), reason=reason[:300]))
-
-    @staticmethod
-    def _tell(sock: socket.socket, why: str) -> None:
-        """One refusal line to the peer, if its socket takes it at once (never waits)."""
-        try:
-            sock.send(json.dumps({"error": why}).encode() + b"\n", socket.MSG_DONTWAIT)
-        except OSError:
-            pass
-
-    def _refuse(self, p: _Pending, reason: str, tell: str | None = None) -> None:
-        self._record(p.addr, reason)
-        if tell:
-            self._tell(p.sock, tell)
-        self.pending.pop(p.sock, None)
-        try:
-            self.sel.unregister(p.sock)
-        except (KeyError, ValueError):
-            pass
-        p.sock.close()
-
-    def _accept(self) -> _Admitted | None:
-        try:
-            sock, addr = self.lsock.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return None
-        except OSError as e:  # EMFILE, ENOBUFS: the listener cannot take a connection now
-            raise PairError(f"accepting a connection on port {self.lsock.getsockname()[1]} failed: "
-                            f"{e.strerror or e}") from None
-        if addr[0] != str(self.expected):
-            self._record(addr, f"not the expected peer {self.expected} (--peer)")
-            self._tell(sock, f"this server expects another client (its --peer), not {addr[0]}: check the cabling "
-                             "and which rail you are on")
-            sock.close()
-            return None
-        if len(self.pending) >= ADMIT_PENDING:
-            self._record(addr, f"{ADMIT_PENDING} connections were already being admitted")
-            sock.close()
-            return None
-        sock.setblocking(False)
-        self.pending[sock] = _Pending(sock, addr, time.monotonic())
-        self.sel.register(sock, selectors.EVENT_READ)
-        return None
-
-    def _read(self, p: _Pending) -> _Admitted | None:
-        try:
-            chunk = p.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as e:
-            self._refuse(p, f"the connection failed before its handshake: {e.strerror or e}")
-            return None
-        if not chunk:
-            self._refuse(p, "closed the connection " + ("in the middle of its handshake" if p.buf or p.hello else
-                                                        "without a handshake (a port scan?)"))
-            return None
-        p.buf += chunk
-        while b"\n" in p.buf:
-            line, _, p.buf = p.buf.partition(b"\n")
-            try:
-                got = self._line(p, line)
-            except PairError as e:
-                self._refuse(p, str(e), tell=str(e))
-                return None
-            if got is not None:
-                return got
-        if len(p.buf) > ADMIT_MAX_LINE:
-            self._refuse(p, f"sent over {ADMIT_MAX_LINE} bytes without a line end: not an afddiag handshake")
-        return None
-
-    def _line(self, p: _Pending, line: bytes) -> _Admitted | None:
-        """One line of a pending connection: its hello (then, with a key, the challenge goes out) or
-        its proof. The admitted connection, None while it is not yet; PairError: refuse it."""
-        msg = _parse_line(line)
-        if p.hello is None:
-            hello = _peer_hello(msg, "the client's handshake", buffer=False)
-            if self.key is None:
-                if "nonce" in hello:
-                    raise PairError("the client asks for the pair key; this server was started without --pair-key: "
-                                    "give both sides the same --pair-key FILE")
-                return self._admitted(p, hello)
-            if "nonce" not in hello:
-                raise PairError("the client gave no pair-key proof; this server needs one: give the client "
-                                "--pair-key FILE (the server's key)")
-            _nonce(hello, "nonce", "the client's handshake")
-            p.hello, p.server_nonce = hello, secrets.token_hex(NONCE_HEX // 2)
-            challenge = json.dumps({"op": "challenge", "nonce": p.server_nonce}).encode() + b"\n"
-            try:
-                sent = p.sock.send(challenge, socket.MSG_DONTWAIT)
-            except OSError as e:
-                raise PairError(f"the challenge could not be sent: {e.strerror or e}") from None
-            if sent != len(challenge):
-                raise PairError("the challenge could not be sent whole: the client does not read")
-            return None
-        if msg.get("op") != "auth" or not isinstance(msg.get("mac"), str):
-            raise PairError(f"expected the client's proof of the pair key, got {line[:60]!r}")
-        assert p.server_nonce is not None and self.key is not None
-        want = _mac(self.key, AUTH_CLIENT, p.server_nonce, p.hello["nonce"], p.hello)
-        if not hmac.compare_digest(msg["mac"].encode("utf-8", "replace"), want.encode()):
-            raise PairError("the client's proof does not match this server's pair key (a different --pair-key file)")
-        return self._admitted(p, p.hello)
-
-    def _admitted(self, p: _Pending, hello: dict[str, Any]) -> _Admitted:
-        self.pending.pop(p.sock, None)
-        self.sel.unregister(p.sock)
-        p.sock.setblocking(True)
-        return _Admitted(p.sock, p.addr, hello, p.buf, hello.get("nonce"), p.server_nonce)
-
 
 def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | None = None,
           timeout_s: float = 60.0, fabric: FabricFacts | None = None, *, peer: str,
@@ -782,7 +278,7 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         lsock.bind((bind or facts.fabric_ip or "0.0.0.0", port))
         lsock.listen(ADMIT_PENDING)
-        door = _Admission(lsock, expected, key, facts, t0, deadline)
+        door = _Admission(lsock, expected, key, facts, t0, deadline, ADMIT_S)
         try:
             got = door.run()
         finally:
@@ -1288,48 +784,3 @@ def parse_hostport(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, in
     if port is None:
         raise ValueError(f"{text!r}: port {p[:20]!r} is not 1..65535")
     return host, port
-
-
-def format_pair(f: PairFacts) -> str:
-    """Plain text: one line per phase (size, latency µs, bandwidth GB/s, verified); for a bandwidth
-    run its Gb/s, per QP, and the counters that changed on each side."""
-    def w(v: Any, unknown: str = "not read") -> str:
-        return unknown if v is None else str(v)
-
-    head = (f"afddiag pair ({f.role}): {w(f.device, 'no device')} port {w(f.port)} GID {w(f.gid_index)} "
-            f"({w(f.fabric_ip, 'no fabric IP')}) ↔ {w(f.peer, 'no peer')}, "
-            f"QP {w(f.qp_num, 'none')} ↔ {w(f.peer_qp_num, 'none')}, path MTU {w(f.path_mtu)}")
-    if f.local_error:
-        head += f": stopped on this host before contacting the peer: {f.local_error}"
-    lines = [head]
-    if f.role == "server" and (f.expected_peer or f.refused_total):
-        lines.append(f"  accepts {w(f.expected_peer, 'no peer named')} only"
-                     f"{' (pair key proved)' if f.pair_key else ''}; refused {f.refused_total} other connection(s)"
-                     + (f", the first {len(f.refused)} below" if f.refused_total > len(f.refused) else ""))
-        for rc in f.refused:
-            lines.append(f"    refused {rc.address}:{rc.port} at {rc.at} (+{rc.after_s:g} s): {rc.reason}")
-    elif f.pair_key:
-        lines.append("  pair key proved both ways")
-    for p in f.phases:
-        lines.append(f"  {p.op:<5} {p.size:>6} B  rtt median {p.rtt_us_median} µs (min {p.rtt_us_min})  "
-                     f"bw {p.bw_gbps} GB/s  {'verified' if p.verified else 'NOT verified'}"
-                     + (f"  error: {p.error}" if p.error else ""))
-    bw = f.bandwidth
-    if bw is not None:
-        lines.append(f"  bandwidth: {bw.gbps if bw.gbps is not None else '-'} Gb/s (1e9 bits/s of payload) in "
-                     f"{bw.seconds if bw.seconds is not None else '-'} s of {bw.seconds_asked:g} s asked, "
-                     f"{bw.qps} QPs x {bw.depth} deep RDMA WRITEs of {bw.size} B, {bw.bytes} B moved, "
-                     f"{'verified' if bw.verified else 'NOT verified'} (stage {bw.stage})")
-        for q in bw.per_qp:
-            lines.append(f"    QP {q.qp_num} -> {q.peer_qp_num}: {q.gbps if q.gbps is not None else '-'} Gb/s, "
-                         f"{q.writes} WRITEs")
-        for c in bw.counters:
-            grew = {k: v for k, v in c.counters().items() if v}
-            lines.append(f"    counters ({c.side} {c.device} port {c.port}, {c.netdev}): "
-                         + (", ".join(f"{k} +{v}" for k, v in sorted(grew.items())) if grew else
-                            ("none changed" if c.read else "not read"))
-                         + (f"; notes: {'; '.join(c.notes[:3])}" if c.notes else ""))
-    lines.append(f"{'ERROR: ' + f.error if f.error else 'OK'} in {f.elapsed_s:.2f} s; "
-                 f"{'all objects destroyed' if f.destroyed else 'NOT all objects destroyed'}")
-
-    return "\n".join(line(ln) for ln in lines)  # peer fields and errors: escaped, one line each
