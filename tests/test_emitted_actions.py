@@ -247,6 +247,19 @@ def _memreg_runs(tmp: Path, seen: Seen) -> None:
     seen.add_verdicts([fabric.mem_registration(Context(obs, Inputs(), resolve_fabric_ip(None, None)))], "memreg failed")
 
 
+def _nic_runs(tmp: Path, seen: Seen) -> None:
+    """fabric.cx7-hotplug (and the no-device path it changes) on nic.json readings of a Spark: functions present,
+    absent for want of a cable (debug_state 0, RDMA devices gone), absent though a cable was seen."""
+    fn = [{"bdf": "0000:01:00.0", "device": "0x1021", "driver": "mlx5_core"}]
+    c02 = fabric_case("02-")
+    for i, (funcs, debug) in enumerate(((fn, 1), ([], 0), ([], 1))):
+        nic = {"hotplug_driver": True, "hotplug_enabled": 1, "debug_state": debug, "functions": funcs}
+        gone = {"sys/class/infiniband": None} if not funcs else {}
+        snap = derive(c02, tmp / f"nic{i}", {"nic.json": json.dumps(nic), **gone})
+        for role in (["--role", "expert"], ["--fabric-ip", "192.168.100.11"], []):
+            seen.add(report(["all", "--snapshot", str(snap), *role])["gates"], f"nic {i} {role}")
+
+
 def _host_runs(tmp: Path, seen: Seen) -> None:
     """host.pcie on a probe reading (tests/test_pcie.py's host), host.cpu-clock on cpu.json readings."""
     from afddiag.probes.pcie import read_pcie
@@ -323,6 +336,7 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
     _qp_runs(seen)
     _memreg_runs(tmp_path, seen)
     _rail_runs(tmp_path, seen)
+    _nic_runs(tmp_path, seen)
     _host_runs(tmp_path, seen)
     _launch_runs(tmp_path, seen)
     want = {("fabric.link", "FIX_LINK"), ("fabric.link", "RERUN"), ("fabric.rocev2-ipv4", "SET_ENV"),
@@ -330,7 +344,7 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
             ("fabric.first-device", "RERUN"), ("fabric.qp-rtr", "FIX_ROUTE"), ("fabric.qp-rtr", "SET_ENV"),
             ("fabric.mem-registration", "REBOOT"), ("fabric.mem-registration", "RAISE_LIMIT"),
             ("fabric.mem-registration", "LOAD_DRIVER"), ("fabric.mem-registration", "STOP_PROCESSES"),
-            ("fabric.rdma-present", "RERUN"), ("fabric.rail-bandwidth", "REBOOT"),
+            ("fabric.rdma-present", "RERUN"), ("fabric.rail-bandwidth", "REBOOT"), ("fabric.cx7-hotplug", "FIX_LINK"),
             ("fabric.rail-bandwidth", "CHECK_FABRIC"), ("fabric.port-counters", "FIX_LINK"),
             ("fabric.route", "FIX_ROUTE"), ("fabric.arp", "SET_SYSCTL"),
             ("host.pcie", "HW_INSPECTION"), ("host.cpu-clock", "AC_POWER_CYCLE"),

@@ -15,6 +15,7 @@ from afddiag.envvars import (
 )
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, probe_failed, probed
 from afddiag.gates.devicemap import gid_slot
+from afddiag.gates.nic import unplugged_skip
 from afddiag.model import ROCE_V2, roce_mtu, to_jsonable
 from afddiag.model.fabric import (
     Entry,
@@ -112,6 +113,8 @@ def rdma_present(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, SKIP, why if why.startswith("fabric") else f"fabric not captured: {why}",
                        remedy("snapshot.fabric"))
     if not fab.devices:
+        if (v := unplugged_skip(ctx, gate_id)) is not None:  # a Spark's CX-7 powered off for want of a cable
+            return v
         said = [n for n in fab.notes if "infiniband" in n] or fab.notes or ["none listed"]
         verdict = FAIL if ctx.requires("rdma") else SKIP
         role = f"; role {ctx.playbook.name} requires one" if verdict == FAIL else ""
@@ -138,6 +141,8 @@ def no_device_but_named(ctx: Context, gate_id: str) -> Verdict | None:
     fab = ctx.obs.fabric
     if fab is None or not fab.captured or fab.devices or fab.failed:
         return None
+    if (v := unplugged_skip(ctx, gate_id)) is not None:  # no cable, not no driver: fabric.cx7-hotplug names it
+        return v
     named = ([f"fabric IP {ctx.fabric_ip.ip}"] if ctx.fabric_ip.given and ctx.fabric_ip.ip else [])
     named += [f"peer(s) {', '.join(ctx.inputs.peers)}"] if ctx.inputs.peers else []
     what = " and ".join(named) or "the fabric IP"

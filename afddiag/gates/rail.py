@@ -15,6 +15,7 @@ from typing import Any
 from afddiag.catalog import remedy
 from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.gates.fabric import carrier_entry, port_of
+from afddiag.gates.nic import hotplug_note
 from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
 from afddiag.model.pair import BandwidthRun, counter_kind
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
@@ -271,7 +272,8 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
                        facts)
     if band == "stale-init":
         return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band "
-                       f"with the {link} and no error counter grown: the NIC's stale-initialization signature",
+                       f"with the {link} and no error counter grown: the NIC's stale-initialization signature"
+                       + hotplug_note(ctx),
                        remedy(gate_id + ".stale"), facts, action="REBOOT")
     if band == "stale-unconfirmed":
         return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band, "

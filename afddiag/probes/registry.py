@@ -80,6 +80,7 @@ class Sources:
     fabric probe's devices (pyverbs), a function ``(fabric, fabric_ip, peers, timeout_s) -> QpFacts``
     replaces the walk; ``environ``: the
     process environment (filtered by :func:`afddiag.probes.env.env_allowed`); ``hostname()``;
+    ``kernel_log() -> text``: the kernel log the NIC probe takes its lines from (LIVE: ``/dev/kmsg``);
     ``reader(path) -> str`` reads one sysfs file (raises OSError as the kernel answers; None: the
     ordinary read under ``root``).
     """
@@ -101,6 +102,7 @@ class Sources:
     qp: Any = None
     environ: Any = None  # Mapping[str, str] | LIVE (os.environ) | None
     hostname: Any = None  # () -> str | LIVE (uname(2) nodename, as socket.gethostname()) | None
+    kernel_log: Any = None  # () -> the kernel log's text | LIVE (/dev/kmsg, or --xid-log) | None: the NIC's lines
     reader: Callable[[str], str] | None = None
 
     @classmethod
@@ -108,7 +110,7 @@ class Sources:
         """This host: every source read live, under ``/`` (no pair test result); ``replace`` sets fields."""
         kw: dict[str, Any] = {k: LIVE for k in ("device_order", "addresses", "gpu", "memreg", "pcie", "limits",
                                                   "cpu", "route", "rules", "rdma_core", "environ", "hostname",
-                                                  "image", "reach", "qp")}
+                                                  "image", "reach", "qp", "kernel_log")}
         return cls(root="/", **{**kw, **replace})
 
 
@@ -259,6 +261,7 @@ PROBES: tuple[Entry, ...] = (
     Entry("image", "afddiag.probes.launch:IMAGE", frozenset({"launch", "gpu"})),
     Entry("fabric", "afddiag.probes.fabric", frozenset({"fabric"}), report=True),
     Entry("qp", "afddiag.probes.qp", frozenset({"fabric"}), report=True),
+    Entry("nic", "afddiag.probes.nic", frozenset({"fabric"}), report=True),
     Entry("route", "afddiag.probes.route", frozenset({"fabric"}), report=True),
     Entry("gpu", "afddiag.probes.gpu", frozenset({"gpu"}), report=True),
     Entry("memreg", "afddiag.probes.memreg", frozenset({"fabric"})),
