@@ -19,6 +19,10 @@ One module decides, for every caller (the gates, the QP walk, the pair test, the
   (what an engine that opens this device would use);
 - :func:`device_map`: ``DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP`` (fabric IP → device), whatever the
   link does (:func:`devicemap_caveats` names entries whose port is down).
+
+It never imports the fabric models: it reaches the inventory through the facts' own queries
+(:meth:`~afddiag.model.fabric.FabricFacts.rocev2_carriers` and its kin), so the models load only with
+the fabric probe that makes the facts, and a run without them (``afddiag gpu``) never loads them.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from afddiag.envvars import MAP_VAR, format_device_map, parse_nccl_hca
-from afddiag.model import ROCE_V1, ROCE_V2
+from afddiag.model import ROCE_V1, ROCE_V2, is_link_local_v4
 
 if TYPE_CHECKING:
     from afddiag.model.fabric import Entry, FabricFacts, RdmaDevice
@@ -79,11 +83,7 @@ def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None, source: str
     ambiguous when one rail's cable is pulled (it is not silently the other rail's address), and with
     one addressed rail it stays that rail's address (``fabric.link`` FAILs on its port). ``candidates``
     are the IPv4 RoCE v2 entries (:func:`afddiag.model.fabric.rocev2_carriers`, ACTIVE ports first)."""
-    cands: list[Entry] = []
-    if fabric:  # a run without fabric facts (`afddiag gpu`) never loads the fabric models
-        from afddiag.model.fabric import rocev2_carriers
-
-        cands = rocev2_carriers(fabric)
+    cands = fabric.rocev2_carriers() if fabric else []  # a run without fabric facts never loads the fabric models
     if given:
         return FabricIp(given, source, cands, given=True)
     ips = sorted({e.ip for e in cands})
@@ -97,34 +97,28 @@ def resolve_fabric_ip(fabric: FabricFacts | None, given: str | None, source: str
 def fabric_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
     """The entry carrying ``ip`` (its IPv4-mapped GID, on a netdev holding it): RoCE v2 on an
     ACTIVE port first, then any carrier, in enumeration order; None when nothing carries it."""
-    from afddiag.model.fabric import carriers
-
     if fabric is None or not ip:
         return None
-    cs = carriers(fabric, ip)
+    cs = fabric.carriers(ip)
     cs.sort(key=lambda e: (e.gid_type != ROCE_V2, e.port_state != "ACTIVE"))
     return cs[0] if cs else None
 
 
 def usable_entry(fabric: FabricFacts | None, ip: str | None) -> Entry | None:
     """The first IPv4 RoCE v2 GID on an ACTIVE port that carries ``ip`` (enumeration order), or None."""
-    from afddiag.model.fabric import usable_rocev2
-
     if fabric is None or not ip:
         return None
-    return next((e for e in usable_rocev2(fabric) if e.ip == ip), None)
+    return next((e for e in fabric.usable_rocev2() if e.ip == ip), None)
 
 
 def device_map(fabric: FabricFacts | None) -> dict[str, str]:
     """Every IPv4 address with a RoCE v2 GID whose netdev holds it → its device (an ACTIVE port's
     first, then the first in enumeration order). A port whose link is down keeps its entry: the map
     is right whatever the cable does (fabric.link says the link is down)."""
-    from afddiag.model.fabric import rocev2_carriers
-
     chosen: dict[str, str] = {}
-    for e in rocev2_carriers(fabric) if fabric else []:  # ACTIVE ports first
+    for e in fabric.rocev2_carriers() if fabric else []:  # ACTIVE ports first
         chosen.setdefault(e.ip, e.device)
-    order = [e.ip for e in rocev2_carriers(fabric, active_first=False)] if fabric else []
+    order = [e.ip for e in fabric.rocev2_carriers(active_first=False)] if fabric else []
     return {ip: chosen[ip] for ip in dict.fromkeys(order)}  # listed in enumeration order, as before
 
 
@@ -135,11 +129,9 @@ def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> s
     GIDs whose netdev does not hold the address (a stale GID); else no IPv4 GID at all (put the
     address on the RoCE netdev; with ``fabric_ip``, the addresses the map does name). Facts: the GID
     tables (``gid_attrs/types``, ``ndevs``) and addresses."""
-    from afddiag.model.fabric import ipv4_entries
-
     if not (fabric and fabric.devices):
         return "no RDMA device on this host: load the RDMA driver first (afddiag fabric says more)"
-    entries = [e for e in ipv4_entries(fabric) if fabric_ip is None or e.ip == fabric_ip]
+    entries = [e for e in fabric.ipv4_entries() if fabric_ip is None or e.ip == fabric_ip]
     held = [e for e in entries if e.netdev_holds_ip]
     subject = f"fabric IP {fabric_ip}" if fabric_ip else "no IPv4 RoCE v2 GID on any port"
 
@@ -168,10 +160,8 @@ def no_map_reason(fabric: FabricFacts | None, fabric_ip: str | None = None) -> s
 
 def devicemap_caveats(fabric: FabricFacts | None, dm: dict[str, str]) -> list[str]:
     """One line per map entry whose port is not ACTIVE: the entry is right, the link is not (fabric.link)."""
-    from afddiag.model.fabric import rocev2_carriers
-
     out = []
-    for e in rocev2_carriers(fabric) if fabric else []:
+    for e in fabric.rocev2_carriers() if fabric else []:
         if dm.get(e.ip) == e.device and e.port_state != "ACTIVE":
             out.append(f"{e.ip}={e.device}: port {e.port} is {e.port_state or 'in an unknown state'}; the entry is "
                        "right, the link is not (`afddiag fabric` judges it in fabric.link)")
@@ -241,8 +231,6 @@ def nccl_gid_index_for(fabric: FabricFacts, hca: str, fabric_ip: str | None) -> 
     index is used for every port NCCL opens, so ``(index, "")`` only when all those ports have theirs
     at the same index, else ``(None, why)`` (no ACTIVE port selected, a port without an IPv4 RoCE v2
     GID, or different indexes). Raises nothing; a value NCCL cannot parse gives ``(None, why)``."""
-    from afddiag.model.fabric import is_link_local_v4, rocev2_carriers
-
     try:
         spec = parse_nccl_hca(hca)
     except ValueError as e:
@@ -252,7 +240,7 @@ def nccl_gid_index_for(fabric: FabricFacts, hca: str, fabric_ip: str | None) -> 
         for p in d.ports:
             if not p.active or not spec.selects(d.name, p.num):
                 continue
-            mine = [e for e in rocev2_carriers(fabric, active_first=False) if e.device == d.name and e.port == p.num]
+            mine = [e for e in fabric.rocev2_carriers(active_first=False) if e.device == d.name and e.port == p.num]
             mine.sort(key=lambda e: (e.ip != fabric_ip, is_link_local_v4(e.ip) and not is_link_local_v4(fabric_ip)))
             per[f"{d.name}:{p.num}"] = mine[0].gid_index if mine else None
     if not per:
@@ -340,13 +328,11 @@ def choose_sgid(dev: RdmaDevice, fabric_ip: str | None) -> SgidChoice:
        information falls back to (often an fe80 link-local GID) → ``"first RoCE v2 GID (fallback)"``.
     4. Else no source GID: ``sgid_index`` None, ``choice`` says why.
     """
-    from afddiag.model.fabric import is_empty_gid
-
     port_num = choose_port(dev, fabric_ip)
     port = next((p for p in dev.ports if p.num == port_num), None)
     if port is None:
         return SgidChoice(port_num, None, None, f"no GID table read for {dev.name} port {port_num}")
-    gids = sorted((g for g in port.gids if not is_empty_gid(g.gid)), key=lambda g: g.index)
+    gids = sorted((g for g in port.gids if not g.empty), key=lambda g: g.index)
     if fabric_ip:
         for g in gids:
             if g.ipv4 == fabric_ip and g.type == ROCE_V2:

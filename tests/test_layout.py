@@ -284,9 +284,6 @@ LATE_IMPORT_ALLOWED = {
                                       "entry.py)",
     ("afddiag.probes.gpu", "afddiag.probes.load"): "the load probe's plans and PTX load only when it runs; "
                                                    "goes when the load probe is its own registry entry",
-    ("afddiag.endpoint", "afddiag.model.fabric"): "the gates and the runner resolve the fabric IP on every run, "
-                                                  "a gpu run included; goes when the fabric-IP decision and the "
-                                                  "endpoint choices are separate modules",
 }
 
 

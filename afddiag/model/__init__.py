@@ -12,6 +12,7 @@ and the reason is in the owning object's ``notes``.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 ROCE_V2 = "RoCE v2"  # a GID's type as the kernel prints it (gid_attrs/types/<i>)
@@ -26,6 +27,14 @@ def roce_mtu(netdev_mtu: int) -> int:
     Returns 0 below 256."""
     room = netdev_mtu - ROCE_OVERHEAD
     return next((m for m in ROCE_MTUS if room >= m), 0)
+
+
+def is_link_local_v4(ip: str | None) -> bool:
+    """True for an IPv4 link-local address (169.254.0.0/16, RFC 3927): not routed between subnets."""
+    try:
+        return ipaddress.IPv4Address(ip or "").is_link_local
+    except ValueError:
+        return False
 
 
 def to_jsonable(obj: Any) -> Any:

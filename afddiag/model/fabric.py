@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afddiag.model import ROCE_V2
+from afddiag.model import is_link_local_v4 as is_link_local_v4  # re-exported: the gates import it from here
 
 # What a verbs errno from ibv_modify_qp means on RoCE (the QP probe records the errno, gates say it).
 ERRNO_WORDS = {
@@ -76,6 +77,11 @@ class Gid:
     netdev: str | None = None  # gid_attrs/ndevs/<i>
     ipv4: str | None = None  # decoded from an IPv4-mapped GID
 
+    @property
+    def empty(self) -> bool:
+        """An unused slot (all zeros): :func:`is_empty_gid`."""
+        return is_empty_gid(self.gid)
+
 
 @dataclass
 class Port:
@@ -139,6 +145,25 @@ class FabricFacts:
     notes: list[str] = field(default_factory=list)
     failed: str | None = None  # the probe timed out or crashed: what it was doing (its gates say ERROR)
 
+    # The inventory queries, on the facts themselves: a caller that holds fabric facts reaches them without
+    # importing this module (afddiag.endpoint runs on every run; a run without fabric facts never loads it).
+
+    def ipv4_entries(self) -> list[Entry]:
+        """:func:`ipv4_entries` of these facts."""
+        return ipv4_entries(self)
+
+    def carriers(self, ip: str) -> list[Entry]:
+        """:func:`carriers` of ``ip`` in these facts."""
+        return carriers(self, ip)
+
+    def usable_rocev2(self) -> list[Entry]:
+        """:func:`usable_rocev2` of these facts."""
+        return usable_rocev2(self)
+
+    def rocev2_carriers(self, active_first: bool = True) -> list[Entry]:
+        """:func:`rocev2_carriers` of these facts."""
+        return rocev2_carriers(self, active_first)
+
 
 @dataclass
 class Entry:
@@ -200,14 +225,6 @@ def rocev2_carriers(facts: FabricFacts, active_first: bool = True) -> list[Entry
     the link."""
     out = [e for e in ipv4_entries(facts) if e.gid_type == ROCE_V2 and e.netdev_holds_ip]
     return sorted(out, key=lambda e: e.port_state != "ACTIVE") if active_first else out
-
-
-def is_link_local_v4(ip: str | None) -> bool:
-    """True for an IPv4 link-local address (169.254.0.0/16, RFC 3927): not routed between subnets."""
-    try:
-        return ipaddress.IPv4Address(ip or "").is_link_local
-    except ValueError:
-        return False
 
 
 ORDER_UNKNOWN_PREFIX = "name"  # FabricFacts.order_source when no source gave the device index order
