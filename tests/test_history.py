@@ -207,8 +207,11 @@ CHILD = textwrap.dedent("""
 
 
 def child(tmp_path, *args) -> subprocess.Popen:
+    """Start the child script (written once: rewriting it while an earlier child is still reading it
+    hands that child an empty file, which exits 0 having written nothing)."""
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(repo=str(REPO)))
+    if not script.exists():
+        script.write_text(CHILD.format(repo=str(REPO)))
     return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True,
                             env=dict(os.environ))
 

@@ -552,7 +552,7 @@ def seeds(target: str) -> list[bytes]:
             [["top/" + "n" * 3000, "file", 0, "x"], ["top/x", "file", 0, "1"], ["top/x", "file", 0, "2"]])]
     elif target == "nested":
         out += [bytes([i]) + b for i, b in enumerate([b"[" * 1000 + b"]" * 1000, b'{"a":' * 500 + b"1" + b"}" * 500,
-                                                      b"9" * 5000, b'"\ud800"', b"\xff\xfe", b"[1e999, -0.0]"])]
+                                                      b"9" * 5000, b'"\\ud800"', b"\xff\xfe", b"[1e999, -0.0]"])]
     elif target == "merge":
         out += [json.dumps(r).encode() for r in base_reports()]
         r = base_reports()[0]
