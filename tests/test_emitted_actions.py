@@ -260,6 +260,15 @@ def _nic_runs(tmp: Path, seen: Seen) -> None:
             seen.add(report(["all", "--snapshot", str(snap), *role])["gates"], f"nic {i} {role}")
 
 
+def _known_bad_runs(tmp: Path, seen: Seen) -> None:
+    """host.known-bad on case 02 as captured (nothing checkable), with a kernel outside every range, and with
+    kernel 6.17.0-1008 (the matrix's boot-panic entry)."""
+    c02 = fabric_case("02-")
+    for i, kernel in enumerate((None, "6.17.0-1031-nvidia\n", "6.17.0-1008-nvidia\n")):
+        snap = derive(c02, tmp / f"knownbad{i}", {"proc/sys/kernel/osrelease": kernel})
+        seen.add(report(["all", "--snapshot", str(snap), "--role", "expert"])["gates"], f"known-bad {i}")
+
+
 def _host_runs(tmp: Path, seen: Seen) -> None:
     """host.pcie on a probe reading (tests/test_pcie.py's host), host.cpu-clock on cpu.json readings."""
     from afddiag.probes.pcie import read_pcie
@@ -337,6 +346,7 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
     _memreg_runs(tmp_path, seen)
     _rail_runs(tmp_path, seen)
     _nic_runs(tmp_path, seen)
+    _known_bad_runs(tmp_path, seen)
     _host_runs(tmp_path, seen)
     _launch_runs(tmp_path, seen)
     want = {("fabric.link", "FIX_LINK"), ("fabric.link", "RERUN"), ("fabric.rocev2-ipv4", "SET_ENV"),
@@ -345,6 +355,7 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
             ("fabric.mem-registration", "REBOOT"), ("fabric.mem-registration", "RAISE_LIMIT"),
             ("fabric.mem-registration", "LOAD_DRIVER"), ("fabric.mem-registration", "STOP_PROCESSES"),
             ("fabric.rdma-present", "RERUN"), ("fabric.rail-bandwidth", "REBOOT"), ("fabric.cx7-hotplug", "FIX_LINK"),
+            ("host.known-bad", "UPDATE_VERSIONS"),
             ("fabric.rail-bandwidth", "CHECK_FABRIC"), ("fabric.port-counters", "FIX_LINK"),
             ("fabric.route", "FIX_ROUTE"), ("fabric.arp", "SET_SYSCTL"),
             ("host.pcie", "HW_INSPECTION"), ("host.cpu-clock", "AC_POWER_CYCLE"),

@@ -80,6 +80,7 @@ class Observation:
     pcie: PcieFacts | None = None  # PCIe links of the RDMA NICs and GPUs; None: not probed
     reach: ReachFacts | None = None  # TCP connects to the peers' engine ports; None: not probed
     fabric_ip: Any = None  # afddiag.endpoint.FabricIp, resolved once right after the fabric probe; None: not yet
+    platform: Any = None  # afddiag.model.platform.PlatformFacts: DGX OS release, board; None: not probed
     nic: Any = None  # afddiag.model.nic.NicFacts: CX-7 hot-plug state, the NIC's kernel-log lines; None: not probed
     pair: Any = None  # afddiag.model.pair.PairFacts: the pair test's result (bandwidth run); None: not run
     notes: list[str] = field(default_factory=list)

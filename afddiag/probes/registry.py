@@ -268,6 +268,7 @@ PROBES: tuple[Entry, ...] = (
     Entry("pcie", "afddiag.probes.pcie", frozenset({"host"})),
     Entry("reach", "afddiag.probes.reach", frozenset({"launch"})),
     Entry("cpu", "afddiag.probes.cpu", frozenset({"host"}), report=True),
+    Entry("platform", "afddiag.probes.platform", frozenset({"host"})),
     Entry("pair", "afddiag.probes.pair_result", frozenset({"fabric"}), report=True),
     Entry("versions", "afddiag.probes.versions", _EVERY, report=True),
 )
