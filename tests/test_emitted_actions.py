@@ -258,6 +258,11 @@ def _nic_runs(tmp: Path, seen: Seen) -> None:
         snap = derive(c02, tmp / f"nic{i}", {"nic.json": json.dumps(nic), **gone})
         for role in (["--role", "expert"], ["--fabric-ip", "192.168.100.11"], []):
             seen.add(report(["all", "--snapshot", str(snap), *role])["gates"], f"nic {i} {role}")
+    from test_nic_kernel_log import FAULTS, HEALTHY_BOOT  # fabric.nic-kernel-log on saved kernel logs
+
+    for i, lines in enumerate([HEALTHY_BOOT, *([line] for line, _v, _a in FAULTS)]):
+        snap = derive(c02, tmp / f"niclog{i}", {"dmesg.txt": "\n".join(lines) + "\n"})
+        seen.add(report(["all", "--snapshot", str(snap), "--role", "expert"])["gates"], f"nic log {i}")
 
 
 def _known_bad_runs(tmp: Path, seen: Seen) -> None:
@@ -355,6 +360,8 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
             ("fabric.mem-registration", "REBOOT"), ("fabric.mem-registration", "RAISE_LIMIT"),
             ("fabric.mem-registration", "LOAD_DRIVER"), ("fabric.mem-registration", "STOP_PROCESSES"),
             ("fabric.rdma-present", "RERUN"), ("fabric.rail-bandwidth", "REBOOT"), ("fabric.cx7-hotplug", "FIX_LINK"),
+            ("fabric.nic-kernel-log", "REBOOT"), ("fabric.nic-kernel-log", "HW_INSPECTION"),
+            ("fabric.nic-kernel-log", "FIX_LINK"),
             ("host.known-bad", "UPDATE_VERSIONS"),
             ("fabric.rail-bandwidth", "CHECK_FABRIC"), ("fabric.port-counters", "FIX_LINK"),
             ("fabric.route", "FIX_ROUTE"), ("fabric.arp", "SET_SYSCTL"),

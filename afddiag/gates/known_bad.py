@@ -89,8 +89,7 @@ def _nccl_builds(ctx: Context, entry: dict[str, Any]) -> bool | None:
 
 #: The signatures an entry may name: ``(ctx, entry) -> True (seen) | False (read, not seen) | None (not read)``.
 SIGNATURES: dict[str, tuple[str, Callable[[Context, dict[str, Any]], bool | None]]] = {
-    "cma_free_above_total": ("CmaFree above CmaTotal in /proc/meminfo without kho=off (the memory-registration "
-                             "probe)", _cma),
+    "cma_free_above_total": ("CmaFree above CmaTotal in /proc/meminfo without kho=off", _cma),
     "rail_stale_band": ("a pair-test bandwidth run in the stale-initialization band", _stale),
     "nccl_builds_differ": ("two different builds of the same NCCL version on the host", _nccl_builds),
 }
@@ -154,7 +153,7 @@ def judge_entry(ctx: Context, entry: dict[str, Any], versions: dict[str, list[st
         return "match", ", ".join(got)
     what, seen = SIGNATURES[sig][0], SIGNATURES[sig][1](ctx, entry)
     if seen is None:
-        return "unchecked", f"{', '.join(got)} in range; its signature ({what}) not read"
+        return "unchecked", f"{', '.join(got)} in range; its signature not read: {what}"
     return ("match", f"{', '.join(got)} with {what}") if seen else ("clear", f"{', '.join(got)} in range, no {what}")
 
 

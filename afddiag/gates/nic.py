@@ -1,4 +1,5 @@
-"""NIC platform gates (family ``fabric``): the DGX Spark's ConnectX-7 hot-plug state.
+"""NIC platform gates (family ``fabric``): the DGX Spark's ConnectX-7 hot-plug state and the NIC's
+kernel-log lines judged against the catalog ``checks/nic_kernel_log.toml``.
 
 ``fabric.cx7-hotplug`` tells a Spark whose CX-7 functions are absent because no cable is in its QSFP
 cage (the hot-plug driver powered the NIC off: the root, a cabling remedy) from one whose driver is
@@ -9,11 +10,14 @@ rail that came up after a hot-plug event. Pure: facts in, verdicts out (:mod:`af
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from typing import Any
 
-from afddiag.catalog import remedy
-from afddiag.gates import Context, declared, gate, not_probed
-from afddiag.model.nic import NicFacts, hotplug_events
+from afddiag import packaged
+from afddiag.catalog import load, remedy, tomllib
+from afddiag.gates import Context, declared, gate, not_probed, probe_failed
+from afddiag.model.nic import NicFacts, hotplug_events, message
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 HOTPLUG_GATE = "fabric.cx7-hotplug"
@@ -45,7 +49,7 @@ def no_cable_evidence(nic: NicFacts | None) -> str | None:
     boot_state = nic.debug_state if nic.debug_state is not None else nic.legacy_plugin
     if boot_state == 0:
         seen = "logged no cable event since" if nic.kernel_lines is not None else "kernel log not read"
-        return f"no cable was in the cage when the hot-plug driver started (debug_state 0; {seen})"
+        return f"no cable was in the cage when the hot-plug driver started: debug_state 0, {seen}"
     return None
 
 
@@ -115,6 +119,98 @@ def cx7_hotplug(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, WARN, f"{summary}; a fabric IP or peer was given", remedy(gate_id), facts,
                        action="FIX_LINK")
     return Verdict(gate_id, SKIP, f"{summary}; nothing here asks for the fabric", remedy(gate_id), facts)
+
+
+# ---------------------------------------------------------------- fabric.nic-kernel-log
+
+LOG_VERDICTS = (FAIL, WARN, "INFO", "BENIGN")
+_BDF = re.compile(r"\b([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
+
+
+class LogCatalogError(ValueError):
+    """checks/nic_kernel_log.toml is not a valid catalog: the message names the line entry and field."""
+
+
+def validate_log_catalog(lines: Any, actions: set[str]) -> list[dict[str, Any]]:
+    """The catalog's entries with their patterns compiled (``rx``): ids unique, a verdict of
+    :data:`LOG_VERDICTS`, an action of ``actions`` and a remedy for FAIL and WARN, a source. Raises
+    :class:`LogCatalogError`. Pure."""
+    if not isinstance(lines, list) or not lines:
+        raise LogCatalogError("checks/nic_kernel_log.toml: no [[line]]")
+    out, seen = [], set()
+    for i, e in enumerate(lines):
+        where = f"checks/nic_kernel_log.toml line entry {i + 1} ({e.get('id') if isinstance(e, dict) else '?'})"
+        if not isinstance(e, dict) or not all(isinstance(e.get(k), str) and e[k] for k in
+                                              ("id", "pattern", "verdict", "meaning", "source")):
+            raise LogCatalogError(f"{where}: id, pattern, verdict, meaning and source are required")
+        if e["verdict"] not in LOG_VERDICTS or e["id"] in seen:
+            raise LogCatalogError(f"{where}: verdict one of {', '.join(LOG_VERDICTS)}, id unique")
+        if e["verdict"] in (FAIL, WARN) and (e.get("action") not in actions or not e.get("remedy")):
+            raise LogCatalogError(f"{where}: a {e['verdict']} needs an action of checks/gates.toml [actions] "
+                                  "and a remedy")
+        try:
+            rx = re.compile(e["pattern"])
+        except re.error as err:
+            raise LogCatalogError(f"{where}: pattern does not compile ({err})") from None
+        seen.add(e["id"])
+        out.append({**e, "rx": rx})
+    return out
+
+
+@lru_cache(maxsize=1)
+def log_catalog() -> tuple[dict[str, Any], ...]:
+    """checks/nic_kernel_log.toml's entries, validated and compiled (:func:`validate_log_catalog`)."""
+    data = tomllib.loads(packaged.read_text("checks", "nic_kernel_log.toml"))
+    return tuple(validate_log_catalog(data.get("line"), set(load()["actions"])))
+
+
+def classify(lines: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``({entry id: {"count", "last", "verdict"}}, [functions whose last module event is "Cable
+    unplugged"])`` over kernel-log ``lines``: each line counts for the first catalog entry matching its
+    message. Pure."""
+    hits: dict[str, dict[str, Any]] = {}
+    module: dict[str, str] = {}
+    for line in lines:
+        msg = message(line)
+        for e in log_catalog():
+            if e["rx"].search(msg):
+                h = hits.setdefault(e["id"], {"count": 0, "last": "", "verdict": e["verdict"]})
+                h["count"] += 1
+                h["last"] = msg[:300]
+                if e["id"] in ("cable-unplugged", "cable-plugged") and (m := _BDF.search(msg)):
+                    module[m.group(1)] = e["id"]
+                break
+    return hits, sorted(b for b, state in module.items() if state == "cable-unplugged")
+
+
+@gate("fabric.nic-kernel-log")
+def nic_kernel_log(ctx: Context, gate_id: str) -> Verdict:
+    nic = ctx.obs.nic
+    if (v := probe_failed(gate_id, nic)) is not None:
+        return v
+    if nic is None or nic.kernel_lines is None:
+        why = (nic.kernel_source if nic is not None and nic.kernel_source else "not probed")
+        return Verdict(gate_id, SKIP, f"NIC kernel log not read: {why}", remedy(gate_id + ".unread"))
+    hits, unplugged = classify(nic.kernel_lines)
+    facts = {"lines_read": len(nic.kernel_lines), "source": nic.kernel_source, "matched": hits,
+             "unplugged": unplugged}
+    entries = {e["id"]: e for e in log_catalog()}
+    found = [entries[i] for i in entries if i in hits and entries[i]["verdict"] in (FAIL, WARN)]
+    quiet = ", ".join(f"{i} x{h['count']}" for i, h in hits.items() if h["verdict"] in ("BENIGN", "INFO"))
+    said = f"{len(nic.kernel_lines)} NIC kernel-log line(s) ({nic.kernel_source})"
+    if not found and not unplugged:
+        return Verdict(gate_id, PASS, f"{said}: no fault line" + (f" (not faults: {quiet})" if quiet else ""),
+                       "nothing to do", facts)
+    found.sort(key=lambda e: e["verdict"] != FAIL)  # FAILs first, catalog order within a verdict
+    parts = [f"{e['id']} x{hits[e['id']]['count']}: {e['meaning']}; last: {hits[e['id']]['last']}" for e in found]
+    fixes = [e["remedy"] for e in found]
+    if unplugged:
+        parts.append(f"cable unplugged from {', '.join(unplugged)} and not plugged back (the last module event)")
+        fixes.append(remedy(gate_id + ".unplugged"))
+    worst = found[0] if found else None
+    verdict = worst["verdict"] if worst else WARN
+    return Verdict(gate_id, verdict, f"{said}: " + "; ".join(parts), " Then: ".join(dict.fromkeys(fixes)), facts,
+                   action=worst["action"] if worst else "FIX_LINK")
 
 
 GATES = declared(__name__)

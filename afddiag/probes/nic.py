@@ -167,7 +167,7 @@ def _snapshot_lines(run: Run, r: dict[str, Any]) -> tuple[list[str] | None, str 
     for name in (NIC_LOG, *SAVED_LOGS):
         if isinstance(r.get(name), str):
             return [x for x in r[name].splitlines() if is_nic_line(x)], f"snapshot {name}"
-    return None, "not captured (no kernel-nic.log or saved kernel log in the snapshot)"
+    return None, "not captured: no kernel-nic.log or saved kernel log in the snapshot"
 
 
 def _typed(raw: dict[str, Any], key: str, kind: type) -> Any:
