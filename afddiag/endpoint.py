@@ -59,8 +59,8 @@ class FabricIp:
 def given_fabric_ip(inputs: Any) -> tuple[str | None, str]:
     """The fabric IP the operator named and where (``inputs``: :class:`~afddiag.model.run.Inputs`):
     ``--fabric-ip``, else ``AFD_FABRIC_IP`` in the launch env file; ``(None, "")`` when neither names one."""
-    if inputs.fabric_ip:
-        return inputs.fabric_ip, "--fabric-ip"
+    if inputs.fabric_ip:  # a replay may take it from the capture's stored inputs (afddiag.inputs.with_stored)
+        return inputs.fabric_ip, (getattr(inputs, "sources", None) or {}).get("fabric_ip", "--fabric-ip")
     named = (inputs.launch_env or {}).get("AFD_FABRIC_IP")
     if named:
         return named, f"AFD_FABRIC_IP in {inputs.launch_env_path}"

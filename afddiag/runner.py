@@ -22,6 +22,7 @@ from afddiag import __version__, baseline, collect, document, endpoint, expect, 
 from afddiag.bundle import is_bundle
 from afddiag.collect import Progress, SnapshotError
 from afddiag.gates import Context, run_gates
+from afddiag.inputs import checked_store, stored_note, to_store, with_stored
 from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import registry
@@ -42,6 +43,7 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
             raise SnapshotError(f"snapshot {root}: holds nothing afddiag recognizes: a snapshot holds any of "
                                 f"{registry.snapshot_parts()} (`afddiag capture` writes one)")
         obs = Observation(host=root.name, source=f"snapshot {root}")
+        inputs = _stored_inputs(inputs, obs, root)
         run = registry.Run(inputs, obs, root=root)
     else:
         obs = Observation(host=os.uname().nodename, source="live")  # as socket.gethostname()
@@ -77,6 +79,18 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
     if inputs.families & {"gpu", "host"}:
         _load_baseline(obs, inputs)
     return obs
+
+
+def _stored_inputs(inputs: Inputs, obs: Observation, root: Path) -> Inputs:
+    """A replay's inputs: those the capture kept (``inputs.json``, checked) where the flags give none;
+    ``obs.stored_inputs`` keeps them for :func:`judge`, and a note names what was taken or refused."""
+    stored, why = registry.load_inputs(root, inputs.timeout("fabric_s"))
+    if stored is not None:
+        stored, why = checked_store(stored)
+    obs.stored_inputs = stored
+    inputs = with_stored(inputs, stored)
+    obs.notes.extend(n for n in (why, stored_note(inputs)) if n)
+    return inputs
 
 
 def _set(obs: Observation, fields: dict[str, Any]) -> None:
@@ -136,6 +150,7 @@ def diagnose(inputs: Inputs, host: Any = None) -> tuple[Report, Observation]:
 def judge(inputs: Inputs, obs: Observation) -> Report:
     """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``:
     :func:`afddiag.probes.registry.report_facts`)."""
+    inputs = with_stored(inputs, obs.stored_inputs)  # a replay: the capture's inputs where flags give none
     fip = obs.fabric_ip or endpoint.fabric_ip_of(inputs, obs.fabric)  # no fabric probe ran: the given one
     expected = expect.resolve(inputs, obs, fip)  # once, before any gate runs
     verdicts = run_gates(Context(obs, inputs, fip, expected), set(inputs.families))
@@ -145,7 +160,8 @@ def judge(inputs: Inputs, obs: Observation) -> Report:
         {"fabric_ip": fip.ip, "fabric_ip_source": fip.source, "peers": list(inputs.peers),
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
          "env": obs.env, "role": (inputs.playbook.name if inputs.playbook else "generic"),
-         "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity},
+         "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity,
+         "sources": {**inputs.sources, "role": inputs.role_source or inputs.sources.get("role", "")}},
         obs.fabric, notes, registry.report_facts(obs),
         expectations={k: v for k, v in vars(expected).items() if v not in (None, {})})
     rep["summary"] = summary.from_run(inputs, obs, (fip.ip, fip.source), verdicts, rep["device_map"])  # fleet
@@ -221,6 +237,7 @@ def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[
         notes.extend(part_notes + list(readings.get("notes") or []))
         _set(obs, fields or {})
     files.setdefault("host", b"unknown\n")
+    registry.dump_inputs(to_store(inputs), files)  # what a replay judges against unless its flags say otherwise
     files[registry.CAPTURE_MANIFEST] = (json.dumps(
         {"afddiag_version": __version__, "host": obs.host,
          "captured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

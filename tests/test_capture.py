@@ -326,6 +326,11 @@ def test_lab_capture_replays_to_the_guest_live_verdicts(capture_lab):
     assert rv.pop("fabric.qp-rtr") == "SKIP"  # a bundle holds no live QP walk
     lv.pop("fabric.qp-rtr")
     assert rv == lv
+    # no flags: the bundle's stored inputs (--fabric-ip 10.9.0.2 --peer 10.9.0.1) give the same verdicts
+    bare, _ = run_json(["all", "--json", "--snapshot", str(bundle)])
+    bv = {g["id"]: g["verdict"] for g in bare["gates"] if g["id"] != "fabric.qp-rtr"}
+    assert bv == lv, (bv, lv)
+    assert bare["inputs"]["sources"]["peers"] == "captured with --peer"
     assert replay["device_map"] == live["json"]["device_map"] == {"10.9.0.2": "arxe1"}
     assert replay["host"] == live["json"]["host"]
     fab = replay["facts"]["fabric"]

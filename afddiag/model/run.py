@@ -37,6 +37,8 @@ class Inputs:
     xid_log: str | None = None  # a saved kernel log to read Xid events from instead of /dev/kmsg
     families: frozenset[str] = ALL_FAMILIES  # the gate families the command runs (and the probes feeding them)
     role_source: str = ""  # where the playbook came from (afddiag.inputs.resolve): "--role expert", "AFD_ROLE in FILE"
+    # input (afddiag.inputs.STORED_FLAGS key) -> where it came from: "--peer", "captured with --peer"
+    sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """The launch env feeds the peers when the flags do not give them (the fabric IP's precedence is
@@ -83,6 +85,7 @@ class Observation:
     platform: Any = None  # afddiag.model.platform.PlatformFacts: DGX OS release, board; None: not probed
     nic: Any = None  # afddiag.model.nic.NicFacts: CX-7 hot-plug state, the NIC's kernel-log lines; None: not probed
     pair: Any = None  # afddiag.model.pair.PairFacts: the pair test's result (bandwidth run); None: not run
+    stored_inputs: dict[str, Any] | None = None  # a replayed capture's inputs.json (checked); None: none kept
     notes: list[str] = field(default_factory=list)
 
 

@@ -341,6 +341,29 @@ def dump(probe: Probe, readings: dict[str, Any], files: dict[str, bytes]) -> Non
 
 #: What `afddiag capture` writes besides the probes' artifacts (``capture.json``: what was captured, notes).
 CAPTURE_MANIFEST = "capture.json"
+#: The operator's inputs of a capture (``inputs.json``: :func:`afddiag.inputs.to_store`'s dict), which a
+#: replay uses where its flags give none (:func:`afddiag.inputs.with_stored`).
+CAPTURE_INPUTS = "inputs.json"
+
+
+def dump_inputs(stored: dict[str, Any], files: dict[str, bytes]) -> None:
+    """A capture's stored inputs into ``files`` as :data:`CAPTURE_INPUTS` (JSON)."""
+    files[CAPTURE_INPUTS] = (json.dumps(stored, indent=2, sort_keys=True) + "\n").encode()
+
+
+def load_inputs(root: Path, timeout_s: float = 30.0) -> tuple[dict[str, Any] | None, str]:
+    """A snapshot's stored inputs (:data:`CAPTURE_INPUTS`), read through the bounded reader →
+    ``(dict, "")``; ``(None, "")`` when the snapshot has none (a bundle from before inputs were kept,
+    a case folder); ``(None, why)`` when the file is there but refused (not a JSON object, too big)."""
+    try:
+        v = reader.load_json(root / CAPTURE_INPUTS, root=root, timeout_s=timeout_s)
+    except FileNotFoundError:
+        return None, ""
+    except reader.InputError as e:
+        return None, f"{CAPTURE_INPUTS} refused: {str(e).replace(str(root / CAPTURE_INPUTS), CAPTURE_INPUTS, 1)}"
+    if not isinstance(v, dict):
+        return None, f"{CAPTURE_INPUTS} refused: not a JSON object"
+    return v, ""
 
 
 def _names(entries: tuple[Entry, ...] | list[Entry]) -> list[str]:
