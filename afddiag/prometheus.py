@@ -6,26 +6,33 @@ The metrics are built in a :class:`prometheus_client.CollectorRegistry` and rend
 the file is written by :func:`afddiag.atomic.atomic_write` rather than ``write_to_textfile``, which
 neither fsyncs, keeps an old file's mode and owner, nor refuses a FIFO.
 
-Point node_exporter's ``--collector.textfile.directory`` at the folder and give
-``--output DIR/afddiag.prom``. node_exporter adds ``instance``, so there is no host label; labels
-name only what stays put across runs (a verdict flipping changes a value, never a series):
+Point node_exporter's ``--collector.textfile.directory`` at the folder and give each command its own
+file (``--output DIR/afddiag-all.prom``, ``preflight --prom DIR/afddiag-preflight.prom``).
+node_exporter adds ``instance``, so there is no host label. Every series carries ``role`` and
+``command``, so the files of several commands in one folder never hold the same series twice
+(node_exporter would drop the second and log "collected before"). Labels name only what stays put
+across runs (a verdict flipping changes a value, never a series):
 
-- ``afddiag_gate_status{role,command,gate}``: the verdict as the value, **0 PASS, 1 WARN, 2 FAIL,
-  3 ERROR, 4 SKIP** (``afddiag_gate_status >= 2`` alerts on FAIL and ERROR);
+- ``afddiag_gate_status{role,command,gate}``: what the gate asks of an operator, by severity:
+  **0 PASS or SKIP, 1 WARN, 2 FAIL, 3 ERROR** (as the exit code), so ``afddiag_gate_status > 0`` is
+  "something needs attention" and ``max`` is the worst; before issue 23 SKIP was 4, above FAIL;
+- ``afddiag_gate_skipped{role,command,gate}``: 1 when the gate said SKIP (nothing to judge), else 0;
 - ``afddiag_gates{role,command,verdict}``: how many gates gave each verdict (all five, always);
 - ``afddiag_exit_code{role,command}``: 0 clean, 1 WARN, 2 FAIL, 3 ERROR;
 - ``afddiag_last_run_timestamp_seconds{role,command}``: when the report was made (Unix time);
-- ``afddiag_roce_path_mtu_bytes{device,port,netdev}``: the RoCE path MTU of each port with a
-  populated GID (from the netdev MTU, as the kernel's ``iboe_get_mtu``);
-- ``afddiag_qp_rtr_transition_seconds{device,port}``: how long ``ibv_modify_qp`` to RTR took in
-  the QP walk (live runs that walked);
-- ``afddiag_gpu_under_load_sm_clock_hertz{gpu,uuid}``, ``afddiag_gpu_under_load_power_watts``,
-  ``afddiag_gpu_load_flops_per_second{gpu,uuid,kind="fp32"|"bf16_mma"}``,
-  ``afddiag_gpu_load_bytes_per_second{gpu,uuid,kind="gemv"|"copy"}``: the load probe's figures
+- ``afddiag_roce_path_mtu_bytes{role,command,device,port,netdev}``: the RoCE path MTU of each port with
+  a populated GID (from the netdev MTU, as the kernel's ``iboe_get_mtu``);
+- ``afddiag_qp_rtr_transition_seconds{role,command,device,port}``: how long ``ibv_modify_qp`` to RTR
+  took in the QP walk (live runs that walked);
+- ``afddiag_gpu_under_load_sm_clock_hertz{role,command,gpu,uuid}``, ``afddiag_gpu_under_load_power_watts``,
+  ``afddiag_gpu_load_flops_per_second{...,kind="fp32"|"bf16_mma"}``,
+  ``afddiag_gpu_load_bytes_per_second{...,kind="gemv"|"copy"}``: the load probe's figures
   (``--load``; the value in base units, TFLOP/s × 10¹², GB/s × 10⁹);
-- ``afddiag_gpu_sm_clock_hertz{gpu,uuid}`` and ``afddiag_gpu_temperature_celsius{gpu,uuid}`` at idle;
-- ``afddiag_device_map_info{ip,device} 1``: one per entry of the device map;
-- ``afddiag_build_info{version} 1``.
+- ``afddiag_gpu_sm_clock_hertz{role,command,gpu,uuid}`` and ``afddiag_gpu_temperature_celsius`` at idle;
+- ``afddiag_device_map_info{role,command,ip,device} 1``: one per entry of the device map;
+- ``afddiag_build_info{role,command,version} 1``.
+
+``docs/MONITORING.md`` has alerting rules over these (checked by ``tests/test_alert_rules.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +45,14 @@ from typing import Any
 from afddiag.model import roce_mtu
 from afddiag.termsafe import cleaned
 
-STATUS = {"PASS": 0, "WARN": 1, "FAIL": 2, "ERROR": 3, "SKIP": 4}
+#: A verdict → ``afddiag_gate_status``'s value: what it asks of an operator, by severity (SKIP asks nothing;
+#: ``afddiag_gate_skipped`` tells it from PASS). An unknown verdict counts as ERROR.
+STATUS = {"PASS": 0, "SKIP": 0, "WARN": 1, "FAIL": 2, "ERROR": 3}
+#: The verdicts ``afddiag_gates`` counts, each always present.
+VERDICTS = ("PASS", "WARN", "FAIL", "ERROR", "SKIP")
+#: The labels every series carries: a run's role and the command that made it (several commands' files
+#: share one textfile folder).
+BASE = ("role", "command")
 
 
 class PrometheusUnavailable(RuntimeError):
@@ -77,23 +91,25 @@ def path_mtus(fabric: dict[str, Any] | None) -> list[tuple[str, str, str, int]]:
     return out
 
 
-# gauge(name, doc, label names, rows of (label values, value)): registry_for's family maker
+# gauge(name, doc, label names, rows of (label values, value)): registry_for's family maker, which puts
+# the BASE labels first on every family
 AddGauge = Callable[[str, str, tuple[str, ...], Any], None]
 
 
-def _verdict_gauges(gauge: AddGauge, report: dict[str, Any], base: dict[str, str]) -> None:
+def _verdict_gauges(gauge: AddGauge, report: dict[str, Any]) -> None:
     """The run's own families: each gate's verdict, the verdict counts, the exit code, the run's time."""
     gates = _dicts(report.get("gates"))
-    gauge("afddiag_gate_status", "Verdict of one afddiag gate: 0 PASS, 1 WARN, 2 FAIL, 3 ERROR, 4 SKIP.",
-          ("role", "command", "gate"),
-          [({**base, "gate": g.get("id")}, STATUS.get(str(g.get("verdict")), 3)) for g in gates])
+    gauge("afddiag_gate_status", "What one afddiag gate asks of an operator: 0 PASS or SKIP, 1 WARN, 2 FAIL, 3 ERROR.",
+          ("gate",), [({"gate": g.get("id")}, STATUS.get(str(g.get("verdict")), 3)) for g in gates])
+    gauge("afddiag_gate_skipped", "1 when one afddiag gate said SKIP (nothing to judge), else 0.",
+          ("gate",), [({"gate": g.get("id")}, int(g.get("verdict") == "SKIP")) for g in gates])
     counts = report.get("counts") or {}
-    gauge("afddiag_gates", "Number of gates of the last run that gave each verdict.", ("role", "command", "verdict"),
-          [({**base, "verdict": v}, counts.get(v, 0)) for v in STATUS])
+    gauge("afddiag_gates", "Number of gates of the last run that gave each verdict.", ("verdict",),
+          [({"verdict": v}, counts.get(v, 0)) for v in VERDICTS])
     gauge("afddiag_exit_code", "Exit code of the last afddiag run: 0 clean, 1 WARN, 2 FAIL, 3 ERROR.",
-          ("role", "command"), [(base, report.get("exit_code", 3))])
+          (), [({}, report.get("exit_code", 3))])
     gauge("afddiag_last_run_timestamp_seconds", "When the last afddiag run made its report (Unix time).",
-          ("role", "command"), [(base, round(_timestamp(report), 3))])
+          (), [({}, round(_timestamp(report), 3))])
 
 
 def _fabric_gauges(gauge: AddGauge, facts: dict[str, Any]) -> None:
@@ -167,11 +183,11 @@ def registry_for(report: dict[str, Any], command: str = "all"):
         rows = [(lv, v) for lv, v in rows if v is not None]
         if not rows:  # nothing read (no GPU, no QP walk): no family, rather than an empty one
             return
-        g = Gauge(name, doc, labels, registry=reg)
+        g = Gauge(name, doc, BASE + labels, registry=reg)
         for lv, v in rows:
-            (g.labels(**lv) if labels else g).set(v)
+            g.labels(**base, **lv).set(v)
 
-    _verdict_gauges(gauge, report, base)
+    _verdict_gauges(gauge, report)
     facts = report["facts"] if isinstance(report.get("facts"), dict) else {}
     _fabric_gauges(gauge, facts)
     _gpu_gauges(gauge, facts)

@@ -36,7 +36,8 @@ CACHE="$(cd "$CACHE" && pwd)"
 # 1. apt packages, only those missing.
 PKGS=(qemu-system-x86 python3-pyverbs rdma-core ibverbs-providers ibverbs-utils kmod iproute2
       busybox-static python3-venv openssh-server openssh-sftp-server openssh-client  # sshd/ssh-keygen/sftp-server: fleet tests
-      prometheus                                # promtool check metrics: tests/test_prometheus.py
+      prometheus                                # promtool check metrics/rules: tests/test_prometheus.py, test_alert_rules.py
+      prometheus-node-exporter                  # scrapes afddiag's textfiles: tests/test_textfile_collector.py
       chromium fonts-dejavu-core)               # headless page test: tests/test_html.py
 missing=()
 for p in "${PKGS[@]}"; do

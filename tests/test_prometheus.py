@@ -103,7 +103,8 @@ def test_numeric_gauges_in_base_units():
     d = rep["facts"]["gpu"]["devices"][0]
     ul = d["under_load"]
     (clk,) = fams["afddiag_gpu_under_load_sm_clock_hertz"].samples
-    assert clk.value == ul["clock_sm_mhz"] * 1e6 and clk.labels == {"gpu": "0", "uuid": d["uuid"]}
+    assert clk.value == ul["clock_sm_mhz"] * 1e6
+    assert clk.labels == {"role": "generic", "command": "gpu", "gpu": "0", "uuid": d["uuid"]}
     rates = {x.labels["kind"]: x.value for x in fams["afddiag_gpu_load_flops_per_second"].samples}
     want = {k: ul[f] * 1e12 for k, f in (("fp32", "fp32_tflops"), ("bf16_mma", "bf16_tflops")) if ul.get(f) is not None}
     assert rates == pytest.approx(want) and want
@@ -134,7 +135,7 @@ def test_qp_rtr_latency_in_seconds():
 
     fams = families(generate_latest(registry_for(rep)).decode())
     assert [(x.labels, x.value) for x in fams["afddiag_qp_rtr_transition_seconds"].samples] == [
-        ({"device": "mlx5_1", "port": "1"}, 0.0125)]  # a failed RTR has no latency
+        ({"role": "generic", "command": "all", "device": "mlx5_1", "port": "1"}, 0.0125)]  # a failed RTR: no latency
 
 
 PROMTOOL = shutil.which("promtool")
@@ -180,3 +181,35 @@ def test_unwritable_output_is_a_usage_error(tmp_path, capsys):
                 str(tmp_path / "missing" / "x.prom"), "--no-history"])
     assert code == 64
     assert "--output" in capsys.readouterr().err
+
+
+def test_status_values_order_by_what_needs_attention():
+    """``> 0`` fires on WARN, FAIL and ERROR, never on SKIP; ``max`` is the worst verdict (SKIP is 0,
+    told from PASS by afddiag_gate_skipped)."""
+    order = ["PASS", "SKIP", "WARN", "FAIL", "ERROR"]
+    rep = {"inputs": {"role": "expert"}, "gates": [{"id": f"g.{v.lower()}", "verdict": v} for v in order],
+           "counts": {v: 1 for v in order}, "exit_code": 3, "device_map": {}}
+    fams = families(render(rep, "all"))
+    status = {s.labels["gate"]: s.value for s in fams["afddiag_gate_status"].samples}
+    assert status == {"g.pass": 0, "g.skip": 0, "g.warn": 1, "g.fail": 2, "g.error": 3}
+    assert [g for g, v in status.items() if v > 0] == ["g.warn", "g.fail", "g.error"]
+    skipped = {s.labels["gate"]: s.value for s in fams["afddiag_gate_skipped"].samples}
+    assert skipped == {"g.pass": 0, "g.skip": 1, "g.warn": 0, "g.fail": 0, "g.error": 0}
+    for worst, gates in (("FAIL", ["PASS", "SKIP", "FAIL"]), ("WARN", ["SKIP", "WARN"]), ("PASS", ["SKIP", "PASS"])):
+        assert max(STATUS[g] for g in gates) == STATUS[worst]
+    assert {s.labels["verdict"] for s in fams["afddiag_gates"].samples} == set(order)
+
+
+def test_every_series_names_its_role_and_command():
+    """Two commands' files in one textfile folder never hold the same series (node_exporter drops one)."""
+    case = next(c for c in FABRIC if c.name.startswith("01-"))
+    fip = ["--fabric-ip", load_case(case)["fabric_ip"]]
+    a = families(invoke(["all", "--snapshot", str(case), "--format", "prometheus", "--no-history", *fip])[0])
+    f = families(invoke(["fabric", "--snapshot", str(case), "--format", "prometheus", "--no-history", *fip])[0])
+    for fams, command in ((a, "all"), (f, "fabric")):
+        for fam in fams.values():
+            for smp in fam.samples:
+                assert (smp.labels.get("role"), smp.labels.get("command")) == ("generic", command), (fam.name, smp)
+    series = [{(x.name, tuple(sorted(x.labels.items()))) for fam in fams.values() for x in fam.samples}
+              for fams in (a, f)]
+    assert series[0] and series[1] and not series[0] & series[1]
