@@ -26,19 +26,19 @@ export DEBIAN_FRONTEND=noninteractive
 
 log() { echo "lab/setup: $*" >&2; }
 
+# 1. apt packages, only those missing (`lab/setup.sh --packages` lists them and changes nothing).
+PKGS=(qemu-system-x86 python3-pyverbs rdma-core ibverbs-providers ibverbs-utils kmod iproute2
+      busybox-static python3-venv openssh-server openssh-sftp-server openssh-client  # sshd/ssh-keygen/sftp-server: fleet tests
+      prometheus                                # promtool check metrics/rules: tests/test_prometheus.py, test_alert_rules.py
+      prometheus-node-exporter                  # scrapes afddiag's textfiles: tests/test_textfile_collector.py
+      chromium fonts-dejavu-core)               # headless page test: tests/test_html.py
+if [ "${1:-}" = --packages ]; then printf '%s\n' "${PKGS[@]}"; exit 0; fi
 if [ "$(id -u)" != 0 ]; then
   echo "lab/setup.sh: run as root (it installs packages and writes /lib/modules)" >&2
   exit 1
 fi
 mkdir -p "$CACHE"
 CACHE="$(cd "$CACHE" && pwd)"
-
-# 1. apt packages, only those missing.
-PKGS=(qemu-system-x86 python3-pyverbs rdma-core ibverbs-providers ibverbs-utils kmod iproute2
-      busybox-static python3-venv openssh-server openssh-sftp-server openssh-client  # sshd/ssh-keygen/sftp-server: fleet tests
-      prometheus                                # promtool check metrics/rules: tests/test_prometheus.py, test_alert_rules.py
-      prometheus-node-exporter                  # scrapes afddiag's textfiles: tests/test_textfile_collector.py
-      chromium fonts-dejavu-core)               # headless page test: tests/test_html.py
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -50,7 +50,7 @@ apt_update() { if [ "$apt_updated" = 0 ]; then apt-get update -qq; apt_updated=1
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   apt_update
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  apt-get install -y -qq --no-install-recommends --no-upgrade "${missing[@]}" >&2
 fi
 
 # 2. Kernels. A kernel already in the cache with its modules installed is left alone (no download);

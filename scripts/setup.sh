@@ -10,6 +10,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 PKGS=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers iproute2)
+if [ "${1:-}" = --packages ]; then printf '%s\n' "${PKGS[@]}"; exit 0; fi  # the list alone (scripts/test.sh)
 
 if [ "${AFDDIAG_NO_APT:-0}" != 1 ] && command -v apt-get >/dev/null; then
   missing=()
@@ -20,7 +21,7 @@ if [ "${AFDDIAG_NO_APT:-0}" != 1 ] && command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     echo "setup: installing ${missing[*]}" >&2
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${missing[@]}" >&2
   fi
 fi
 
