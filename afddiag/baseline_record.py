@@ -39,7 +39,7 @@ def record_here(path: str | os.PathLike | None = None, budget_s: float = 3.0, fo
     store the figures at ``path`` (default: the state directory's baseline.json). Raises OSError when
     the file cannot be written."""
     obs = runner.gather(Inputs(load=True, load_budget_s=budget_s, run_qp=False, families=frozenset({"gpu", "host"})),
-                        host=host, only={"host", "gpu", "cpu"})
+                        host=host, only={"host", "gpu", "load", "cpu"})
     cpu = obs.cpu or {}
     failed = [f for f in (obs.gpu.failed if obs.gpu else None, obs.gpu.load_failed if obs.gpu else None,
                           cpu.get("failed")) if f]

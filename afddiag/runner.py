@@ -49,7 +49,7 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
         obs = Observation(host=os.uname().nodename, source="live")  # as socket.gethostname()
         run = registry.Run(inputs, obs, host=host or registry.Sources.live())
     part_s = inputs.timeout("fabric_s")  # one snapshot part's read: --timeout bounds it too
-    for p in registry.probes(inputs.families):
+    for p in registry.probes(inputs.families, run):
         if (only is not None and p.name not in only) or not p.wanted(run):
             continue
         if p.live_only and not run.live:
@@ -213,7 +213,7 @@ def capture(inputs: Inputs, host: Any = None, timeout_s: float = 10.0) -> tuple[
     run = registry.Run(inputs, obs, host=host or registry.Sources.live(), capturing=True)
     files: dict[str, bytes] = {}
     notes: list[str] = []
-    for p in registry.probes():
+    for p in registry.probes(run=run):
         if p.live_only or not p.wanted(run):
             continue
         progress = Progress()

@@ -282,8 +282,6 @@ def test_no_import_circle():
 LATE_IMPORT_ALLOWED = {
     ("afddiag.entry", "afddiag.cli"): "`afddiag --version` is answered without loading the CLI (the point of "
                                       "entry.py)",
-    ("afddiag.probes.gpu", "afddiag.probes.load"): "the load probe's plans and PTX load only when it runs; "
-                                                   "goes when the load probe is its own registry entry",
 }
 
 

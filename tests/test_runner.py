@@ -210,6 +210,44 @@ def test_endpoint_is_decided_in_one_place():
             assert fn not in text, (path, fn)
 
 
+def test_the_load_probe_is_its_own_entry_and_both_bundle_layouts_replay(tmp_path, monkeypatch):
+    """The load probe is a registry entry of its own, after the GPU probe: a run without --load never
+    imports it; a live --load run and the replay of its capture (gpu.json without the figures, the load
+    probe's own gpu-load.json) give the same GPU facts and verdicts, and so does a bundle of an older
+    afddiag (the figures inside gpu.json, no gpu-load.json)."""
+    import dataclasses
+
+    from test_health import FIX, PROBE
+
+    idle = json.loads((FIX / "h200-live-idle" / "gpu.json").read_text())
+    probe = json.loads(json.dumps(PROBE))
+    probe["device"]["uuid"] = idle["devices"][0]["uuid"]
+    monkeypatch.setattr("afddiag.probes.load.run_load_probe", lambda i, budget_s=3.0: json.loads(json.dumps(probe)))
+    src = registry.Sources(gpu=lambda: json.loads(json.dumps(idle)))
+    inputs = Inputs(load=True, run_qp=False, families=frozenset({"gpu"}))
+    quiet = registry.Run(dataclasses.replace(inputs, load=False), Observation(host="h", source="t"), host=src)
+    assert [p.name for p in registry.probes({"gpu"}, quiet)] == ["host", "env", "image", "gpu", "versions"]
+    live_rep, live_obs = runner.diagnose(inputs, host=src)
+    assert live_obs.gpu.devices[0].under_load.bf16_tflops == probe["achieved"]["bf16_tflops"]
+    files, _, _ = runner.capture(inputs, src)
+    assert all(d.get("under_load") is None for d in json.loads(files["gpu.json"])["devices"])
+    assert json.loads(files["gpu-load.json"])["devices"][0]["under_load"]["achieved"] == probe["achieved"]
+
+    def replay(snap, files):
+        for rel, data in files.items():
+            (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+            (snap / rel).write_bytes(data)
+        return runner.diagnose(dataclasses.replace(inputs, load=False, snapshot=str(snap)))
+
+    older = {k: v for k, v in files.items() if k != "gpu-load.json"}
+    older["gpu.json"] = (json.dumps(live_obs.gpu.readings) + "\n").encode()  # the figures inside gpu.json
+    verdicts = lambda rep: {g["id"]: (g["verdict"], g["summary"]) for g in rep["gates"]}  # noqa: E731
+    for snap, bundle in ((tmp_path / "new", files), (tmp_path / "old", older)):
+        rep, obs = replay(snap, bundle)
+        assert _facts(obs)["gpu"] == _facts(live_obs)["gpu"], snap.name
+        assert verdicts(rep) == verdicts(live_rep), snap.name
+
+
 def test_baseline_record_reads_through_the_runner(tmp_path, monkeypatch):
     """`baseline record`: the registry's GPU probe (load probe attached by UUID) and CPU probe."""
     from test_health import FIX, PROBE

@@ -82,7 +82,7 @@ import threading
 import time
 from typing import Any, cast
 
-from afddiag import collect, expect, reader
+from afddiag import expect, reader
 from afddiag.model.gpu import GpuFacts, GpuReadings, gpu_facts_from_readings
 from afddiag.model.run import Inputs, Observation, wants_load
 from afddiag.probes import cudadrv
@@ -404,7 +404,8 @@ def _read_drivers(out: dict[str, Any], timeout_s: float, cuda: bool, xid_path: s
 
 
 # ---------------------------------------------------------------------------------------------
-# the probe: GPUs (NVML, the CUDA driver when needed), the load probe, the kernel log's Xid lines
+# the probe: GPUs (NVML, the CUDA driver when needed), the kernel log's Xid lines (the load probe, its own
+# registry entry right after this one, lays its figures on these readings: afddiag.probes.load)
 
 
 KERNEL_XID_LOG = "kernel-xid.log"  # what `capture` keeps of the kernel log: its NVRM Xid lines
@@ -415,8 +416,7 @@ CUDA_NOT_NEEDED = ("not read: nothing in this run needs it (no expected SM count
 
 
 def _bound(run: Run) -> float:
-    t = run.inputs.timeout("gpu_s") + 2.0  # read_gpu bounds its own NVML/CUDA worker; this catches a hang outside it
-    return t + (run.inputs.timeout("load_s") * 8 + 5 if wants_load(run.inputs) else 0)
+    return run.inputs.timeout("gpu_s") + 2.0  # read_gpu bounds its own NVML/CUDA worker; this catches a hang outside it
 
 
 def cuda_reason(inputs: Inputs, obs: Observation | None = None, capturing: bool = False) -> str | None:
@@ -438,23 +438,6 @@ def cuda_reason(inputs: Inputs, obs: Observation | None = None, capturing: bool 
     return None
 
 
-def _attach_load(run: Run, readings: dict[str, Any], progress: Any) -> None:
-    """The load probe's figures on each device of ``readings`` (``under_load``), bounded; a failure
-    is recorded on every device (``why``) and as ``load_failed``."""
-    from afddiag.probes.load import attach_load  # its PTX and plans load only when the load probe runs
-
-    progress.doing = "running the GPU load probe"
-    t = run.inputs.timeout("load_s") * len(readings["devices"])
-    # the playbook's load probe stays off a GPU another job computes on; an explicit --load forces it
-    _, failed = collect.guarded(lambda: attach_load(readings, run.inputs.load_budget_s, skip_busy=not run.inputs.load),
-                                t, "GPU load probe")
-    if failed:
-        readings["load_failed"] = failed
-        for d in readings["devices"]:
-            if not isinstance(d.get("under_load"), dict):
-                d["under_load"] = {"why": failed}
-
-
 def _read(run: Run, progress: Any) -> dict[str, Any]:
     def live() -> Any:
         why = cuda_reason(run.inputs, run.obs, run.capturing)  # the image probe ran before this one
@@ -465,14 +448,19 @@ def _read(run: Run, progress: Any) -> dict[str, Any]:
     readings = read_source(run.src.gpu, live)
     if not isinstance(readings, dict):
         return {"gpu.json": None}
-    if wants_load(run.inputs) and readings.get("devices"):
-        _attach_load(run, readings, progress)
     out: dict[str, Any] = {"gpu.json": readings}
     if isinstance(readings.get("xid_events"), list):
         # the kernel log's Xid lines, as the driver printed them: a replay judges them like --xid-log
         out[KERNEL_XID_LOG] = "".join(f"{e.get('text')}\n" for e in readings["xid_events"]
                                       if isinstance(e, dict) and e.get("text"))
     return out
+
+
+def gpu_readings(run: Run) -> dict[str, Any] | None:
+    """This run's GPU readings once this probe ran (live or replayed; what the load probe lays its
+    figures on), None when there are none."""
+    raw = (run.readings.get("gpu") or {}).get("gpu.json")
+    return raw if isinstance(raw, dict) else None
 
 
 def _snapshot_xids(run: Run, raw: dict[str, Any], r: dict[str, Any]) -> None:

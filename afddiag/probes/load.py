@@ -47,7 +47,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from afddiag.model.gpu import busy_evidence
+from afddiag import collect
+from afddiag.model.gpu import busy_evidence, gpu_facts_from_readings
 from afddiag.probes import cudadrv, nvml
 from afddiag.probes.cudadrv import (
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
@@ -59,6 +60,7 @@ from afddiag.probes.cudadrv import (
     CudaError,
     uuid_from_bytes,
 )
+from afddiag.probes.gpu import gpu_readings
 from afddiag.probes.gpu_nvml import read_busy
 from afddiag.probes.load_plan import (
     BUDGET_WEIGHTS,
@@ -99,6 +101,7 @@ from afddiag.probes.load_ptx import (
     ptx_gemv,
     ptx_mma,
 )
+from afddiag.probes.registry import Artifact, Probe, Run, load_probe_runs
 from afddiag.progress import steps
 
 # --- timing and sampling ------------------------------------------------------------------------
@@ -644,6 +647,80 @@ def attach_load(readings: dict[str, Any], budget_s: float, skip_busy: bool = Fal
                 target["under_load"] = ul
 
 
+# --- the registry's entry: the figures laid on the GPU probe's readings -------------------------
+
+#: What a capture keeps of the load probe: ``{"devices": [{"index", "uuid", "under_load"}], "load_failed"}``
+#: (a bundle of an older afddiag kept ``under_load`` in the GPU probe's readings: it replays as it did).
+LOAD_ARTIFACT = "gpu-load.json"
+
+
+def _bound(run: Run) -> float:
+    devices = (gpu_readings(run) or {}).get("devices")
+    return run.inputs.timeout("load_s") * max(1, len(devices) if isinstance(devices, list) else 0) + 5.0
+
+
+def _read(run: Run, progress: Any) -> dict[str, Any]:
+    """Run the load probe on every GPU of the GPU probe's readings (:func:`attach_load`, bounded by the
+    ``load_s`` timeout per GPU); a failure is recorded on every device (``why``) and as ``load_failed``."""
+    raw = gpu_readings(run)
+    if raw is None or not raw.get("devices"):
+        return {LOAD_ARTIFACT: None}
+    progress.doing = "running the GPU load probe"
+    t = run.inputs.timeout("load_s") * len(raw["devices"])
+    # the playbook's load probe stays off a GPU another job computes on; an explicit --load forces it
+    _, failed = collect.guarded(lambda: attach_load(raw, run.inputs.load_budget_s, skip_busy=not run.inputs.load),
+                                t, "GPU load probe")
+    if failed:
+        raw["load_failed"] = failed
+        for d in raw["devices"]:
+            if not isinstance(d.get("under_load"), dict):
+                d["under_load"] = {"why": failed}
+    record: dict[str, Any] = {"devices": [{"index": d.get("index"), "uuid": d.get("uuid"),
+                                           "under_load": d.get("under_load")} for d in raw["devices"]]}
+    if failed:
+        record["load_failed"] = failed
+    return {LOAD_ARTIFACT: record}
+
+
+def lay(raw: dict[str, Any], record: dict[str, Any]) -> None:
+    """Put the load probe's ``record`` (:data:`LOAD_ARTIFACT`'s shape) on the GPU readings ``raw``: each
+    device's ``under_load`` on the device of the same UUID, else of the same index; ``load_failed``.
+    Never raises on odd content (a snapshot may hold anything)."""
+    devs = [d for d in raw.get("devices") or [] if isinstance(d, dict)] if isinstance(raw.get("devices"), list) else []
+    by_uuid = {d["uuid"]: d for d in devs if isinstance(d.get("uuid"), str)}
+    by_index = {d["index"]: d for d in devs if isinstance(d.get("index"), int)}
+    found = record.get("devices")
+    for rec in found if isinstance(found, list) else []:
+        if not isinstance(rec, dict):
+            continue
+        uuid, index = rec.get("uuid"), rec.get("index")
+        target = (by_uuid.get(uuid) if isinstance(uuid, str) else None) or \
+            (by_index.get(index) if isinstance(index, int) else None)
+        if target is not None:
+            target["under_load"] = rec.get("under_load")
+    if isinstance(record.get("load_failed"), str):
+        raw["load_failed"] = record["load_failed"]
+
+
+def _facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """The GPU facts again, from the GPU probe's readings with the load figures laid on (:func:`lay`);
+    nothing when there is no record (not run, or an older bundle that keeps them in the GPU readings) or no
+    GPU facts."""
+    record, raw, gpu = r.get(LOAD_ARTIFACT), gpu_readings(run), run.obs.gpu
+    if not isinstance(record, dict) or raw is None or gpu is None or gpu.failed or not gpu.available:
+        return {}
+    lay(raw, record)
+    return {"gpu": gpu_facts_from_readings(raw)}
+
+
+def _failed(why: str) -> dict[str, Any]:
+    return {"notes": [f"GPU load probe: {why}"]}
+
+
+PROBE = Probe("load", "GPU load probe", _bound, (Artifact(LOAD_ARTIFACT),), _read, _facts, _failed,
+              wanted=load_probe_runs)
+
+
 def main() -> None:
     """``python -m afddiag.probes.load [device_index] [budget_s]``: print :func:`run_load_probe` as JSON."""
     import sys
@@ -654,7 +731,8 @@ def main() -> None:
 
 
 __all__ = [  # this module's API and what it re-exports from load_ptx and load_plan
-    "run_load_probe", "attach_load", "main", "CudaError", "SAMPLE_PERIOD_S", "JOIN_GRACE_S", "CLEANUP_RESERVE_S",
+    "run_load_probe", "attach_load", "lay", "main", "PROBE", "LOAD_ARTIFACT",
+    "CudaError", "SAMPLE_PERIOD_S", "JOIN_GRACE_S", "CLEANUP_RESERVE_S",
     "MIN_KERNEL_SLICE_S", "CALIBRATE_MIN_S", "JIT_LOG_BYTES", "CUDA_SUCCESS",
     "BLOCK", "COPY_LOAD", "COPY_STORE", "COPY_UNROLL", "ENTRY", "FP32_CHAINS", "FP32_UNROLL", "GEMV_K",
     "GEMV_ROWS_PER_BLOCK", "GEMV_UNROLL", "MMA_CHAINS", "MMA_FLOP", "MMA_MIN_CC", "MMA_UNROLL", "MODULE_OF", "PARAMS",

@@ -45,7 +45,7 @@ from typing import Any
 
 from afddiag import reader
 from afddiag.endpoint import given_fabric_ip
-from afddiag.model.run import Inputs, Observation
+from afddiag.model.run import Inputs, Observation, wants_load
 from afddiag.probes import sysfs
 
 # ---------------------------------------------------------------------------------------------
@@ -236,13 +236,16 @@ class Probe:
 @dataclass(frozen=True)
 class Entry:
     """One line of :data:`PROBES`: the probe's ``name``, where it lives (``module``, or
-    ``module:NAME`` for a module holding several), the gate ``families`` it feeds (empty: every run)
-    and whether the report's ``facts`` carry its Observation field of the same name (``report``)."""
+    ``module:NAME`` for a module holding several), the gate ``families`` it feeds (empty: every run),
+    whether the report's ``facts`` carry its Observation field of the same name (``report``) and
+    ``when(run)``: whether this run needs it at all, asked before its module is imported (None: always;
+    a probe whose module is heavy stays unloaded in a run that does not need it)."""
 
     name: str
     module: str
     families: frozenset[str] = frozenset()
     report: bool = False
+    when: Callable[[Run], bool] | None = None
 
     def runs_for(self, families: frozenset[str] | set[str]) -> bool:
         return not self.families or bool(self.families & set(families))
@@ -251,6 +254,13 @@ class Entry:
         """The module's :class:`Probe` (the module is imported now, once)."""
         module, _, attr = self.module.partition(":")
         return getattr(importlib.import_module(module), attr or "PROBE")
+
+
+def load_probe_runs(run: Run) -> bool:
+    """Whether the GPU load probe has work in ``run``: a replay reads what a capture kept of it
+    (its artifact, when there); a live run or a capture runs it for --load or a playbook that turns
+    it on (:func:`afddiag.model.run.wants_load`)."""
+    return not run.live or wants_load(run.inputs)
 
 
 _EVERY: frozenset[str] = frozenset()
@@ -264,6 +274,7 @@ PROBES: tuple[Entry, ...] = (
     Entry("nic", "afddiag.probes.nic", frozenset({"fabric"}), report=True),
     Entry("route", "afddiag.probes.route", frozenset({"fabric"}), report=True),
     Entry("gpu", "afddiag.probes.gpu", frozenset({"gpu"}), report=True),
+    Entry("load", "afddiag.probes.load", frozenset({"gpu"}), when=load_probe_runs),  # lays its figures on gpu's
     Entry("memreg", "afddiag.probes.memreg", frozenset({"fabric"})),
     Entry("pcie", "afddiag.probes.pcie", frozenset({"host"})),
     Entry("reach", "afddiag.probes.reach", frozenset({"launch"})),
@@ -274,9 +285,11 @@ PROBES: tuple[Entry, ...] = (
 )
 
 
-def probes(families: frozenset[str] | set[str] | None = None) -> list[Probe]:
-    """The probes feeding ``families`` (None: every probe), in registry order; only their modules are imported."""
-    return [e.probe() for e in PROBES if families is None or e.runs_for(families)]
+def probes(families: frozenset[str] | set[str] | None = None, run: Run | None = None) -> list[Probe]:
+    """The probes feeding ``families`` (None: every probe) that ``run`` needs (:attr:`Entry.when`; None:
+    all of them), in registry order; only their modules are imported."""
+    return [e.probe() for e in PROBES if (families is None or e.runs_for(families))
+            and (run is None or e.when is None or e.when(run))]
 
 
 def report_facts(obs: Observation) -> dict[str, Any]:
