@@ -37,6 +37,19 @@ LAZY_COMMANDS = {
 }
 
 
+class CommandLoadError(Exception):
+    """A command's module failed to import for a reason in afddiag itself (not a missing dependency): a bug
+    that must surface, naming the module, never read as "not available"."""
+
+
+def missing_dependency(e: ImportError) -> bool:
+    """Whether ``e`` is a dependency outside afddiag that is missing or broken (``No module named
+    'asyncssh'``, ``cannot import name 'X' from 'rich'``), not an import that fails inside afddiag's own
+    code (``cannot import name 'X' from 'afddiag.render'``, a missing ``afddiag.*`` module)."""
+    name = e.name or ""
+    return bool(name) and name.split(".")[0] != "afddiag"
+
+
 class PipeClosed(Exception):
     """stdout's reader went away (EPIPE). Not an OSError, so click's own handler (exit 1) lets it pass."""
 
@@ -64,15 +77,23 @@ class LazyGroup(click.Group):
 
     @classmethod
     def _load(cls, name):
+        """The command ``name``, imported now; None when a dependency it needs is missing (why: ``_why``).
+        Raises :class:`CommandLoadError` when its module fails for a reason in afddiag's own code."""
         target = LAZY_COMMANDS.get(name)
         if not target:
             return None
         mod, _, attr = target.partition(":")
         try:
             return getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as e:
+        except ImportError as e:
+            if not missing_dependency(e):
+                raise CommandLoadError(f"the '{name}' command's module {mod} failed to import: {e} (a bug in "
+                                       "afddiag, not a missing dependency: please report it)") from e
             cls._why[name] = str(e)
             return None
+        except AttributeError as e:
+            raise CommandLoadError(f"the '{name}' command's module {mod} has no {attr}: {e} (a bug in afddiag: "
+                                   "please report it)") from e
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
@@ -100,7 +121,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return EXIT_USAGE
-    except CatalogError as e:
+    except (CatalogError, CommandLoadError) as e:
         click.echo(f"afddiag: {e}", err=True)
         return EXIT_ERROR  # nothing could be judged
     return rv if isinstance(rv, int) else 0

@@ -81,10 +81,32 @@ def test_cpu_gate_skips_when_nothing_is_compared():
     assert v.verdict == "SKIP" and "no baseline" in v.summary
 
 
-def test_unimportable_lazy_command_says_why(monkeypatch, capsys):
-    monkeypatch.setitem(climod.LAZY_COMMANDS, "fleet", "afddiag.no_such_module:fleet")
+def test_a_command_whose_dependency_is_missing_is_not_available(monkeypatch, capsys, tmp_path):
+    """A missing dependency outside afddiag: the command is "not available", saying which (exit 64)."""
+    (tmp_path / "afd_fake_fleet.py").write_text("import afd_no_such_dependency\nfleet = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(climod.LAZY_COMMANDS, "fleet", "afd_fake_fleet:fleet")
     assert run(["fleet", "--help"]) == 64
-    assert "'fleet' is not available: No module named 'afddiag.no_such_module'" in capsys.readouterr().err
+    assert "'fleet' is not available: No module named 'afd_no_such_dependency'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target, words", [
+    ("afddiag.no_such_module:fleet", "No module named 'afddiag.no_such_module'"),
+    ("afd_fake_broken:fleet", "cannot import name 'no_such_name' from 'afddiag.render'"),
+    ("afddiag.commands.fleet:no_such_command", "has no no_such_command"),
+])
+def test_a_command_broken_inside_afddiag_surfaces_naming_the_module(monkeypatch, capsys, tmp_path, target, words):
+    """An import that fails in afddiag's own code is a bug, not "not available": one line naming the
+    command's module and the error, exit 3, from the command and from the group's --help alike."""
+    (tmp_path / "afd_fake_broken.py").write_text("from afddiag.render import no_such_name\nfleet = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(climod.LAZY_COMMANDS, "fleet", target)
+    module = target.partition(":")[0]
+    for argv in (["fleet", "--help"], ["--help"]):
+        assert run(argv) == 3, argv
+        err = capsys.readouterr().err
+        assert f"'fleet' command's module {module}" in err and words in err and "not available" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
 
 
 def test_history_gate_filter_that_matches_nothing_exits_1(capsys):
