@@ -144,8 +144,8 @@ LAYERS = {
     "probes": ("afddiag.probes", "afddiag.probes.*"),
     "gates": ("afddiag.gates", "afddiag.gates.*", "afddiag.diagnosis", "afddiag.summary"),
     "runner": ("afddiag.runner", "afddiag.capture", "afddiag.fleet.inventory", "afddiag.fleet.judge",
-               "afddiag.fleet.ssh", "afddiag.slurm", "afddiag.baseline_record", "afddiag.inputs", "afddiag.check",
-               "afddiag.preflight", "afddiag.pairtest", "afddiag.devicemap",
+               "afddiag.fleet.rails", "afddiag.fleet.ssh", "afddiag.slurm", "afddiag.baseline_record", "afddiag.inputs",
+               "afddiag.check", "afddiag.preflight", "afddiag.pairtest", "afddiag.devicemap",
                "afddiag.document"),
     # afddiag.fleet is the fleet's facade: it re-exports the runner's modules and the fleet table
     "renderers": ("afddiag.render", "afddiag.report", "afddiag.prometheus", "afddiag.html", "afddiag.gidtable",

@@ -25,9 +25,10 @@ from afddiag.fleet import (
     load_reports,
     write_fleet_table,
 )
+from afddiag.fleet.rails import format_plan, plan_inventory
 from afddiag.html import write_page
 from afddiag.reader import InputError
-from afddiag.termsafe import line
+from afddiag.termsafe import clean, line
 
 
 def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = None,
@@ -46,6 +47,24 @@ def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = No
     else:
         write_fleet_table(fr)
     return fr["exit_code"]
+
+
+def _rail_plan(inv: Any, rails: bool, plan_only: bool, as_json: bool) -> int:
+    """``--rails --plan``: print the rail plan (text or ``--json``) → exit 0."""
+    if not (rails and plan_only):
+        raise click.UsageError("--plan goes with --rails (fleet --rails --plan prints the rail schedule); running "
+                               "the rail tests over the fleet is not built yet: run each round's pairs with "
+                               "`afddiag fabric --serve` / `fabric --pair` as the plan lists them")
+    try:
+        p = plan_inventory(inv)
+    except InventoryError as e:
+        raise click.UsageError(str(e)) from e
+    if as_json:
+        json.dump(p.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        click.echo(clean(format_plan(p), keep_newlines=True))  # names and IPs are checked at load; cleaned all the same
+    return 0
 
 
 @click.command()
@@ -68,8 +87,12 @@ def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = No
 @click.option("--html", "html_path", type=click.Path(dir_okay=False),
               help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
                    "verdict per host, hosts → HCAs → ports → IPs.")
+@click.option("--rails", is_flag=True, help="The rail plan: pair tests over every rail of every host (the hosts' "
+              "rails, [fleet] wiring and rail_pairs in the inventory). With --plan, print the schedule.")
+@click.option("--plan", "plan_only", is_flag=True, help="With --rails: print the rounds of pair tests and stop "
+              "(offline: no host is contacted).")
 def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s, connect_timeout_s, push,
-          quiet, html_path) -> int:
+          quiet, html_path, rails, plan_only) -> int:
     """Run `afddiag all --json` on every host of the inventory over SSH, then the cross-host gates.
 
     An unreachable, timed-out or failing host is an ERROR row for that host; the others go on.
@@ -79,6 +102,8 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
         inv = load_inventory(inventory_path)
     except InventoryError as e:
         raise click.UsageError(str(e)) from e
+    if plan_only or rails:
+        return _rail_plan(inv, rails, plan_only, as_json)
     try:
         import asyncssh  # noqa: F401
     except ImportError:

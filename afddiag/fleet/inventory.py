@@ -29,6 +29,13 @@ Inventory (TOML)::
     fabric_ip = "192.168.100.10"  # --fabric-ip
     launch_env = "/etc/afd/expert.env"   # --launch-env, a path on that host
     args = ["--load"]             # extra arguments for `afddiag all`
+    rails = [                     # the host's RoCE ports, for `fleet --rails` (the rail plan)
+      { name = "rocep1s0f0", ip = "192.168.100.10/24", device = "rocep1s0f0" },
+    ]
+
+    [fleet] wiring = "switch" (rails on one subnet reach each other) or "links" (only the
+    [[link]] cables: a = "spark-a:rocep1s0f1", b = "spark-b:rocep1s0f0"); rail_pairs =
+    "coordinator" (default) or "all" (:mod:`afddiag.fleet.rails`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PEER_POLICIES = ("coordinator", "all", "none")
+RAIL_PAIR_POLICIES = ("coordinator", "all")
+WIRINGS = ("switch", "links")
 _NAME_RE = __import__("re").compile(r"^[A-Za-z0-9_.:@\[\]\-]{1,253}$")
 
 
@@ -74,6 +83,13 @@ def _spec(kind: str, lo: float = 0, hi: float = 0,
             except ValueError:
                 return False
         return ok, "an IPv4 address in dotted form (e.g. \"192.168.100.10\")"
+    if kind == "ipv4if":
+        def ok_if(v: Any) -> bool:
+            try:
+                return isinstance(v, str) and "/" in v and ipaddress.IPv4Interface(v).network.prefixlen < 32
+            except ValueError:
+                return False
+        return ok_if, "an IPv4 interface address with its prefix length (e.g. \"192.168.100.10/24\")"
     if kind == "args":
         return (lambda v: isinstance(v, list) and all(isinstance(a, str) and "\0" not in a for a in v)), \
             "a list of strings"
@@ -86,11 +102,15 @@ def _spec(kind: str, lo: float = 0, hi: float = 0,
 _FLEET_SPEC = {"user": _spec("str"), "known_hosts": _spec("str"), "identity": _spec("str"),
                "concurrency": _spec("int", 1, 1024), "timeout_s": _spec("number", 1, 3600),
                "connect_timeout_s": _spec("number", 0.5, 600), "afddiag": _spec("str"), "python": _spec("str"),
-               "peers": _spec("choice", choices=PEER_POLICIES), "max_output_mib": _spec("int", 1, 4096)}
+               "peers": _spec("choice", choices=PEER_POLICIES), "max_output_mib": _spec("int", 1, 4096),
+               "wiring": _spec("choice", choices=WIRINGS), "rail_pairs": _spec("choice", choices=RAIL_PAIR_POLICIES)}
 _EXPECT_SPEC = {"capacity": _spec("int", 1, 1 << 20), "gid_index": _spec("int", 0, 65535),
                 "mtu": _spec("choice", choices=(256, 512, 1024, 2048, 4096))}
 _HOST_SPEC = {"name": _spec("name"), "role": _spec("name"), "ssh": _spec("str"), "fabric_ip": _spec("ipv4"),
-              "launch_env": _spec("str"), "args": _spec("args"), "afddiag": _spec("str"), "python": _spec("str")}
+              "launch_env": _spec("str"), "args": _spec("args"), "afddiag": _spec("str"), "python": _spec("str"),
+              "rails": (lambda v: isinstance(v, list), "a list of { name, ip, device } tables")}
+_RAIL_SPEC = {"name": _spec("name"), "ip": _spec("ipv4if"), "device": _spec("name")}
+_LINK_SPEC = {"a": _spec("str"), "b": _spec("str")}
 _FLEET_KEYS, _EXPECT_KEYS, _HOST_KEYS = set(_FLEET_SPEC), set(_EXPECT_SPEC), set(_HOST_SPEC)
 
 
@@ -126,6 +146,7 @@ class InvHost:
     args: list[str] = field(default_factory=list)
     afddiag: str | None = None
     python: str | None = None
+    rails: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,6 +157,7 @@ class Inventory:
     settings: dict[str, Any] = field(default_factory=dict)
     expect: dict[str, Any] = field(default_factory=dict)
     path: str = ""
+    links: list[tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=list)
 
 
 def load_inventory(path: str) -> Inventory:
@@ -152,10 +174,10 @@ def load_inventory(path: str) -> Inventory:
         raise InventoryError(f"inventory {e}") from e
     except tomllib.TOMLDecodeError as e:
         raise InventoryError(f"inventory {path}: not TOML ({e})") from e
-    extra = set(data) - {"fleet", "expect", "host"}
+    extra = set(data) - {"fleet", "expect", "host", "link"}
     if extra:
         raise InventoryError(f"inventory {path}: unknown table(s) {', '.join(sorted(extra))} "
-                             "(known: fleet, expect, host)")
+                             "(known: fleet, expect, host, link)")
     settings = _check_table(f"inventory {path}", data.get("fleet", {}), _FLEET_SPEC, "[fleet]")
     expect = _check_table(f"inventory {path}", data.get("expect", {}), _EXPECT_SPEC, "[expect]")
     raw_hosts = data.get("host", [])
@@ -174,10 +196,53 @@ def load_inventory(path: str) -> Inventory:
         seen.add(name)
         hosts.append(InvHost(name=name, ssh=h.get("ssh") or name, role=h.get("role"), fabric_ip=h.get("fabric_ip"),
                              launch_env=h.get("launch_env"), args=list(h.get("args") or []),
-                             afddiag=h.get("afddiag"), python=h.get("python")))
+                             afddiag=h.get("afddiag"), python=h.get("python"), rails=_rails(where, h.get("rails"))))
     if not hosts:
         raise InventoryError(f"inventory {path}: no [[host]] entries")
-    return Inventory(hosts=hosts, settings=dict(settings), expect=dict(expect), path=path)
+    links = _links(f"inventory {path}", data.get("link", []), hosts)
+    return Inventory(hosts=hosts, settings=dict(settings), expect=dict(expect), path=path, links=links)
+
+
+def _rails(where: str, raw: Any) -> list[dict[str, str]]:
+    """A host's ``rails`` checked: each a table with a name (unique on the host) and an interface
+    address with its prefix length; the RDMA device optional."""
+    out: list[dict[str, str]] = []
+    for i, r in enumerate(raw or []):
+        w = f"{where}: rails #{i + 1}"
+        if not isinstance(r, dict) or "name" not in r or "ip" not in r:
+            raise InventoryError(f"{w}: every rail needs a name and an ip (\"192.168.100.10/24\")")
+        _check_table(w, r, _RAIL_SPEC, "rail")
+        if any(o["name"] == r["name"] for o in out):
+            raise InventoryError(f"{w}: rail name {r['name']!r} used twice on this host")
+        out.append(dict(r))
+    return out
+
+
+def _links(where: str, raw: Any, hosts: list[InvHost]) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """The ``[[link]]`` cables, each end ``host:rail`` naming a declared rail; a rail takes one cable."""
+    if not isinstance(raw, list):
+        raise InventoryError(f"{where}: link = {raw!r:.40}: write each cable as a [[link]] table (a, b)")
+    rails = {(h.name, r["name"]) for h in hosts for r in h.rails}
+    out, used = [], set()
+    for i, lk in enumerate(raw):
+        w = f"{where}: link #{i + 1}"
+        if not isinstance(lk, dict) or set(lk) != {"a", "b"}:
+            raise InventoryError(f"{w}: a [[link]] has exactly a and b (\"host:rail\" each)")
+        _check_table(w, lk, _LINK_SPEC, "[[link]]")
+        ends = []
+        for k in ("a", "b"):
+            host, _, rail = lk[k].rpartition(":")
+            if (host, rail) not in rails:
+                raise InventoryError(f"{w}: {k} = {lk[k]!r:.60} names no declared rail (write host:rail, the rail "
+                                     "in that host's rails list)")
+            if (host, rail) in used:
+                raise InventoryError(f"{w}: {lk[k]!r:.60} already has a cable: a port takes one")
+            used.add((host, rail))
+            ends.append((host, rail))
+        if ends[0][0] == ends[1][0]:
+            raise InventoryError(f"{w}: both ends on {ends[0][0]!r:.60}: a link joins two hosts")
+        out.append((ends[0], ends[1]))
+    return out
 
 
 def parse_target(target: str, default_user: str | None = None) -> tuple[str | None, str, int]:
