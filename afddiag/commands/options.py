@@ -111,7 +111,8 @@ def gpu_opts(f):
     f = click.option("--baseline", "baseline_path", type=click.Path(exists=True, dir_okay=False),
                      help="Baseline file (default: the user's state directory).")(f)
     f = click.option("--xid-log", type=click.Path(dir_okay=False, exists=True),
-                     help="A saved kernel log (dmesg, journalctl -k) to read Xid events from instead of /dev/kmsg.")(f)
+                     help="A saved kernel log (dmesg, journalctl -k) to read Xid events and the NIC's lines "
+                     "(mlx5, CX-7 hot-plug) from instead of /dev/kmsg.")(f)
     return f
 
 

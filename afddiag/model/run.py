@@ -34,7 +34,7 @@ class Inputs:
     load: bool = False  # run the GPU load probe (also when the playbook asks)
     load_budget_s: float = 3.0
     baseline_path: str | None = None
-    xid_log: str | None = None  # a saved kernel log to read Xid events from instead of /dev/kmsg
+    xid_log: str | None = None  # a saved kernel log to read Xid events and the NIC's lines from instead of /dev/kmsg
     families: frozenset[str] = ALL_FAMILIES  # the gate families the command runs (and the probes feeding them)
     role_source: str = ""  # where the playbook came from (afddiag.inputs.resolve): "--role expert", "AFD_ROLE in FILE"
     # input (afddiag.inputs.STORED_FLAGS key) -> where it came from: "--peer", "captured with --peer"
