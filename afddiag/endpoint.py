@@ -214,7 +214,7 @@ def exports_to_print(pairs: list[tuple[str, str]], env: dict[str, str] | None,
     launch environment ``env`` (the --launch-env file, else the process env) already sets is kept as
     the launcher has it, never overridden (it may name more rails than the one the fabric IP's GID
     gives), unless ``fabric.devicemap-env`` FAILed on that variable: ``failed`` holds those names
-    (the gate's ``facts["failed_vars"]``); afddiag's value corrects each of them, and only them (a
+    (:func:`afddiag.runner.failed_selectors`); afddiag's value corrects each of them, and only them (a
     wrong ``MC_GID_INDEX`` never replaces a correct multi-rail ``NCCL_IB_HCA``). What the env lacks is
     printed. Pure."""
     if not env:

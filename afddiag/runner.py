@@ -23,9 +23,11 @@ from afddiag.bundle import is_bundle
 from afddiag.collect import Progress, SnapshotError
 from afddiag.gates import Context, run_gates
 from afddiag.inputs import checked_store, stored_note, to_store, with_stored
+from afddiag.model.found import DeviceSelectors
 from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import registry
+from afddiag.verdict import FAIL, Verdict
 
 
 def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Observation:
@@ -150,6 +152,12 @@ def diagnose(inputs: Inputs, host: Any = None) -> tuple[Report, Observation]:
 def judge(inputs: Inputs, obs: Observation) -> Report:
     """The gates of ``inputs.families`` over ``obs`` → the JSON report (its ``facts``:
     :func:`afddiag.probes.registry.report_facts`)."""
+    return judged(inputs, obs)[0]
+
+
+def judged(inputs: Inputs, obs: Observation) -> tuple[Report, list[Verdict]]:
+    """:func:`judge`, with the verdicts the report was made of (settled; each with what its gate worked out,
+    typed: ``Verdict.found``)."""
     inputs = with_stored(inputs, obs.stored_inputs)  # a replay: the capture's inputs where flags give none
     fip = obs.fabric_ip or endpoint.fabric_ip_of(inputs, obs.fabric)  # no fabric probe ran: the given one
     expected = expect.resolve(inputs, obs, fip)  # once, before any gate runs
@@ -165,14 +173,23 @@ def judge(inputs: Inputs, obs: Observation) -> Report:
         obs.fabric, notes, registry.report_facts(obs),
         expectations={k: v for k, v in vars(expected).items() if v not in (None, {})})
     rep["summary"] = summary.from_run(inputs, obs, (fip.ip, fip.source), verdicts, rep["device_map"])  # fleet
-    return rep
+    return rep, verdicts
+
+
+def failed_selectors(verdicts: list[Verdict]) -> list[str]:
+    """The variables ``fabric.devicemap-env`` FAILed on (its typed findings,
+    :class:`~afddiag.model.found.DeviceSelectors`); [] when it did not FAIL."""
+    for v in verdicts:
+        if v.id == "fabric.devicemap-env" and v.verdict == FAIL and isinstance(v.found, DeviceSelectors):
+            return list(v.found.failed_vars)
+    return []
 
 
 def judge_with_exports(inputs: Inputs, obs: Observation, rep: Report) -> tuple[Report, Observation, dict]:
     """The launch as it will be after the launcher evaluates ``afddiag preflight --export``'s lines:
     the exports :mod:`afddiag.endpoint` derives from ``obs`` and ``rep`` (a variable the launch env
-    already sets is kept unless ``fabric.devicemap-env`` FAILed on that variable, its facts'
-    ``failed_vars``; ``NCCL_IB_GID_INDEX`` paired
+    already sets is kept unless ``fabric.devicemap-env`` FAILed on that variable: :func:`failed_selectors`
+    of the gates judged over ``obs`` again, pure; ``NCCL_IB_GID_INDEX`` paired
     with the ``NCCL_IB_HCA`` in effect) are laid over the judged env and the gates judge again (pure:
     nothing is read twice). Returns ``(report, observation, export)`` where ``export`` is
     ``{"pairs": [(name, value)] to print, "kept": [names], "replaced": [names the env sets that
@@ -181,10 +198,7 @@ def judge_with_exports(inputs: Inputs, obs: Observation, rep: Report) -> tuple[R
     A fault the exports do not fix still fails the second report."""
     fip = rep["inputs"]["fabric_ip"]
     pairs = endpoint.launch_exports(obs.fabric, fip)
-    failed: list[str] = []  # the variables fabric.devicemap-env FAILed on: afddiag's value replaces those only
-    for g in rep["gates"]:
-        if g["id"] == "fabric.devicemap-env" and g["verdict"] == "FAIL":
-            failed = list(g["facts"]["failed_vars"])  # the gate's only FAIL carries them (gates/fabric.py)
+    failed = failed_selectors(judged(inputs, obs)[1])  # afddiag's value replaces those only
     pairs, kept = endpoint.exports_to_print(pairs, obs.env, failed)
     pairs, notes = endpoint.pair_gid_with_hca(obs.fabric, fip, obs.env, pairs, kept)
     replaced = [k for k, _ in pairs if (obs.env or {}).get(k, "").strip()]  # set, FAILed on: corrected

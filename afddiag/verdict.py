@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afddiag.exitcodes import EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_USAGE, EXIT_WARN
+from afddiag.model.found import Found
 
 __all__ = ["ERROR", "EXIT_ERROR", "EXIT_FAIL", "EXIT_OK", "EXIT_USAGE", "EXIT_WARN", "FAIL", "PASS", "SKIP",
            "VERDICTS", "WARN", "Verdict", "exit_code"]  # the exit codes re-exported, with the verdicts they sum
@@ -19,7 +20,9 @@ class Verdict:
     """One gate's verdict for the host: ``summary`` names the subject first, ``remedy`` says what
     to do, ``facts`` holds what was seen per device, ``action`` is the remedy's type from the closed
     set in ``checks/gates.toml`` ``[actions]`` (NONE, SET_ENV, FIX_LINK, RESET_GPU, ...); "" means the
-    catalog's default for the gate (:func:`afddiag.diagnosis.fill_actions` fills it in)."""
+    catalog's default for the gate (:func:`afddiag.diagnosis.fill_actions` fills it in). ``found``: what
+    the gate worked out, typed, for the summary and ``preflight --export`` (:mod:`afddiag.model.found`; not
+    in the JSON report)."""
 
     id: str
     verdict: str
@@ -27,6 +30,7 @@ class Verdict:
     remedy: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
     action: str = ""
+    found: Found | None = field(default=None, compare=False, metadata={"json": False})
 
 
 def exit_code(verdicts: list[Verdict]) -> int:

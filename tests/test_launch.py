@@ -328,6 +328,22 @@ def test_exports_to_print_overrides_only_a_failed_env():
     assert exports_to_print(pairs, env, ["NCCL_IB_GID_INDEX"]) == ([("NCCL_IB_GID_INDEX", "3")], ["NCCL_IB_HCA"])
 
 
+def test_export_reads_the_typed_findings_of_the_settled_gate_not_its_json():
+    """preflight --export's variables come from fabric.devicemap-env's typed findings (Verdict.found), which
+    the JSON report does not carry, and only from its FAIL."""
+    from afddiag.model import to_jsonable
+    from afddiag.model.found import DeviceSelectors
+    from afddiag.runner import failed_selectors
+    from afddiag.verdict import FAIL, Verdict
+
+    found = DeviceSelectors(("MC_GID_INDEX",))
+    v = Verdict("fabric.devicemap-env", FAIL, "MC_GID_INDEX=1 ...", facts={"failed_vars": ["NCCL_IB_HCA"]}, found=found)
+    assert failed_selectors([v]) == ["MC_GID_INDEX"]  # the typed value, not the facts' key
+    assert "found" not in to_jsonable(v)
+    v.verdict = "WARN"
+    assert failed_selectors([v]) == []
+
+
 def test_export_overrides_only_the_variable_devicemap_env_failed_on(tmp_path):
     """A correct dual-rail NCCL_IB_HCA stays as the launcher has it when fabric.devicemap-env FAILs on
     another variable (a wrong MC_GID_INDEX): only that one is printed corrected, and the gate's facts

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afddiag.envvars import MAP_VAR, NCCL_HCA_VAR, format_device_map, parse_device_map, parse_nccl_hca
-from afddiag.model import ROCE_V2
+from afddiag.model import ROCE_V2, to_jsonable
 from afddiag.model.fabric import (
     Entry,
     FabricFacts,
@@ -21,6 +21,7 @@ from afddiag.model.fabric import (
     order_known,
     rocev2_carriers,
 )
+from afddiag.model.found import Rail
 from afddiag.textnum import digits
 
 
@@ -36,21 +37,24 @@ def shown(raw: str, n: int = 20) -> str:
 
 @dataclass
 class Findings:
-    """What the checks found: FAIL and WARN reasons, and the gate's facts (``failed_vars``: the
-    variables a FAIL is about, in order; preflight --export overrides those only)."""
+    """What the checks found: FAIL and WARN reasons, ``failed_vars`` (the variables a FAIL is about, in
+    order; preflight --export overrides those only), ``rails`` (:func:`check_nccl_hca`) and the gate's
+    facts (which show both)."""
 
     set_vars: dict[str, str]
     fails: list[str] = field(default_factory=list)
     warns: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    failed_vars: list[str] = field(default_factory=list)
+    rails: list[Rail] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.facts.update({"set": self.set_vars, "failed_vars": []})
+        self.facts.update({"set": self.set_vars, "failed_vars": self.failed_vars})
 
     def fail(self, var: str, why: str) -> None:
         self.fails.append(why)
-        if var not in self.facts["failed_vars"]:
-            self.facts["failed_vars"].append(var)
+        if var not in self.failed_vars:
+            self.failed_vars.append(var)
 
 
 def check_map(fab: FabricFacts, ip: str | None, found: Findings) -> None:
@@ -107,7 +111,7 @@ def check_without_target(fab: FabricFacts, ip: str | None, ambiguous: bool, sele
 
 def nccl_port_problem(fab: FabricFacts, d: RdmaDevice, p: Any, ip: str) -> tuple[str, Any]:
     """What NCCL gets from one selected ACTIVE port: ("fabric", None) when it carries the fabric IP as
-    RoCE v2, ("rail", {port, ip, subnet, gid_index}) when it carries its own routable IPv4 RoCE v2
+    RoCE v2, ("rail", :class:`~afddiag.model.found.Rail`) when it carries its own routable IPv4 RoCE v2
     GID (fleet.rails checks a peer is on that subnet), else ("fail", why)."""
     mine = [e for e in rocev2_carriers(fab) if e.device == d.name and e.port == p.num]
     if any(e.ip == ip for e in mine):
@@ -121,7 +125,7 @@ def nccl_port_problem(fab: FabricFacts, d: RdmaDevice, p: Any, ip: str) -> tuple
             net = str(ipaddress.IPv4Interface(pre).network)
         except ValueError:
             net = pre
-        return "rail", {"port": f"{d.name}:{p.num}", "ip": e.ip, "subnet": net, "gid_index": e.gid_index}
+        return "rail", Rail(f"{d.name}:{p.num}", e.ip, net, e.gid_index)
     if mine:
         return "fail", (f"{d.name}:{p.num} has only the link-local IPv4 {mine[0].ip} (169.254/16), which no peer "
                         f"off that link reaches while the fabric IP {ip} is routable")
@@ -156,7 +160,8 @@ def check_nccl_hca(fab: FabricFacts, ip: str, t: Entry, found: Findings) -> None
             rails.append(why)
         elif kind == "fail":
             bad.append(why)
-    found.facts["rails"] = rails
+    found.rails = rails
+    found.facts["rails"] = [to_jsonable(r) for r in rails]
     found.facts["ignored_not_active"] = idle
     if bad:
         found.fail(NCCL_HCA_VAR, f"{NCCL_HCA_VAR}={raw} also selects ports NCCL cannot use to "

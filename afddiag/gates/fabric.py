@@ -27,6 +27,7 @@ from afddiag.model.fabric import (
     rocev2_carriers,
     usable_rocev2,
 )
+from afddiag.model.found import DeviceSelectors
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -442,21 +443,23 @@ def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
     facts["problems"] = found.fails + found.warns
     facts["sources"] = {k: (ctx.obs.env_sources or {}).get(k) or ctx.obs.env_source for k in set_vars}
     from_txt = devicemap.sources_text(facts["sources"])  # the launch env and the inherited environment both set some
+    typed = DeviceSelectors(tuple(found.failed_vars), tuple(found.rails))
     if found.fails:
-        return Verdict(gate_id, FAIL, "; ".join(found.fails) + from_txt, rem, facts)
+        return Verdict(gate_id, FAIL, "; ".join(found.fails) + from_txt, rem, facts, found=typed)
     if found.warns:
-        return Verdict(gate_id, WARN, "; ".join(found.warns) + from_txt, rem, facts)
+        return Verdict(gate_id, WARN, "; ".join(found.warns) + from_txt, rem, facts, found=typed)
     if facts.get("not_judged"):
         what = facts.get("not_judged_var") or "/".join(selectors)
-        return Verdict(gate_id, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts)
+        return Verdict(gate_id, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts,
+                       found=typed)
     if ip is None:  # no fabric IP decided: only the map's entries for this host's addresses were judged
         return Verdict(gate_id, PASS, f"{MAP_VAR} names a RoCE v2 device for each of this host's addresses in it "
-                       "(no fabric IP decided: which one the engine uses is not judged)", "nothing to do", facts)
-    rail_txt = ("; rails: " + ", ".join(f"{r['port']} {r['ip']} on {r['subnet']}" for r in facts["rails"])
-                if facts.get("rails") else "")
+                       "(no fabric IP decided: which one the engine uses is not judged)", "nothing to do", facts,
+                       found=typed)
+    rail_txt = ("; rails: " + ", ".join(f"{r.port} {r.ip} on {r.subnet}" for r in found.rails) if found.rails else "")
     return Verdict(gate_id, PASS, f"{', '.join(set_vars)} {'points' if len(set_vars) == 1 else 'point'} at the "
                    "fabric IP's device" + (f" ({target[0].device} GID {target[0].gid_index})" if target else "")
-                   + rail_txt + from_txt, "nothing to do", facts)
+                   + rail_txt + from_txt, "nothing to do", facts, found=typed)
 
 
 def decode_errno(err: int | None) -> str:

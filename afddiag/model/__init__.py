@@ -38,9 +38,10 @@ def is_link_local_v4(ip: str | None) -> bool:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, lists and dicts to plain JSON types."""
+    """Dataclasses (but their fields whose metadata says ``json=False``), lists and dicts to plain JSON types."""
     if hasattr(obj, "__dataclass_fields__"):  # field by field: asdict() deep-copies first
-        return {k: to_jsonable(getattr(obj, k)) for k in obj.__dataclass_fields__}
+        return {k: to_jsonable(getattr(obj, k)) for k, f in obj.__dataclass_fields__.items()
+                if f.metadata.get("json", True)}  # a field marked json=False stays out (Verdict.found)
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
