@@ -7,11 +7,14 @@ a key renamed in a gate's facts changes this module and its schema, not the flee
 :func:`from_run` builds it at judge time (:mod:`afddiag.runner`) from the run's typed facts: the
 :class:`~afddiag.model.run.Observation` (its fabric, GPU, versions and reach dataclasses), the
 :class:`~afddiag.model.run.Inputs`, the resolved fabric IP and the :class:`~afddiag.verdict.Verdict`
-objects (their verdict, summary line and, for what only a gate works out, its facts). Its shape is
-:class:`afddiag.model.summary.Summary`. :func:`of` gives a report's summary to the fleet: the one the
-report carries once it passes the schema's ``summary`` check (:func:`load`), else one built by
+objects (their verdict, summary line and, for what only a gate works out, its typed findings:
+``Verdict.found``, :mod:`afddiag.model.found`), never a gate's facts by key. Its shape is
+:class:`afddiag.model.summary.Summary`; its fields are listed once, in :func:`_assemble`. :func:`of`
+gives a report's summary to the fleet: the one the report carries once it passes the schema's
+``summary`` check (:func:`load`), else one built by
 :func:`from_report` from the report's JSON (a report of an older afddiag that carries none: ``afddiag
-merge`` of files collected earlier; only there are gate facts and note text read).
+merge`` of files collected earlier; only there are gate facts and note text read, back into the same
+typed findings: :func:`_legacy_found`).
 
 Fields (None where the host did not say):
 
@@ -44,11 +47,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from afddiag import __version__
 from afddiag.envvars import CAPACITY_KEYS, GID_INDEX_VARS, MAP_VAR, NCCL_GID_VAR, redact_report
-from afddiag.model import to_jsonable
+from afddiag.model.found import (
+    Advertised,
+    CapacityFlag,
+    DeviceSelectors,
+    EngineDevice,
+    FabricGid,
+    Found,
+    GpuBusy,
+    PathMtu,
+    Rail,
+)
 from afddiag.model.gpu import LOAD_FIGURES, GpuFacts
 from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
@@ -58,6 +71,8 @@ from afddiag.textnum import digits
 from afddiag.verdict import VERDICTS, Verdict
 
 __all__ = ["SUMMARY_VERSION", "Summary", "as_int", "from_report", "from_run", "load", "of"]
+
+F = TypeVar("F")
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -153,26 +168,53 @@ def control_plane_of(rep: Report | Mapping[str, Any]) -> dict[str, Any] | None:
             "attempts": attempts, "not_tried": not_tried, "advertised_bad": bad}
 
 
+def _legacy_found(gate_id: str, facts: dict[str, Any]) -> Found | None:
+    """What a gate of an older report worked out, read back from its JSON ``facts`` (the one place gate
+    facts are read by key: a report of an afddiag that carries no summary). Never raises on odd content."""
+    if gate_id == "launch.capacity":
+        value = as_int(facts.get("value"))
+        return CapacityFlag(facts["key"], value, bool(facts.get("set"))) \
+            if facts.get("key") in CAPACITY_KEYS.values() and value is not None else None
+    if gate_id == "fabric.rocev2-ipv4":
+        e = _d(facts.get("entry"))
+        return FabricGid(e.get("device"), as_int(e.get("port")), as_int(e.get("gid_index")), e.get("netdev"))
+    if gate_id == "fabric.mtu":
+        return PathMtu(facts.get("netdev"), as_int(facts.get("netdev_mtu")), as_int(facts.get("roce_mtu")))
+    if gate_id == "fabric.first-device":
+        return EngineDevice(facts.get("engine_device"))
+    if gate_id == "gpu.slow-state":
+        return GpuBusy(any(isinstance(v, dict) and v.get("busy") for v in facts.values()))
+    if gate_id == "fabric.devicemap-env":
+        rails = [r for r in facts.get("rails") or [] if isinstance(r, dict)]
+        return DeviceSelectors(rails=tuple(Rail(*(_raw(r, k) for k in ("port", "ip", "subnet", "gid_index")))
+                                           for r in rails))
+    return None
+
+
+def _raw(d: Mapping[str, Any], key: str) -> Any:
+    """``d[key]`` as the JSON holds it (None when absent): an older report's value, passed on unchecked
+    (the summary's schema check judges it)."""
+    return d.get(key)
+
+
+def _legacy_verdict(g: Mapping[str, Any]) -> Verdict:
+    """One gate of a report's JSON as a :class:`~afddiag.verdict.Verdict` (its ``found`` read back by
+    :func:`_legacy_found`)."""
+    gate_id, facts = str(g.get("id")), _d(g.get("facts"))
+    return Verdict(gate_id, _raw(g, "verdict"), str(g.get("summary", "")), facts=facts,
+                   found=_legacy_found(gate_id, facts))
+
+
 def from_report(rep: Report | Mapping[str, Any]) -> dict[str, Any]:
     """The summary of one host report (see the module docstring). Never raises on odd content."""
-    gates = {g.get("id"): g for g in rep.get("gates") or [] if isinstance(g, dict)}
-
-    def gf(gid: str) -> dict[str, Any]:
-        return _d(_d(gates.get(gid)).get("facts"))
-
+    gates = {g.get("id"): _legacy_verdict(g) for g in rep.get("gates") or [] if isinstance(g, dict)}
     inputs, facts = _d(rep.get("inputs")), _d(rep.get("facts"))
-    env = {str(k): str(v) for k, v in _d(inputs.get("env")).items()}
     prefixes: dict[str, int] = {}
     for nd in _d(_d(facts.get("fabric")).get("netdevs")).values():
         for a in _d(nd).get("ipv4") or []:
             addr, _, plen = str(a).partition("/")
             if digits(plen):
                 prefixes.setdefault(addr, int(plen))
-    cap = gf("launch.capacity")
-    capacity = ({"key": cap["key"], "value": as_int(cap.get("value")), "set": bool(cap.get("set"))}
-                if cap.get("key") in CAPACITY_KEYS.values() and as_int(cap.get("value")) is not None else None)
-    entry = _d(gf("fabric.rocev2-ipv4").get("entry"))
-    mtu = gf("fabric.mtu")
     gpus = []
     for d in _d(facts.get("gpu")).get("devices") or []:
         if not isinstance(d, dict):
@@ -180,36 +222,60 @@ def from_report(rep: Report | Mapping[str, Any]) -> dict[str, Any]:
         ul = _d(d.get("under_load"))
         gpus.append({"name": d.get("name"), "uuid": d.get("uuid"), "sm_count": as_int(d.get("sm_count")),
                      "under_load": {k: _num(ul.get(k)) for k, _ in LOAD_FIGURES if _num(ul.get(k)) is not None}})
+    head = {"role": inputs.get("role"), "fabric_ip": inputs.get("fabric_ip"),
+            "fabric_ip_source": inputs.get("fabric_ip_source"), "ipv4_prefixlen": prefixes,
+            "launch_env": inputs.get("launch_env")}
+    host = {"device_map": _d(rep.get("device_map")), "gpus": gpus, "versions": versions_of(rep),
+            "firmware": firmware_of(rep), "control_plane": control_plane_of(rep)}
+    return _assemble(head, _d(inputs.get("env")), gates, host)
+
+
+def _found(gates: Mapping[Any, Verdict], gate_id: str, kind: type[F]) -> F | None:
+    """What gate ``gate_id`` worked out, when it ran and it is a ``kind``; else None."""
+    v = gates.get(gate_id)
+    return v.found if v is not None and isinstance(v.found, kind) else None
+
+
+def _assemble(head: dict[str, Any], env: Mapping[Any, Any], gates: Mapping[Any, Verdict],
+              host: dict[str, Any]) -> dict[str, Any]:
+    """The summary's fields, in their order: the one list both :func:`from_run` and :func:`from_report` fill.
+    ``head``: role, fabric_ip, fabric_ip_source, ipv4_prefixlen, launch_env; ``env``: the judged launch
+    variables; ``gates``: the verdicts by gate id, what each gate worked out in ``found``; ``host``:
+    device_map, gpus, versions, firmware, control_plane."""
+    env = {str(k): str(v) for k, v in env.items()}
+    cap = _found(gates, "launch.capacity", CapacityFlag)
+    gid = _found(gates, "fabric.rocev2-ipv4", FabricGid)
+    mtu = _found(gates, "fabric.mtu", PathMtu)
+    engine = _found(gates, "fabric.first-device", EngineDevice)
+    selectors = _found(gates, "fabric.devicemap-env", DeviceSelectors)
+    busy = _found(gates, "gpu.slow-state", GpuBusy)
     return {
         "summary_version": SUMMARY_VERSION,
-        "role": inputs.get("role"),
-        "fabric_ip": inputs.get("fabric_ip"),
-        "fabric_ip_source": inputs.get("fabric_ip_source"),
-        "ipv4_prefixlen": prefixes,
-        "launch_env": inputs.get("launch_env"),
-        "engine_device": gf("fabric.first-device").get("engine_device"),
-        "rdma_device": entry.get("device"),
-        "port": as_int(entry.get("port")),
-        "gid_index": as_int(entry.get("gid_index")),
-        "netdev": mtu.get("netdev") or entry.get("netdev"),
-        "netdev_mtu_bytes": as_int(mtu.get("netdev_mtu")),
-        "roce_mtu_bytes": as_int(mtu.get("roce_mtu")),
-        "device_map": _d(rep.get("device_map")),
+        **{k: head[k] for k in ("role", "fabric_ip", "fabric_ip_source", "ipv4_prefixlen", "launch_env")},
+        "engine_device": engine.device if engine else None,
+        "rdma_device": gid.device if gid else None,
+        "port": gid.port if gid else None,
+        "gid_index": gid.gid_index if gid else None,
+        "netdev": (mtu.netdev if mtu else None) or (gid.netdev if gid else None),
+        "netdev_mtu_bytes": mtu.netdev_mtu_bytes if mtu else None,
+        "roce_mtu_bytes": mtu.roce_mtu_bytes if mtu else None,
+        "device_map": dict(host["device_map"]),
         "device_map_env": env.get(MAP_VAR),
         "gid_index_env": env.get(NCCL_GID_VAR),
         "gid_index_envs": {v: env[v] for v in GID_INDEX_VARS if isinstance(env.get(v), str)},
-        "devicemap_env": _verdict(_d(gates.get("fabric.devicemap-env"))),
-        "fabric_link": _verdict(_d(gates.get("fabric.link"))),
-        "first_device": _verdict(_d(gates.get("fabric.first-device"))),
-        "capacity": capacity,
-        "gpus": gpus,
-        "slow_state": _verdict(_d(gates.get("gpu.slow-state"))),
-        "gpu_busy": any(isinstance(v, dict) and v.get("busy") for v in gf("gpu.slow-state").values()),
-        "rails": [{k: r.get(k) for k in ("port", "ip", "subnet", "gid_index")}
-                  for r in gf("fabric.devicemap-env").get("rails") or [] if isinstance(r, dict)],
-        "versions": versions_of(rep),
-        "firmware": firmware_of(rep),
-        "control_plane": control_plane_of(rep),
+        "devicemap_env": _brief(gates.get("fabric.devicemap-env")),
+        "fabric_link": _brief(gates.get("fabric.link")),
+        "first_device": _brief(gates.get("fabric.first-device")),
+        "capacity": ({"key": cap.key, "value": cap.value, "set": cap.set}
+                     if cap is not None and cap.key in CAPACITY_KEYS.values() else None),
+        "gpus": host["gpus"],
+        "slow_state": _brief(gates.get("gpu.slow-state")),
+        "gpu_busy": bool(busy and busy.busy),
+        "rails": [{"port": r.port, "ip": r.ip, "subnet": r.subnet, "gid_index": r.gid_index}
+                  for r in (selectors.rails if selectors else ())],
+        "versions": host["versions"],
+        "firmware": host["firmware"],
+        "control_plane": host["control_plane"],
     }
 
 
@@ -262,14 +328,14 @@ def _firmware(obs: Observation) -> list[FirmwareRow]:
 
 
 def _control_plane(gate: Verdict | None, obs: Observation) -> ControlPlane | None:
-    """As :func:`control_plane_of`, from ``launch.control-plane``'s verdict and the typed reach facts
+    """As :func:`control_plane_of`, from ``launch.control-plane``'s verdict, what it worked out (its
+    :class:`~afddiag.model.found.Advertised`) and the typed reach facts
     (:class:`~afddiag.model.host.ReachFacts`: its ``not_tried`` pairs, not its notes)."""
     if gate is None:
         return None
     r = obs.reach
     reached = r if r is not None and r.captured and not r.failed else None
-    found = gate.facts.get("advertised_bad")
-    bad: list[Any] = found if isinstance(found, list) else []
+    bad = gate.found.bad if isinstance(gate.found, Advertised) else ()
     attempts = [{"peer": a["peer"], "port": as_int(a.get("port")), "outcome": str(a.get("outcome") or "error")}
                 for a in (reached.attempts if reached else [])
                 if isinstance(a.get("peer"), str) and as_int(a.get("port")) is not None]
@@ -280,8 +346,7 @@ def _control_plane(gate: Verdict | None, obs: Observation) -> ControlPlane | Non
         "ports": [p for p in map(as_int, reached.ports if reached else []) if p is not None and 0 < p < 65536],
         "attempts": attempts,
         "not_tried": [{"peer": peer, "port": port} for peer, port in (reached.not_tried if reached else [])],
-        "advertised_bad": [{"key": str(b.get("key")), "value": str(b.get("value")), "why": str(b.get("why"))}
-                           for b in bad if isinstance(b, dict)]})
+        "advertised_bad": [{"key": str(b.key), "value": str(b.value), "why": str(b.why)} for b in bad]})
 
 
 def from_run(inputs: Inputs, obs: Observation, fabric_ip: tuple[str | None, str | None], verdicts: list[Verdict],
@@ -292,48 +357,11 @@ def from_run(inputs: Inputs, obs: Observation, fabric_ip: tuple[str | None, str 
     holds it). Call it after the report is built (:func:`afddiag.report.build` settles the verdicts'
     dependencies first). Its strings go through the report's redaction, as the report's do."""
     gates = {v.id: v for v in verdicts}
-
-    def gf(gate_id: str) -> dict[str, Any]:  # what only a gate works out: its facts, as the report holds them
-        v = gates.get(gate_id)
-        return _d(to_jsonable(v.facts)) if v is not None else {}
-
-    env = {str(k): str(v) for k, v in (obs.env or {}).items()}
-    cap = gf("launch.capacity")
-    capacity = ({"key": cap["key"], "value": as_int(cap.get("value")), "set": bool(cap.get("set"))}
-                if cap.get("key") in CAPACITY_KEYS.values() and as_int(cap.get("value")) is not None else None)
-    entry = _d(gf("fabric.rocev2-ipv4").get("entry"))
-    mtu = gf("fabric.mtu")
-    built = {
-        "summary_version": SUMMARY_VERSION,
-        "role": inputs.playbook.name if inputs.playbook else "generic",
-        "fabric_ip": fabric_ip[0],
-        "fabric_ip_source": fabric_ip[1],
-        "ipv4_prefixlen": _prefixes(obs),
-        "launch_env": inputs.launch_env_path,
-        "engine_device": gf("fabric.first-device").get("engine_device"),
-        "rdma_device": entry.get("device"),
-        "port": as_int(entry.get("port")),
-        "gid_index": as_int(entry.get("gid_index")),
-        "netdev": mtu.get("netdev") or entry.get("netdev"),
-        "netdev_mtu_bytes": as_int(mtu.get("netdev_mtu")),
-        "roce_mtu_bytes": as_int(mtu.get("roce_mtu")),
-        "device_map": dict(device_map),
-        "device_map_env": env.get(MAP_VAR),
-        "gid_index_env": env.get(NCCL_GID_VAR),
-        "gid_index_envs": {v: env[v] for v in GID_INDEX_VARS if isinstance(env.get(v), str)},
-        "devicemap_env": _brief(gates.get("fabric.devicemap-env")),
-        "fabric_link": _brief(gates.get("fabric.link")),
-        "first_device": _brief(gates.get("fabric.first-device")),
-        "capacity": capacity,
-        "gpus": _gpus(obs.gpu),
-        "slow_state": _brief(gates.get("gpu.slow-state")),
-        "gpu_busy": any(isinstance(v, dict) and v.get("busy") for v in gf("gpu.slow-state").values()),
-        "rails": [{k: r.get(k) for k in ("port", "ip", "subnet", "gid_index")}
-                  for r in gf("fabric.devicemap-env").get("rails") or [] if isinstance(r, dict)],
-        "versions": _versions(obs),
-        "firmware": _firmware(obs),
-        "control_plane": _control_plane(gates.get("launch.control-plane"), obs),
-    }
+    head = {"role": inputs.playbook.name if inputs.playbook else "generic", "fabric_ip": fabric_ip[0],
+            "fabric_ip_source": fabric_ip[1], "ipv4_prefixlen": _prefixes(obs), "launch_env": inputs.launch_env_path}
+    host = {"device_map": device_map, "gpus": _gpus(obs.gpu), "versions": _versions(obs), "firmware": _firmware(obs),
+            "control_plane": _control_plane(gates.get("launch.control-plane"), obs)}
+    built = _assemble(head, obs.env or {}, gates, host)
     return cast(Summary, redact_report(built))
 
 

@@ -27,7 +27,7 @@ from afddiag.model.fabric import (
     rocev2_carriers,
     usable_rocev2,
 )
-from afddiag.model.found import DeviceSelectors
+from afddiag.model.found import DeviceSelectors, EngineDevice, FabricGid, PathMtu
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -198,11 +198,17 @@ def mtu(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, SKIP, f"{e.netdev}: netdev MTU not read", remedy("snapshot.fabric"))
     rm = roce_mtu(nd.mtu)
     facts = {"netdev": e.netdev, "netdev_mtu": nd.mtu, "roce_mtu": rm, "device": e.device, "port": e.port}
+    found = PathMtu(e.netdev, nd.mtu, rm)
     subject = f"{e.device} port {e.port} ({e.netdev}, fabric IP {ip})"
     if rm < 4096:
         return Verdict(gate_id, WARN, f"{subject}: netdev MTU {nd.mtu} gives RoCE path MTU {rm}, below 4096",
-                       remedy(gate_id).format(netdev=e.netdev), facts)
-    return Verdict(gate_id, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts)
+                       remedy(gate_id).format(netdev=e.netdev), facts, found=found)
+    return Verdict(gate_id, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts,
+                   found=found)
+
+
+def _fabric_gid(e: Entry) -> FabricGid:
+    return FabricGid(e.device, e.port, e.gid_index, e.netdev)
 
 
 WRONG_FABRIC_IP_REMEDY = ("set the launcher's fabric IP (AFD_FABRIC_IP / --fabric-ip) to this host's RoCE address "
@@ -269,13 +275,14 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     if mine:
         e = mine[0]
         return Verdict(gate_id, PASS, f"fabric IP {ip}: {gid_slot(e)} on an ACTIVE port", "nothing to do",
-                       {"entry": to_jsonable(e), "inventory": inventory})
+                       {"entry": to_jsonable(e), "inventory": inventory}, found=_fabric_gid(e))
     down = [e for e in rocev2_carriers(fab) if e.ip == ip]
     if down:  # the GID is right; the port's link is fabric.link's concern (one fault, one remedy)
         e = down[0]
         return Verdict(gate_id, PASS, f"fabric IP {ip}: {gid_slot(e)}; its port is "
                        f"{e.port_state or 'in a state not read'} (fabric.link judges the link)",
-                       "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory})
+                       "nothing to do here; see fabric.link", {"entry": to_jsonable(e), "inventory": inventory},
+                       found=_fabric_gid(e))
     cs = carriers(fab, ip)
     if cs:
         slots = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in cs)
@@ -368,22 +375,23 @@ def first_device(ctx: Context, gate_id: str) -> Verdict:
     cs = carriers(fab, ip)
     carrying = sorted({e.device for e in cs})
     order = [d.name for d in fab.devices]
-    facts = {"engine_device": dev, "chosen_by": how, "carrying_devices": carrying, "enumeration_order": order,
-             "order_source": fab.order_source}
-    if not how.startswith(MAP_VAR) and not order_known(fab):  # never guess libibverbs' order from names
-        facts["engine_device"] = None
+    unknown = not how.startswith(MAP_VAR) and not order_known(fab)  # never guess libibverbs' order from names
+    found = EngineDevice(None if unknown else dev)
+    facts = {"engine_device": found.device, "chosen_by": how, "carrying_devices": carrying,
+             "enumeration_order": order, "order_source": fab.order_source}
+    if unknown:
         if carrying and set(carrying) >= set(order):
             return Verdict(gate_id, PASS, f"every RDMA device carries fabric IP {ip}: whichever the engine opens "
-                           f"(device order unknown: {fab.order_source})", "nothing to do", facts)
+                           f"(device order unknown: {fab.order_source})", "nothing to do", facts, found=found)
         where = (f"fabric IP {ip} is on {', '.join(carrying)}" if carrying else f"no device carries fabric IP {ip}")
         return Verdict(gate_id, WARN, f"order unknown: the device the engine opens (libibverbs' first) cannot be told "
                        f"without the device index order ({fab.order_source}); {where}, not on "
                        f"{', '.join(d for d in order if d not in carrying)}",
                        _map_fix(fab, [ip]) + " (then the order does not matter), or capture the order "
                        "(`afddiag capture` records it; live it comes from pyverbs or NETLINK_RDMA)", facts,
-                       action="SET_ENV")
+                       action="SET_ENV", found=found)
     if dev in carrying:
-        return Verdict(gate_id, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts)
+        return Verdict(gate_id, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts, found=found)
     good = [e for e in rocev2_carriers(fab) if e.ip == ip]
     action = "SET_ENV"
     if good:
@@ -403,8 +411,9 @@ def first_device(ctx: Context, gate_id: str) -> Verdict:
         action = "FIX_ADDRESS"
     if dev not in order:
         return Verdict(gate_id, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts,
-                       action=action)
-    return Verdict(gate_id, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action)
+                       action=action, found=found)
+    return Verdict(gate_id, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action,
+                   found=found)
 
 
 @gate("fabric.devicemap-env")

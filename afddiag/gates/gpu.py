@@ -23,6 +23,7 @@ from afddiag.gates.gpu_load import (
     slow_device,
 )
 from afddiag.model import to_jsonable
+from afddiag.model.found import GpuBusy
 from afddiag.model.gpu import (
     GpuDevice,
     GpuFacts,
@@ -349,7 +350,7 @@ def slow_state(ctx: Context, gate_id: str) -> Verdict:
            POWER_LIMITED_REMEDY if seen.power else
            "run the load probe (`afddiag gpu --load`) on an otherwise idle GPU",
            PASS: "nothing to do", SKIP: "run the load probe: `afddiag gpu --load`"}[worst]
-    return Verdict(gate_id, worst, summary, rem, facts)
+    return Verdict(gate_id, worst, summary, rem, facts, found=GpuBusy(bool(seen.busy)))
 
 
 def parse_arch_list(text: str) -> list[tuple[int, int, str, bool]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from afddiag.catalog import remedy
 from afddiag.envvars import FLAG_WORDS
 from afddiag.gates import Context, declared, gate, probe_failed
+from afddiag.model.found import Advertised, AdvertisedAddress, CapacityFlag
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 ENGINE_DEFAULT_CAPACITY = 1024
@@ -55,14 +56,15 @@ def capacity(ctx: Context, gate_id: str) -> Verdict:
     e = ctx.expect.capacity  # --expect-capacity, else the other side's flag in the same file
     want, src = (e.value, e.source) if e is not None else (None, "--expect-capacity")
     facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None}
+    flag = CapacityFlag(key, own, bool(raw))
     if want is None:
         return Verdict(gate_id, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
                        f"{OTHER_SIDE.get(key, 'other side')} value",
-                       "pass --expect-capacity N (the other side's flag)", facts)
+                       "pass --expect-capacity N (the other side's flag)", facts, found=flag)
     if own != want:
         return Verdict(gate_id, FAIL, f"{own_txt} but {src} is {want}: the coordinator's batch flag and the ranks' "
-                       "capacity flag must agree", remedy(gate_id), facts)
-    return Verdict(gate_id, PASS, f"{own_txt} equals {src}", "nothing to do", facts)
+                       "capacity flag must agree", remedy(gate_id), facts, found=flag)
+    return Verdict(gate_id, PASS, f"{own_txt} equals {src}", "nothing to do", facts, found=flag)
 
 
 @gate("launch.memlock")
@@ -245,12 +247,13 @@ def control_plane(ctx: Context, gate_id: str) -> Verdict:
     if (v := probe_failed(gate_id, r)) is not None:
         return v
     facts: dict = {"advertised_bad": [{"key": k, "value": val, "why": w} for k, val, w in bad]}
+    found = Advertised(tuple(AdvertisedAddress(k, val, w) for k, val, w in bad))
     if r is not None and r.captured:
         facts.update(source=r.source, peers=r.peers, ports=r.ports, attempts=r.attempts, notes=r.notes)
     if bad:
         return Verdict(gate_id, FAIL, f"{ctx.inputs.launch_env_path}: " + "; ".join(
             f"{k}={val} is {w}" for k, val, w in bad) + ": peers told this address connect to themselves or nowhere",
-            remedy(gate_id + ".advertised"), facts, action="SET_ENV")
+            remedy(gate_id + ".advertised"), facts, action="SET_ENV", found=found)
     if r is None or not r.captured or not r.attempts:
         why = ("no peers (--peer or AFD_PEER_FABRIC_IPS)" if not ctx.inputs.peers else
                "no engine ports (AFD_ENGINE_PORTS in the launch env, or the playbook's [launch] engine_ports)")
@@ -258,7 +261,7 @@ def control_plane(ctx: Context, gate_id: str) -> Verdict:
         if r is not None and r.notes and not r.captured:  # a snapshot without the readings: say that alone
             summary = "control-plane reach " + "; ".join(r.notes)
         return Verdict(gate_id, SKIP, summary,
-                       "give the peers and the engine ports to test the control connections", facts)
+                       "give the peers and the engine ports to test the control connections", facts, found=found)
     down = [a for a in r.attempts if a.get("outcome") in ("timeout", "unreachable", "bind failed", "error")]
     refused = [a for a in r.attempts if a.get("outcome") == "refused"]
     ok = [a for a in r.attempts if a.get("ok")]
@@ -267,10 +270,10 @@ def control_plane(ctx: Context, gate_id: str) -> Verdict:
         txt = "; ".join(f"{a['peer']}:{a['port']} {a['outcome']}" + (f" ({a['error']})" if a.get("error") else "")
                         for a in down[:6])
         return Verdict(gate_id, FAIL, f"{len(down)} of {len(r.attempts)} control connection(s) {src} fail: {txt}",
-                       remedy(gate_id), facts)
+                       remedy(gate_id), facts, found=found)
     note = (f"; {len(refused)} refused (the peer answered, nothing listens yet: start order)" if refused else "")
     return Verdict(gate_id, PASS, f"{len(r.attempts)} control connection(s) {src} to {', '.join(r.peers)} on port(s) "
-                   f"{', '.join(map(str, r.ports))}: {len(ok)} connected{note}", "nothing to do", facts)
+                   f"{', '.join(map(str, r.ports))}: {len(ok)} connected{note}", "nothing to do", facts, found=found)
 
 
 GATES = declared(__name__)
