@@ -272,6 +272,18 @@ def test_slow_state_power_limit_edges():
     assert "the power telemetry is suspect" in slow(over).summary
 
 
+@pytest.mark.parametrize("fraction, suspect", [(1.05, False), (1.0501, True)])
+def test_slow_state_power_reading_suspect_only_above_105_percent(fraction, suspect):
+    """A reading at 105 % of the enforced limit is still within what the limiter's averaging lets a
+    sample show; only above it is the telemetry called suspect (735.0 W on 700 W is exactly 105 %)."""
+    lim = 700_000.0
+    d = dev(clock_sm_max_mhz=2000.0, power_limit_mw=lim,
+            under_load=UnderLoad(utilization_pct=100.0, clock_sm_mhz=900.0, power_mw=fraction * lim))
+    v = slow(d)
+    assert (v.verdict, v.action) == (WARN, "RERUN") and "at the enforced power limit 700.0 W" in v.summary
+    assert ("the power telemetry is suspect" in v.summary) is suspect, v.summary
+
+
 def test_slow_state_explained_by_a_clock_event_reason_is_no_power_cycle():
     d = loaded(clock_sm_mhz=500.0, clocks_event_reasons=0x20)
     v = slow(d)
@@ -469,3 +481,24 @@ def test_image_arch_cuda_version_edge_and_skips():
     assert v.summary == "image not inspected: no image given (--launch-env with AFD_IMAGE)"
     v = judge("gpu.image-arch", observation(gpu=g), launch_env={"AFD_ROLE": "expert"})
     assert v.summary == "image not inspected: no AFD_IMAGE in the launch env"
+
+
+def test_replayed_missing_figure_quotes_only_the_capture_notes_about_that_gpu():
+    """On a replay, GPU 0's missing total memory is a claim about the host only when the capture noted
+    the read failing on GPU 0 or on no GPU in particular; a note about GPU 1's failed read is no
+    evidence about GPU 0 (its figure was simply not recorded)."""
+    other = "NVML device 1: nvmlDeviceGetMemoryInfo failed: NVMLError_GpuIsLost: GPU is lost"
+    mine = "NVML device 0: nvmlDeviceGetMemoryInfo failed: NVMLError_Unknown: Unknown Error"
+    host = "NVML: nvmlDeviceGetMemoryInfo failed: NVMLError_DriverNotLoaded: Driver Not Loaded"
+
+    def replay(*notes: str) -> object:
+        return judge("gpu.memory", observation("snapshot /tmp/s", gpu=GpuFacts(available=True, devices=[dev()],
+                                                                                notes=list(notes))))
+
+    v = replay(other)
+    assert (v.verdict, v.action) == (SKIP, "NONE") and "total memory not recorded in the snapshot" in v.summary
+    assert "GPU is lost" not in v.summary
+    for note in (mine, host):
+        v = replay(other, note)
+        assert (v.verdict, v.action) == (WARN, "RERUN") and "total memory not read" in v.summary
+        assert v.summary.endswith(f"(the capture says: {note})"), v.summary
