@@ -19,6 +19,7 @@ from typing import Any
 
 from afddiag import packaged
 from afddiag.exitcodes import CatalogError  # defined there so the CLI catches it without loading this module
+from afddiag.shellcmd import fill
 from afddiag.textlayout import wrap
 
 if sys.version_info >= (3, 11):
@@ -90,6 +91,20 @@ def remedy(key: str) -> str:
     return cat.get("remedies", {}).get(key, "")
 
 
+def commands(key: str, **values: object) -> list[str]:
+    """The catalog's remedy commands for a gate id (its ``commands``) or an extra key (``[commands]``),
+    each template filled with ``values`` quoted as one word each (:func:`afddiag.shellcmd.fill`);
+    [] when there are none. Raises KeyError when a template names a field ``values`` lacks."""
+    cat = load()
+    gate = cat.get("gates", {}).get(key)
+    templates = gate.get("commands", []) if gate else cat.get("commands", {}).get(key, [])
+    return [fill(t, values) for t in templates]
+
+
+def _drain_word(action: str, actions: dict[str, Any]) -> str:
+    return f"`{action}`" + (" (drains on FAIL)" if actions.get(action, {}).get("drain") else "")
+
+
 def markdown() -> str:
     """docs/GATES.md, generated from the catalog."""
     cat = load()
@@ -114,9 +129,13 @@ def markdown() -> str:
         out += ["", f"## {gid}", "", f"**{g['title']}** ({g['family']}; worst verdict: {g['severity']})", "",
                 f"- Checks: {g['checks']}", f"- Reads: {g['reads']}", "- Verdicts:"]
         out += [f"  - {v}: {meaning}" for v, meaning in g["verdicts"].items()]
-        out += [f"- Remedy: {g['remedy']}", f"- Action: `{g.get('action', 'NONE')}`"
+        acts = cat["actions"]
+        out += [f"- Remedy: {g['remedy']}"]
+        out += [f"- Commands: {', '.join(f'`{c}`' for c in g['commands'])}"] if g.get("commands") else []
+        out += [f"- Action: {_drain_word(g.get('action', 'NONE'), acts)}"
                 + (f" (WARN: `{g['warn_action']}`)" if g.get("warn_action") else "")
-                + ("; also " + ", ".join(f"`{a}`" for a in g["also_actions"]) if g.get("also_actions") else "")]
+                + ("; also " + ", ".join(_drain_word(a, acts) for a in g["also_actions"]) if g.get("also_actions")
+                   else "")]
         if g.get("depends"):
             mode = g.get("on_dependency_failure", "own concern")
             out.append(f"- Depends on: {', '.join(f'`{d}`' for d in g['depends'])} (when one FAILs: "
@@ -125,7 +144,13 @@ def markdown() -> str:
         out.append(f"- From: {g['source']}")
     out += ["", "## Actions", "",
             "Every remedy carries one action from this closed set (JSON `action` on each gate and diagnosis entry). "
-            "`preflight --drain` and the Slurm hooks drain a node only for an action marked drain.", "",
+            "The drain flag is one rule: a FAIL whose action is marked drain takes the node out (JSON `\"drain\": "
+            "true`, the tag `[ACTION, drain]`; `preflight --drain` and the Slurm hooks drain it); a WARN or ERROR "
+            "never drains, and no remedy says to drain where the flag is false.", "",
+            "A remedy is prose plus commands (JSON `commands`): each a complete shell command `bash -n` accepts, the "
+            "host's values quoted as one word; a launch-file setting is `export NAME=value`; a remedy with no safe "
+            "command has none. The templates above show a field such as `{netdev}` where the host's value goes.",
+            "",
             "| action | drain | meaning |", "| --- | --- | --- |"]
     out += [f"| `{name}` | {'yes' if a.get('drain') else 'no'} | {a['meaning']} |"
             for name, a in cat["actions"].items()]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from afddiag.catalog import load
+from afddiag.model import to_jsonable
 from afddiag.verdict import ERROR, FAIL, SKIP, WARN, Verdict
 
 NOT_JUDGED = "not judged"
@@ -77,14 +78,15 @@ def apply_dependencies(verdicts: list[Verdict]) -> None:
         if not failed:
             continue
         d = failed[0]
-        v.facts = {**v.facts, "judged_alone": {"verdict": v.verdict, "summary": v.summary, "remedy": v.remedy}}
-        v.verdict, v.action = SKIP, "NONE"
+        v.facts = {**v.facts, "judged_alone": {"verdict": v.verdict, "summary": v.summary, "remedy": v.remedy,
+                                               "commands": v.commands}}
+        v.verdict, v.action, v.commands = SKIP, "NONE", []
         v.summary = f"not judged: {d.id} failed ({d.summary})"
         v.remedy = f"fix {d.id} first (see its remedy), then re-run"
 
 
 def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
-    """The independent faults, in the order to fix them: ``[{gate, verdict, summary, remedy,
+    """The independent faults, in the order to fix them: ``[{gate, verdict, summary, remedy, commands,
     action, drain, explains: [gate ids]}]``.
 
     A FAIL/ERROR/WARN gate is explained by a dependency (catalog ``depends``, followed to its root)
@@ -126,19 +128,26 @@ def diagnose(verdicts: list[Verdict]) -> list[dict[str, Any]]:
                 roots[dep_root].append(v.id)
     rank = {FAIL: 0, ERROR: 1, WARN: 2}
     out = []
-    same: dict[tuple[str, str], dict[str, Any]] = {}  # (remedy, action) -> the entry naming that fault
+    same: dict[tuple[str, str, tuple[str, ...]], dict[str, Any]] = {}  # (remedy, action, commands) -> its entry
     for gid in sorted(roots, key=lambda g: (rank[by_id[g].verdict], order.get(g, 999), g)):
         v = by_id[gid]
-        first = same.get((v.remedy, v.action)) if v.remedy else None
+        key = (v.remedy, v.action, tuple(v.commands))
+        first = same.get(key) if v.remedy else None
         if first is not None:  # one remedy, one action: one fault, named once at its first (most severe) entry
             first["explains"] = sorted({*first["explains"], gid, *roots[gid]}, key=lambda g: order.get(g, 999))
             continue
         out.append({"gate": gid, "verdict": v.verdict, "summary": v.summary, "remedy": v.remedy,
-                    "action": v.action, "drain": drains(v.verdict, v.action),
+                    "commands": list(v.commands), "action": v.action, "drain": drains(v.verdict, v.action),
                     "explains": sorted(roots[gid], key=lambda g: order.get(g, 999))})
         if v.remedy:
-            same[(v.remedy, v.action)] = out[-1]
+            same[key] = out[-1]
     return out
+
+
+def entries(verdicts: list[Verdict]) -> list[dict[str, Any]]:
+    """The verdicts as a report's ``gates``: each one's fields and its ``drain`` (:func:`drains`), the
+    same flag its tag and a diagnosis entry show."""
+    return [{**to_jsonable(v), "drain": drains(v.verdict, v.action)} for v in verdicts]
 
 
 def prepare(verdicts: list[Verdict]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import datetime as _dt
 from typing import TYPE_CHECKING, Any, cast
 
 from afddiag import __version__
-from afddiag.diagnosis import prepare
+from afddiag.diagnosis import entries, prepare
 from afddiag.endpoint import device_map
 from afddiag.envvars import redact_report
 from afddiag.model import to_jsonable
@@ -40,7 +40,7 @@ def build(verdicts: list[Verdict], host: str, source: str, inputs: dict[str, Any
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "inputs": inputs,
         "diagnosis": diagnosis,
-        "gates": [to_jsonable(v) for v in verdicts],
+        "gates": entries(verdicts),
         "device_map": _device_map(fabric),
         "counts": counts,
         "exit_code": exit_code(verdicts),

@@ -47,6 +47,7 @@ h3{font-size:15px;margin:12px 0 4px}
 .gate{font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:13px}
 .remedy{margin:2px 0 4px 52px;font-family:ui-monospace,"DejaVu Sans Mono",monospace;font-size:13px;
 background:#f6f8fa;padding:3px 6px;border-radius:3px;overflow-wrap:anywhere;white-space:pre-wrap}
+pre.cmd{margin:0 0 2px 64px;font-size:13px;white-space:pre;overflow-x:auto}
 .explains{margin-left:52px;color:#57606a;font-size:12px}
 table{border-collapse:collapse;margin:4px 0 8px}
 th,td{border:1px solid #d0d7de;padding:2px 6px;text-align:left;vertical-align:top}
@@ -79,20 +80,24 @@ def host_faults(report: dict[str, Any]) -> list[dict[str, Any]]:
     diag = report.get("diagnosis")
     if isinstance(diag, list) and all(isinstance(d, dict) for d in diag):
         return [{"gate": d.get("gate"), "verdict": d.get("verdict") or FAIL, "summary": d.get("summary"),
-                 "remedy": d.get("remedy"), "action": d.get("action"), "drain": d.get("drain"),
-                 "explains": d.get("explains") or []} for d in diag]
+                 "remedy": d.get("remedy"), "commands": d.get("commands"), "action": d.get("action"),
+                 "drain": d.get("drain"), "explains": d.get("explains") or []} for d in diag]
     gates = [g for g in report.get("gates") or [] if isinstance(g, dict) and g.get("verdict") in TELLS]
     gates.sort(key=lambda g: _rank(g.get("verdict")))
     return [{"gate": g.get("id"), "verdict": g.get("verdict"), "summary": g.get("summary"), "remedy": g.get("remedy"),
-             "action": g.get("action"), "explains": []} for g in gates]
+             "commands": g.get("commands"), "action": g.get("action"), "drain": g.get("drain"), "explains": []}
+            for g in gates]
 
 
 def _remedy(entry: dict[str, Any]) -> str:
     """The remedy line with its action and drain as the text reports show them
-    (:func:`afddiag.render.action_tag`: ``[FIX_ADDRESS, drain]``)."""
+    (:func:`afddiag.render.action_tag`: ``[FIX_ADDRESS, drain]``), then each of its commands alone in
+    a block of its own (a report from elsewhere: only strings, escaped)."""
     tag = action_tag(entry)
+    cmds = [c for c in _list(entry.get("commands")) if isinstance(c, str)]
     return (f'<div class="remedy">{_e(entry["remedy"])}'
-            + (f' <span class="action">{_e(tag)}</span>' if tag else "") + "</div>")
+            + (f' <span class="action">{_e(tag)}</span>' if tag else "") + "</div>"
+            + "".join(f'<pre class="cmd">{_e(c)}</pre>' for c in cmds))
 
 
 def _list(v: Any) -> list[Any]:

@@ -14,6 +14,7 @@ import os
 from typing import Any, TextIO
 
 from afddiag.diagnosis import drains
+from afddiag.shellcmd import lines as shell_lines
 from afddiag.textlayout import unbroken, units, wrap  # noqa: F401 - the renderers' text layout, re-exported
 
 COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
@@ -63,10 +64,27 @@ def action_tag(entry: dict[str, Any]) -> str:
     return f"[{action}{', drain' if drain else ''}]"
 
 
+def command_lines(commands: list[str], width: int | None, indent: str) -> list[str]:
+    """Each of ``commands`` on lines of its own after ``indent``, never with prose: whole when ``width``
+    is None (pipes, files); on a terminal broken only where the shell reads it as the same command
+    (:func:`afddiag.shellcmd.lines`), at column 0 when it does not fit after ``indent``."""
+    out: list[str] = []
+    for cmd in commands:
+        if width is None:
+            out.append(indent + cmd)
+            continue
+        ls = shell_lines(cmd, width - len(indent))
+        if all(len(ln) <= width - len(indent) for ln in ls):
+            out += [indent + ln for ln in ls]
+        else:
+            out += shell_lines(cmd, width)
+    return out
+
+
 def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: frozenset[str] = frozenset()):
     """A rich Table of verdicts: verdict, gate id, summary with the remedy under it (for WARN, FAIL,
-    ERROR; for the gates in ``below``, a pointer to the remedy printed under the table). Words wrap at
-    spaces; :func:`print_gate_table` moves a remedy whose command would not fit its cell."""
+    ERROR; for the gates in ``below``, a pointer to the remedy printed under the table; a remedy's
+    commands are always printed under it, :func:`print_gate_table`). Words wrap at spaces."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -80,15 +98,17 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: fro
         body = Text(g["summary"], overflow="fold")
         if g["verdict"] in TELLS and g.get("remedy"):
             tail = "remedy below the table" if g["id"] in below else g["remedy"]
+            if g.get("commands") and g["id"] not in below:
+                tail += " (commands below the table)"
             body.append("\n→ " + tail + (f" {action_tag(g)}" if g.get("action") else ""), style="italic")
         t.add_row(Text(g["verdict"], style=COLORS.get(g["verdict"], "")), Text(g["id"]), body)
     return t
 
 
 def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None) -> None:
-    """Print :func:`gate_table` on ``con`` so that no command is split: a remedy whose ``export``
-    line or long word would not fit its cell (the table is rendered once to see) is printed under
-    the table instead, on lines of its own (:func:`wrap`), where it pastes."""
+    """Print :func:`gate_table` on ``con`` so that no command is split: a remedy's commands are printed
+    under the table, each on lines of its own (:func:`command_lines`), and so is a remedy whose long
+    word would not fit its cell (the table is rendered once to see, :func:`wrap`)."""
     from rich.console import Console
     from rich.text import Text
 
@@ -100,18 +120,23 @@ def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None)
                       and not all(any(u in ln for ln in lines) for u in unbroken(g["remedy"])))
     con.print(gate_table(gates, title, below))
     for g in gates:
-        if g["id"] in below:
+        cmds = (g.get("commands") or []) if g["verdict"] in TELLS and g.get("remedy") else []
+        if g["id"] in below or cmds:
             con.print(Text(f"{g['verdict']} {g['id']} {action_tag(g)}:", style=COLORS.get(g["verdict"], "")),
                       overflow="ignore", crop=False)
-            for ln in wrap(g["remedy"], con.width, "  ", "  "):
+            text = (wrap(g["remedy"], con.width, "  ", "  ") if g["id"] in below else []) \
+                + command_lines(cmds, con.width, "    ")
+            for ln in text:
                 con.print(Text(ln), overflow="ignore", crop=False, soft_wrap=True)
 
 
 def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, id_width: int = 22) -> None:
     """Plain verdict lines, one per gate (``VERDICT  gate.id  summary``), the remedy on the next line
-    for WARN, FAIL and ERROR; full length, never cut."""
+    for WARN, FAIL and ERROR and each of its commands on a line of its own under it; full length, never cut."""
     for g in gates:
         out.write(f"{g['verdict']:<5}  {g['id']:<{id_width}} {g['summary']}\n")
         if g["verdict"] in TELLS and g.get("remedy"):
             out.write(f"{'':<5}  {'':<{id_width}} remedy: {g['remedy']}"
                       + (f" {action_tag(g)}" if g.get("action") else "") + "\n")
+            out.write("".join(ln + "\n" for ln in command_lines(g.get("commands") or [], None,
+                                                                 " " * (id_width + 11))))

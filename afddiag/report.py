@@ -17,6 +17,7 @@ from afddiag.envvars import MAP_VAR, format_device_map
 from afddiag.render import (
     COLORS,  # noqa: F401 - importable from here too
     action_tag,
+    command_lines,
     console_for,
     print_gate_table,
     wrap,
@@ -60,10 +61,11 @@ def write_table(report: Mapping[str, Any], out: TextIO | None = None, width: int
 
 
 def write_diagnosis(report: Mapping[str, Any], out: TextIO, width: int | None = None) -> None:
-    """The report's opening: each independent fault with its one remedy and action, in fix order.
-    ``width`` (a terminal's columns): lines wrap between words, under their indent, and a command
-    (``export VAR=value``, a long word) is never split (:func:`afddiag.render.wrap`)."""
-    def put(first: str, text: str, indent: str) -> None:
+    """The report's opening: each independent fault with its one remedy and action, in fix order, the
+    remedy's commands under it, each on lines of its own. ``width`` (a terminal's columns): prose wraps
+    between words, under its indent (:func:`afddiag.render.wrap`); a command breaks only where the shell
+    reads it as the same command (:func:`afddiag.render.command_lines`)."""
+    def put(first: str, text: str, indent: str) -> None:  # prose: wrapped between words
         if width is None:
             out.write(first + text + "\n")
         else:
@@ -80,6 +82,7 @@ def write_diagnosis(report: Mapping[str, Any], out: TextIO, width: int | None = 
     for i, d in enumerate(diag, 1):
         put(f"  {i}. ", f"{d['verdict']} {d['gate']}: {d['summary']}", "     ")
         put("     remedy: ", f"{d['remedy']} {action_tag(d)}", "     ")
+        out.write("".join(ln + "\n" for ln in command_lines(d.get("commands") or [], width, "       ")))
         if d["explains"]:
             put("     explains: ", ", ".join(d["explains"]), "     ")
     out.write("\n")

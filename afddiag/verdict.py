@@ -18,11 +18,12 @@ VERDICTS = (PASS, WARN, FAIL, SKIP, ERROR)
 @dataclass
 class Verdict:
     """One gate's verdict for the host: ``summary`` names the subject first, ``remedy`` says what
-    to do, ``facts`` holds what was seen per device, ``action`` is the remedy's type from the closed
-    set in ``checks/gates.toml`` ``[actions]`` (NONE, SET_ENV, FIX_LINK, RESET_GPU, ...); "" means the
-    catalog's default for the gate (:func:`afddiag.diagnosis.fill_actions` fills it in). ``found``: what
-    the gate worked out, typed, for the summary and ``preflight --export`` (:mod:`afddiag.model.found`; not
-    in the JSON report)."""
+    to do in prose, ``commands`` are the remedy's complete shell commands in the order to run them (the
+    host's values quoted, :mod:`afddiag.shellcmd`; none where no safe command exists), ``facts`` holds
+    what was seen per device, ``action`` is the remedy's type from the closed set in ``checks/gates.toml``
+    ``[actions]`` (NONE, SET_ENV, FIX_LINK, RESET_GPU, ...); "" means the catalog's default for the gate
+    (:func:`afddiag.diagnosis.fill_actions` fills it in). ``found``: what the gate worked out, typed, for the
+    summary and ``preflight --export`` (:mod:`afddiag.model.found`; not in the JSON report)."""
 
     id: str
     verdict: str
@@ -30,6 +31,7 @@ class Verdict:
     remedy: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
     action: str = ""
+    commands: list[str] = field(default_factory=list)
     found: Found | None = field(default=None, compare=False, metadata={"json": False})
 
 

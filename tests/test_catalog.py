@@ -132,18 +132,38 @@ def test_a_broken_catalog_is_one_line_naming_the_file_and_the_fix(monkeypatch, c
         catalog.load.cache_clear()
 
 
-def test_remedies_that_take_the_node_out_of_service_drain():
-    """Changing a live RoCE netdev's MTU drops its traffic and the peers' QPs: done on a drained node, and
-    its gates' remedies say so. A version drift leaves the node in service (fleet.versions only WARNs):
-    its actions do not drain, and its remedy says to drain before a firmware/driver/kernel/BIOS update,
-    not for a package (the shown drain flag, the catalog and the remedy agree)."""
-    from afddiag.catalog import load
-    from afddiag.diagnosis import needs_drain
+def says_drain(remedy: str) -> bool:
+    """Whether ``remedy`` tells a person to drain now: "drain" in a clause (between ; : .) that does not
+    make it conditional ("if ... repeats, drain") or deny it ("no drain")."""
+    import re
+
+    for clause in re.split(r"[;:.]", remedy):
+        for m in re.finditer(r"\bdrain", clause):
+            if not re.search(r"\bif\b", clause[:m.start()]) and not clause[:m.start()].rstrip().endswith("no"):
+                return True
+    return False
+
+
+def test_drain_is_one_rule_and_the_prose_follows_it():
+    """A drain takes the node out until a person acts: a FAIL whose action is marked drain. Setting an MTU
+    leaves the node in service (set between jobs), as does a version drift until its update: neither
+    action drains and neither remedy says to; every catalog remedy that says "drain" belongs to a gate
+    whose action drains (issue 23: fabric.mtu's remedy said "drain the node" while its JSON said
+    ``"drain": false``; GATES.md said SET_MTU drains)."""
+    from afddiag.catalog import load, markdown
+    from afddiag.diagnosis import drains, needs_drain
 
     cat = load()
-    assert needs_drain("SET_MTU") and not needs_drain("UPDATE_VERSIONS") and not needs_drain("UPDATE_PACKAGE")
+    assert not needs_drain("SET_MTU") and not needs_drain("UPDATE_VERSIONS") and not needs_drain("UPDATE_PACKAGE")
+    assert needs_drain("FIX_LINK") and drains("FAIL", "FIX_LINK") and not drains("WARN", "FIX_LINK")
     for gid, g in cat["gates"].items():
-        if g.get("action") == "SET_MTU":
-            assert "drain" in g["remedy"], (gid, g["remedy"])
-    assert "drain it before the update" in cat["gates"]["fleet.versions"]["remedy"]
-    assert "drain" not in cat["remedies"]["fleet.versions.package"].replace("no drain", "")
+        if says_drain(g["remedy"]):
+            assert needs_drain(g["action"]), (gid, g["remedy"])
+    for key in ("fleet.versions.package", "fleet.versions.node"):
+        assert not says_drain(cat["remedies"][key]), key
+    assert not says_drain(cat["gates"]["fleet.versions"]["remedy"])
+    assert says_drain("drain the node, then") and not says_drain("if it repeats, drain the host")
+    assert not says_drain("(no drain, no reboot)")
+    md = markdown()
+    assert "| `SET_MTU` | no |" in md and "| `FIX_LINK` | yes |" in md
+    assert "- Action: `SET_MTU`;" in md and "- Action: `FIX_LINK` (drains on FAIL)" in md

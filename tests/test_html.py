@@ -103,8 +103,8 @@ def test_faults_come_from_the_diagnosis_when_present_else_failing_gates():
     diag = [{"gate": "fabric.first-device", "verdict": "FAIL", "summary": "s", "remedy": "r", "action": "config",
              "explains": ["fabric.qp-rtr"]}]
     assert host_faults({"gates": gates, "diagnosis": diag}) == [
-        {"gate": "fabric.first-device", "verdict": "FAIL", "summary": "s", "remedy": "r", "action": "config",
-         "drain": None, "explains": ["fabric.qp-rtr"]}]
+        {"gate": "fabric.first-device", "verdict": "FAIL", "summary": "s", "remedy": "r", "commands": None,
+         "action": "config", "drain": None, "explains": ["fabric.qp-rtr"]}]
 
 
 def _chromium(*args, timeout=120):

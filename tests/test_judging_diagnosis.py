@@ -43,11 +43,13 @@ def test_only_a_fail_whose_action_needs_a_drain_drains(verdict, action, drain):
 def test_a_not_judged_gate_defers_to_its_failed_dependency():
     link = V("fabric.link", FAIL, "mlx5_0 port 1 DOWN")
     speed = V("fabric.link-speed", WARN, "enp1 10 Gb/s")
+    speed.commands = ["ethtool enp1"]
     apply_dependencies([link, speed])
-    assert (speed.verdict, speed.action) == (SKIP, "NONE")
+    assert (speed.verdict, speed.action, speed.commands) == (SKIP, "NONE", [])  # its commands are not the fix
     assert speed.summary == "not judged: fabric.link failed (mlx5_0 port 1 DOWN)"
     assert speed.remedy == "fix fabric.link first (see its remedy), then re-run"
-    assert speed.facts["judged_alone"] == {"verdict": WARN, "summary": "enp1 10 Gb/s", "remedy": "r"}
+    assert speed.facts["judged_alone"] == {"verdict": WARN, "summary": "enp1 10 Gb/s", "remedy": "r",
+                                           "commands": ["ethtool enp1"]}
 
 
 def test_dependencies_that_do_not_fail_or_gates_of_their_own_concern_are_left_alone():

@@ -137,7 +137,8 @@ def test_a_gpu_run_never_loads_the_fabric_models():
 LAYERS = {
     "utilities": ("afddiag", "afddiag.atomic", "afddiag.baseline", "afddiag.bundle", "afddiag.catalog",
                   "afddiag.envvars", "afddiag.exitcodes", "afddiag.packaged", "afddiag.playbook", "afddiag.proc",
-                  "afddiag.progress", "afddiag.reader", "afddiag.schema", "afddiag.termsafe", "afddiag.textlayout",
+                  "afddiag.progress", "afddiag.reader", "afddiag.schema", "afddiag.shellcmd", "afddiag.termsafe",
+                  "afddiag.textlayout",
                   "afddiag.textnum", "afddiag.schema.validate"),
     "model": ("afddiag.model", "afddiag.model.*", "afddiag.facts", "afddiag.verdict", "afddiag.expect",
               "afddiag.endpoint", "afddiag.collect"),

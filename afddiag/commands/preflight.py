@@ -33,6 +33,8 @@ def _verdict(r: PreflightResult) -> None:
     for d in r.faults:
         click.echo(f"  {d['verdict']} {d['gate']}: {d['summary']}", err=True)
         click.echo(f"       remedy: {d['remedy']} {action_tag(d)}", err=True)
+        for cmd in d.get("commands") or []:
+            click.echo(f"         {cmd}", err=True)
         if d["explains"]:
             click.echo(f"       explains: {', '.join(d['explains'])}", err=True)
     if r.options.drain and not r.needs_drain:

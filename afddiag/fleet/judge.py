@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from afddiag import __version__
+from afddiag.diagnosis import entries
 from afddiag.envvars import redact_report
 from afddiag.gates.fleet import HostResult, run_fleet_gates
-from afddiag.model import to_jsonable
 from afddiag.reader import DepthError, InputError, parse_json, read_bytes
 from afddiag.schema.validate import report_problem
 from afddiag.verdict import ERROR, EXIT_ERROR, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAIL, VERDICTS, WARN
@@ -162,7 +162,7 @@ def judge(hosts: list[HostResult], expect: dict[str, Any] | None = None, source:
     out = {"schema_version": FLEET_SCHEMA_VERSION, "kind": "fleet", "schema": FLEET_SCHEMA,
            "afddiag_version": __version__, "source": source,
            "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "expect": dict(expect or {}), "hosts": rows, "gates": [to_jsonable(v) for v in verdicts],
+           "expect": dict(expect or {}), "hosts": rows, "gates": entries(verdicts),
            "counts": counts, "hosts_ok": sum(1 for r in rows if r["status"] == "ok"),
            "hosts_error": sum(1 for r in rows if r["status"] != "ok"), "exit_code": code}
     if keep_reports:

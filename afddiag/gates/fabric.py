@@ -4,7 +4,7 @@ The rail gates (link speed, a rail's bandwidth, its port counters) are in :mod:`
 
 from __future__ import annotations
 
-from afddiag.catalog import remedy
+from afddiag.catalog import commands, remedy
 from afddiag.endpoint import fabric_entry
 from afddiag.envvars import (
     GID_INDEX_VARS,
@@ -202,7 +202,8 @@ def mtu(ctx: Context, gate_id: str) -> Verdict:
     subject = f"{e.device} port {e.port} ({e.netdev}, fabric IP {ip})"
     if rm < 4096:
         return Verdict(gate_id, WARN, f"{subject}: netdev MTU {nd.mtu} gives RoCE path MTU {rm}, below 4096",
-                       remedy(gate_id).format(netdev=e.netdev), facts, found=found)
+                       remedy(gate_id).format(netdev=e.netdev), facts, found=found,
+                       commands=commands(gate_id, netdev=e.netdev))
     return Verdict(gate_id, PASS, f"{subject}: netdev MTU {nd.mtu}, RoCE path MTU {rm}", "nothing to do", facts,
                    found=found)
 

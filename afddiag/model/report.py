@@ -14,7 +14,10 @@ from afddiag.model.summary import Summary, VerdictName
 
 class GateEntry(TypedDict):
     """One gate's verdict in ``gates``: ``facts`` is the gate's own (free-form) record of what it saw;
-    ``action`` its typed remedy (``checks/gates.toml`` ``[actions]``)."""
+    ``remedy`` the prose and ``commands`` the complete shell commands to run, in order (each one line
+    ``bash -n`` accepts, the host's values quoted; [] where no safe command exists); ``action`` its
+    typed remedy (``checks/gates.toml`` ``[actions]``) and ``drain`` whether it takes the node out
+    (:func:`afddiag.diagnosis.drains`)."""
 
     id: str
     verdict: VerdictName
@@ -22,12 +25,15 @@ class GateEntry(TypedDict):
     remedy: str
     facts: dict[str, Any]
     action: str
+    commands: list[str]
+    drain: bool
 
 
 class _DiagnosisRequired(TypedDict):
     gate: str
     summary: str
     remedy: str
+    commands: list[str]
     action: str
     explains: list[str]
 

@@ -1,0 +1,177 @@
+"""A remedy is prose plus commands that paste (issue 23): every command of every report is one complete
+command ``bash -n`` accepts, a host's value is one word in it whatever its name holds, and the text views
+print each command alone on its own lines, never broken where the shell would read something else."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from afddiag.cli import cli
+from afddiag.render import command_lines
+from afddiag.report import write_table
+from afddiag.shellcmd import command, export, fill, lines
+from conftest import case_dirs, load_case
+
+FIX = Path(__file__).parent / "fixtures"
+BASH = shutil.which("bash")
+pytestmark = pytest.mark.skipif(BASH is None, reason="bash is the shell the commands are written for")
+
+#: Values a host, a snapshot or a launch file may hand us: spaces, quotes, command substitution, a
+#: separator, a newline, a glob, a leading dash, a backslash, a comma (where the renderer may break).
+HOSTILE = ["a b", "it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "x;touch PWNED", "x\ntouch PWNED",
+           "*", "-rf", "back\\slash", "a,b,c", "${IFS}", "'$(touch PWNED)'", "ünï"]
+
+
+def _cli_json(args: list[str]) -> dict:
+    res = CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=False)
+    return json.loads(res.stdout)
+
+
+def _case_args(case: Path) -> list[str]:
+    meta = load_case(case)
+    args = ["all", "--json", "--no-history", "--snapshot", str(case)]
+    if meta.get("fabric_ip"):
+        args += ["--fabric-ip", meta["fabric_ip"]]
+    for peer in meta.get("peer_fabric_ips") or []:
+        args += ["--peer", peer]
+    return args
+
+
+def _reports(tmp: Path) -> list[tuple[str, dict]]:
+    """Every shared case as the case tests replay it, and again in the expert role with its launch file;
+    the recorded GPU fixtures; the recorded lab fleets merged by this afddiag (host and fleet gates)."""
+    out = []
+    for case in case_dirs("fabric") + case_dirs("gpu"):
+        out.append((case.name, _cli_json(_case_args(case))))
+        env = ["--launch-env", str(case / "env")] if (case / "env").is_file() else []
+        out.append((f"{case.name} expert", _cli_json(_case_args(case) + ["--role", "expert"] + env)))
+    for fx in sorted(p for p in (FIX / "gpu").iterdir() if (p / "gpu.json").is_file()):
+        out.append((fx.name, _cli_json(["all", "--json", "--no-history", "--snapshot", str(fx)])))
+    for rec in sorted((FIX / "lab-fleet").glob("*.json")):
+        live = json.loads(rec.read_text())
+        f = tmp / f"{rec.stem}.json"
+        f.write_text(json.dumps(list(live["reports"].values())))
+        out.append((rec.stem, _cli_json(["merge", str(f), "--inventory", str(FIX / "lab-fleet" / "inventory.toml"),
+                                         "--json"])))
+        out += [(f"{rec.stem} {name}", rep) for name, rep in live["reports"].items()]
+    return out
+
+
+def _bash_n(cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run([BASH, "-n"], input=cmd, capture_output=True, text=True, timeout=30)
+
+
+def _words(text: str, tmp_path: Path) -> list[str]:
+    """The words bash reads from the simple command ``text`` (lines joined as bash joins them), run as
+    arguments of ``set --`` in ``tmp_path``: no word of it runs."""
+    script = "set -- " + text + '\nprintf "%s\\0" "$@"'
+    res = subprocess.run([BASH, "--norc", "-c", script], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert res.returncode == 0, (text, res.stderr)
+    return res.stdout.split("\0")[:-1]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> list[tuple[str, dict]]:
+    return _reports(tmp_path_factory.mktemp("fleets"))
+
+
+def test_every_command_of_every_case_and_fixture_is_one_complete_command(reports):
+    seen = 0
+    for name, rep in reports:
+        rows = [(g.get("id"), g) for g in rep.get("gates", [])] + [(d["gate"], d) for d in rep.get("diagnosis", [])]
+        for gid, row in rows:
+            if "commands" not in row:  # a report recorded by an older afddiag (the lab fleets' hosts)
+                assert rep.get("afddiag_version") and name.count(" ") == 1, (name, gid)
+                continue
+            assert isinstance(row["commands"], list), (name, gid)
+            for cmd in row["commands"]:
+                seen += 1
+                assert isinstance(cmd, str) and cmd.strip() and "\n" not in cmd, (name, gid, cmd)
+                res = _bash_n(cmd)
+                assert res.returncode == 0 and not res.stderr, (name, gid, cmd, res.stderr)
+                assert "<" not in cmd or "<<" in cmd, (name, gid, cmd)  # no <placeholder> left in a command
+    assert seen >= 5, seen  # the cases hold MTU, device-map and launch-file faults: their commands were checked
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
+def test_a_hostile_value_is_one_word_and_nothing_runs(value, tmp_path):
+    """Every catalog command template and the builders, filled with a hostile value: bash -n accepts it,
+    shlex.split gives the value back as exactly one word, and bash reading it (as ``set --`` arguments,
+    whole and as the terminal lines of :func:`lines` at several widths) runs nothing."""
+    from afddiag.catalog import load
+
+    cat = load()
+    templates = [t for g in cat["gates"].values() for t in g.get("commands", [])]
+    templates += [t for ts in cat.get("commands", {}).values() for t in ts]
+    assert templates
+    mapped, MAP = f"192.0.2.1={value},192.0.2.2={value}", "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP"
+    cmds = [(fill(t, _AllFields(value)), value) for t in templates]  # (command, the word it must hold)
+    cmds += [(command("sudo", "ip", "link", "set", "dev", value, "mtu", 9000), value),
+             (export("NCCL_IB_HCA", value), f"NCCL_IB_HCA={value}"),
+             (export(MAP, mapped), f"{MAP}={mapped}")]
+    for cmd, word in cmds:
+        assert _bash_n(cmd).returncode == 0, cmd
+        words = shlex.split(cmd)
+        assert word in words, (cmd, words)  # exactly one word, whatever the value holds
+        if not any(op in words for op in ("|", ";", "&&", "||")):
+            for width in (200, 40, 20):
+                text = "\n".join(lines(cmd, width))
+                assert _words(text, tmp_path) == words, (cmd, width, text)
+    assert not (tmp_path / "PWNED").exists()
+
+
+class _AllFields(dict):
+    """Any template field filled with one value (``{netdev}``, ``{mtu}``, ...)."""
+
+    def __init__(self, value: str):
+        super().__init__()
+        self.value = value
+
+    def __missing__(self, key: str) -> str:
+        return self.value
+
+
+def test_commands_print_alone_and_whole_at_80_columns(reports, tmp_path):
+    """The text view at 80 columns (diagnosis and the lines under the table): each command is on lines of
+    its own that bash reads as the command, no prose on them; piped, each command is one whole line."""
+    checked = 0
+    for name, rep in reports:
+        if "diagnosis" not in rep or not any(g.get("commands") for g in rep["gates"]):
+            continue
+        buf = io.StringIO()
+        write_table(rep, buf, width=80)
+        text = buf.getvalue()
+        plain = io.StringIO()
+        write_table(rep, plain)
+        for g in rep["gates"]:
+            if g["verdict"] not in ("WARN", "FAIL", "ERROR"):
+                continue
+            for cmd in g.get("commands") or []:
+                ls = command_lines([cmd], 80, "    ")
+                assert "\n".join(ls) in text, (name, cmd, text)
+                assert all(len(ln) <= 80 for ln in ls) or len(ls) == 1, ls
+                if not any(op in shlex.split(cmd) for op in ("|", ";", "&&", "||")):
+                    assert _words("\n".join(ln.strip() for ln in ls), tmp_path) == shlex.split(cmd)
+                assert any(ln.strip() == cmd for ln in plain.getvalue().splitlines()), (name, cmd)
+                checked += 1
+    assert checked >= 3, checked
+
+
+def test_a_long_export_breaks_where_bash_joins_it(tmp_path):
+    value = ",".join(f"192.168.{i}.10=roceP{i}p1s0f1" for i in range(8))
+    cmd = export("DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP", value)
+    ls = lines(cmd, 80)
+    assert len(ls) > 1 and all(len(ln) <= 80 for ln in ls), ls
+    assert _words("\n".join(ls), tmp_path) == ["export", f"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP={value}"]
+    quoted = export("X", "a b," * 30)  # inside single quotes: the quote is closed and reopened around the break
+    ls = lines(quoted, 40)
+    assert len(ls) > 1 and all(len(ln) <= 40 for ln in ls), ls
+    assert _words("\n".join(ls), tmp_path) == ["export", "X=" + "a b," * 30]
