@@ -73,7 +73,10 @@ def test_plain_table_without_tty_names_subject_and_remedy():
     assert "\x1b[" not in out
     line = next(ln for ln in out.splitlines() if "fabric.first-device" in ln and not ln.startswith(" "))
     assert line.startswith("FAIL") and "rocep1s0f0" in line
-    assert "remedy: export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in out
+    assert "remedy: set DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP in this host's launch file" in out
+    # the command alone on its line, under the remedy in the diagnosis and under the gate's line
+    export = "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1"
+    assert len([ln for ln in out.splitlines() if ln.strip() == export]) == 2, out
     assert out.rstrip().endswith("exit 2")
 
 

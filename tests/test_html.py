@@ -72,7 +72,7 @@ def test_page_is_self_contained_and_diagnosis_first(fleet_page):
     assert text.index('id="diagnosis"') < text.index('id="verdicts"') < text.index('id="hosts"')
     diag = text[text.index('id="diagnosis"'):text.index('id="verdicts"')]
     assert 'data-host="spark-a"' in diag and "fabric.first-device" in diag
-    assert "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1" in diag
+    assert '<pre class="cmd">export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1</pre>' in diag
     assert 'data-host="spark-b"' not in diag  # a fit host is not in the diagnosis
     assert 'data-host="c.json"' in diag and "not JSON" in diag  # the host without a report, and why
     hosts = text[text.index('id="hosts"'):]
@@ -142,7 +142,7 @@ def test_page_in_chromium_at_1280x800(fleet_page, tmp_path):
     probe = tmp_path / "probe.html"
     probe.write_text(fleet_page.read_text().replace("</body>", """<script>
 const host = document.getElementById("diag-spark-a");
-const remedy = host.querySelector(".remedy");
+const remedy = host.querySelector("pre.cmd");
 const box = e => { const r = e.getBoundingClientRect(); const s = getComputedStyle(e);
   return {top: r.top, bottom: r.bottom, left: r.left, right: r.right,
           visible: s.visibility === "visible" && s.display !== "none", text: e.innerText}; };
@@ -158,5 +158,5 @@ document.title = JSON.stringify({w: innerWidth, h: innerHeight, host: box(host),
         b = geo[part]
         assert b["visible"], (part, b)
         assert 0 <= b["top"] < b["bottom"] <= geo["h"] and 0 <= b["left"] < b["right"] <= 1280, (part, b)
-    assert geo["remedy"]["text"].startswith("export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1")
+    assert geo["remedy"]["text"] == "export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1"
     assert "spark-a" in geo["host"]["text"]

@@ -206,7 +206,7 @@ def test_first_device_every_verdict():
     assert (v.verdict, v.action) == (FAIL, "SET_ENV")
     assert v.summary == (f"mlx5_0 (first enumerated device, {MAP_VAR} not set) does not carry fabric IP 10.0.0.1 "
                          "(fabric IP 10.0.0.1 is on mlx5_1 GID 3)")
-    assert v.remedy == f"export {MAP_VAR}=10.0.0.1=mlx5_1 on this host's launcher"
+    assert v.commands == [f"export {MAP_VAR}=10.0.0.1=mlx5_1"] and "launch file" in v.remedy
     v = fab("fabric.first-device", env={MAP_VAR: "10.0.0.1=mlx5_1"})
     assert (v.verdict, v.action) == (PASS, "NONE")
     assert v.summary == f"mlx5_1 ({MAP_VAR} names it for 10.0.0.1) carries fabric IP 10.0.0.1"
@@ -354,7 +354,7 @@ def test_devicemap_env_map_entries():
     v = dm({MAP_VAR: "10.0.0.1=mlx5_0"})
     assert (v.verdict, v.action) == (FAIL, "SET_ENV")
     assert v.summary == f"{MAP_VAR} sends 10.0.0.1 to mlx5_0, which does not carry it as RoCE v2 (should be mlx5_1)"
-    assert v.remedy.startswith(f"set {MAP_VAR}=10.0.0.1=mlx5_1") and v.facts["failed_vars"] == [MAP_VAR]
+    assert v.commands == [f"export {MAP_VAR}=10.0.0.1=mlx5_1"] and v.facts["failed_vars"] == [MAP_VAR]
     v = dm({MAP_VAR: "10.0.0.1=mlx5_1,10.0.0.7=mlx5_0"})  # another host's entry: not this host's concern
     assert v.verdict == PASS
     v = dm({MAP_VAR: "10.0.0.1=mlx5_1,bogus"})

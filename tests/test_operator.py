@@ -100,7 +100,8 @@ def test_report_at_80_columns_cuts_nothing():
             for unit in unbroken(g["remedy"]):
                 assert any(unit in ln for ln in text.splitlines()), unit
     first = next(g for g in rep["gates"] if g["id"] == "fabric.first-device")
-    assert first["remedy"].startswith("export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1")
+    assert first["commands"] == ["export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10=rocep1s0f1"]
+    assert "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP" in first["remedy"] and "export" not in first["remedy"]
 
 
 def test_fleet_table_at_80_columns_cuts_nothing():

@@ -101,6 +101,20 @@ def test_every_command_of_every_case_and_fixture_is_one_complete_command(reports
     assert seen >= 5, seen  # the cases hold MTU, device-map and launch-file faults: their commands were checked
 
 
+def test_a_wrong_device_map_gives_an_export_that_pastes():
+    """Case 13: the map sends the fabric IP to the wrong device and NCCL_IB_HCA selects it: the fix is
+    ``export`` lines whose values bash reads back exactly, the alternative (unset) in the prose."""
+    case = next(c for c in case_dirs("fabric") if c.name.startswith("13-"))
+    rep = _cli_json(_case_args(case))
+    g = next(g for g in rep["gates"] if g["id"] == "fabric.devicemap-env")
+    assert g["verdict"] == "FAIL" and g["commands"], g
+    for cmd in g["commands"]:
+        assert cmd.startswith("export "), cmd
+        name, _, value = cmd[len("export "):].partition("=")
+        assert shlex.split(cmd) == ["export", f"{name}={shlex.split(value)[0]}"]
+    assert "remove NCCL_IB_HCA" in g["remedy"] and not any("unset" in c for c in g["commands"])
+
+
 @pytest.mark.parametrize("value", HOSTILE, ids=range(len(HOSTILE)))
 def test_a_hostile_value_is_one_word_and_nothing_runs(value, tmp_path):
     """Every catalog command template and the builders, filled with a hostile value: bash -n accepts it,

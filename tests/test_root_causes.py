@@ -345,7 +345,7 @@ def test_ambiguous_fabric_ip_fails_when_the_engine_device_carries_none():
         Gid(0, "fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2", "nf")])]))
     v = fabric.first_device(Context(obs, Inputs(), resolve_fabric_ip(obs.fabric, None)))
     assert v.verdict == FAIL and "first" in v.summary and "10.9.0.2" in v.summary and "10.9.0.3" in v.summary
-    assert "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=a,10.9.0.3=b" in v.remedy
+    assert v.commands == ["export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=a,10.9.0.3=b"]
 
 
 # --- NCCL_IB_HCA: every selected port must reach a peer ---------------------------------------

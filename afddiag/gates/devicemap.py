@@ -183,8 +183,9 @@ def check_gid_index(fab: FabricFacts, ip: str, t: Entry, gid_vars: list[str], fo
                             f"(that is GID index {t.gid_index})")
 
 
-def corrected(fab: FabricFacts, set_vars: dict[str, str], ip: str, t: Entry, gid_vars: list[str]) -> list[str]:
-    """``VAR=value`` settings that point every set selector at the fabric IP's RoCE v2 GID ``t``: the map
+def corrected(fab: FabricFacts, set_vars: dict[str, str], ip: str, t: Entry,
+              gid_vars: list[str]) -> list[tuple[str, str]]:
+    """``(VAR, value)`` settings that point every set selector at the fabric IP's RoCE v2 GID ``t``: the map
     corrected, never dropped (other hosts' entries kept, this host's fixed), else one entry for it."""
     fix = []
     if MAP_VAR in set_vars:
@@ -194,12 +195,12 @@ def corrected(fab: FabricFacts, set_vars: dict[str, str], ip: str, t: Entry, gid
             ok = [e for e in good if e.ip == eip]
             fixed[eip] = dev if not ok or any(e.device == dev for e in ok) else ok[0].device
         fixed[ip] = t.device
-        fix.append(f"{MAP_VAR}={format_device_map(fixed)}")
+        fix.append((MAP_VAR, format_device_map(fixed)))
     else:
-        fix.append(f"{MAP_VAR}={ip}={t.device}")
+        fix.append((MAP_VAR, f"{ip}={t.device}"))
     if NCCL_HCA_VAR in set_vars:
-        fix.append(f"{NCCL_HCA_VAR}=={t.device}:{t.port}")
-    return fix + [f"{var}={t.gid_index}" for var in gid_vars]
+        fix.append((NCCL_HCA_VAR, f"={t.device}:{t.port}"))  # "=": NCCL's exact match of the device name
+    return fix + [(var, str(t.gid_index)) for var in gid_vars]
 
 
 def sources_text(srcs: dict[str, str]) -> str:

@@ -11,6 +11,7 @@ from afddiag.envvars import (
     MAP_VAR,
     NCCL_HCA_VAR,
     WATCHED,
+    format_device_map,
     parse_device_map,
 )
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, probe_failed, probed
@@ -28,6 +29,7 @@ from afddiag.model.fabric import (
     usable_rocev2,
 )
 from afddiag.model.found import DeviceSelectors, EngineDevice, FabricGid, PathMtu
+from afddiag.shellcmd import export
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -330,14 +332,20 @@ def engine_device(ctx: Context) -> tuple[str | None, str]:
     return engine_device_for(ctx.obs.fabric, ctx.obs.env, ctx.fabric_ip.ip)
 
 
-def _map_fix(fab: FabricFacts, ips: list[str]) -> str:
-    """``export MAP=ip=dev,...`` naming, for each of ``ips``, the device of ``fab`` carrying it as RoCE v2."""
-    pairs = []
+def _map_fix(fab: FabricFacts, ips: list[str], env: dict[str, str] | None) -> tuple[str, list[str]]:
+    """``(prose, commands)``: set the map in this host's launch file, the command ``export MAP=ip=dev,...``
+    naming, for each of ``ips``, the device of ``fab`` carrying it as RoCE v2, the map's other entries in
+    ``env`` kept (another host's line is not this host's to drop); rocev2-ipv4's remedy when none carries one."""
+    pairs = parse_device_map(env[MAP_VAR])[0] if env and MAP_VAR in env else {}
+    found = False
     for ip in ips:
         e = next((e for e in rocev2_carriers(fab) if e.ip == ip), None)
         if e is not None:
-            pairs.append(f"{ip}={e.device}")
-    return f"export {MAP_VAR}={','.join(pairs)} on this host's launcher" if pairs else remedy("fabric.rocev2-ipv4")
+            pairs[ip], found = e.device, True
+    if not found:
+        return remedy("fabric.rocev2-ipv4"), []
+    return (f"set {MAP_VAR} in this host's launch file, so the engine opens the device that carries the fabric IP "
+            "(`afddiag devicemap --format shell` prints the whole map)", [export(MAP_VAR, format_device_map(pairs))])
 
 
 def _first_device_ambiguous(ctx: Context, fab: FabricFacts, gate_id: str, warn: Verdict) -> Verdict:
@@ -355,13 +363,14 @@ def _first_device_ambiguous(ctx: Context, fab: FabricFacts, gate_id: str, warn: 
         return Verdict(gate_id, WARN, warn.summary + f"; the engine's device carries {', '.join(works)}", warn.remedy,
                        facts, action="RERUN")
     unmapped = [c for c in cands if c not in entries]
+    fix, cmds = _map_fix(fab, cands, env)
     if unmapped and not order_known(fab):
         return Verdict(gate_id, WARN, warn.summary + "; device order unknown, so the device the engine opens for "
-                       f"{', '.join(unmapped)} cannot be told", _map_fix(fab, cands), facts, action="SET_ENV")
+                       f"{', '.join(unmapped)} cannot be told", fix, facts, action="SET_ENV", commands=cmds)
     seen = ", ".join(sorted({f"{d} ({'map' if c in entries else 'first enumerated device'})"
                              for c, d in opens.items()}))
     return Verdict(gate_id, FAIL, f"fabric IP ambiguous ({', '.join(cands)}), and the device the engine opens carries "
-                   f"none of them: {seen}", _map_fix(fab, cands), facts, action="SET_ENV")
+                   f"none of them: {seen}", fix, facts, action="SET_ENV", commands=cmds)
 
 
 @gate("fabric.first-device")
@@ -385,19 +394,21 @@ def first_device(ctx: Context, gate_id: str) -> Verdict:
             return Verdict(gate_id, PASS, f"every RDMA device carries fabric IP {ip}: whichever the engine opens "
                            f"(device order unknown: {fab.order_source})", "nothing to do", facts, found=found)
         where = (f"fabric IP {ip} is on {', '.join(carrying)}" if carrying else f"no device carries fabric IP {ip}")
+        fix, cmds = _map_fix(fab, [ip], ctx.obs.env)
         return Verdict(gate_id, WARN, f"order unknown: the device the engine opens (libibverbs' first) cannot be told "
                        f"without the device index order ({fab.order_source}); {where}, not on "
                        f"{', '.join(d for d in order if d not in carrying)}",
-                       _map_fix(fab, [ip]) + " (then the order does not matter), or capture the order "
-                       "(`afddiag capture` records it; live it comes from pyverbs or NETLINK_RDMA)", facts,
-                       action="SET_ENV", found=found)
+                       fix + "; then the order does not matter. Or capture the order: `afddiag capture` records it; "
+                       "live it comes from pyverbs or NETLINK_RDMA", facts, action="SET_ENV", found=found,
+                       commands=cmds)
     if dev in carrying:
         return Verdict(gate_id, PASS, f"{dev} ({how}) carries fabric IP {ip}", "nothing to do", facts, found=found)
     good = [e for e in rocev2_carriers(fab) if e.ip == ip]
     action = "SET_ENV"
+    cmds = []
     if good:
         e = good[0]
-        fix = f"export {MAP_VAR}={ip}={e.device} on this host's launcher"
+        fix, cmds = _map_fix(fab, [ip], ctx.obs.env)
         where = f"fabric IP {ip} is on {e.device} GID {e.gid_index}"
     elif carrying:
         fix = remedy(gate_id)
@@ -412,9 +423,9 @@ def first_device(ctx: Context, gate_id: str) -> Verdict:
         action = "FIX_ADDRESS"
     if dev not in order:
         return Verdict(gate_id, FAIL, f"{dev} ({how}) is not an RDMA device on this host ({where})", fix, facts,
-                       action=action, found=found)
+                       action=action, found=found, commands=cmds)
     return Verdict(gate_id, FAIL, f"{dev} ({how}) does not carry fabric IP {ip} ({where})", fix, facts, action=action,
-                   found=found)
+                   found=found, commands=cmds)
 
 
 @gate("fabric.devicemap-env")
@@ -447,17 +458,20 @@ def devicemap_env(ctx: Context, gate_id: str) -> Verdict:
     fix = devicemap.corrected(fab, set_vars, ip, target[0], gid_vars) if ip and target else []
     # unsetting the map sends the engine to the first enumerated device: only an engine's own selector may
     # go (NCCL_IB_HCA, a forced GID index: each engine then picks the RoCE v2 GID by address family)
-    rem = ("set " + " ".join(fix) + (f" (or unset the wrong {'/'.join(selectors)})" if selectors else "")) if fix \
-        else remedy(gate_id)
+    rem = (f"set {', '.join(k for k, _ in fix)} in this host's launch file to the values below"
+           + (f"; or remove {'/'.join(selectors)} from it instead (the engine then selects the RoCE v2 GID by "
+              "address family), but never the map: without it the engine opens the first enumerated device"
+              if selectors else "")) if fix else remedy(gate_id)
+    cmds = [export(k, v) for k, v in fix]
     facts = found.facts
     facts["problems"] = found.fails + found.warns
     facts["sources"] = {k: (ctx.obs.env_sources or {}).get(k) or ctx.obs.env_source for k in set_vars}
     from_txt = devicemap.sources_text(facts["sources"])  # the launch env and the inherited environment both set some
     typed = DeviceSelectors(tuple(found.failed_vars), tuple(found.rails))
     if found.fails:
-        return Verdict(gate_id, FAIL, "; ".join(found.fails) + from_txt, rem, facts, found=typed)
+        return Verdict(gate_id, FAIL, "; ".join(found.fails) + from_txt, rem, facts, found=typed, commands=cmds)
     if found.warns:
-        return Verdict(gate_id, WARN, "; ".join(found.warns) + from_txt, rem, facts, found=typed)
+        return Verdict(gate_id, WARN, "; ".join(found.warns) + from_txt, rem, facts, found=typed, commands=cmds)
     if facts.get("not_judged"):
         what = facts.get("not_judged_var") or "/".join(selectors)
         return Verdict(gate_id, SKIP, f"{what} not judged: {facts['not_judged']}", "see fabric.rocev2-ipv4", facts,
