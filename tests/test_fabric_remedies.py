@@ -80,5 +80,5 @@ def test_engine_gid_index_from_the_launch_env_file_is_judged(tmp_path, capsys):
         env.write_text(f"{var}=1\nAFD_FABRIC_IP=192.168.100.11\n")
         d = _gates(capsys, fabric_case("02-"), "--launch-env", str(env))["fabric.devicemap-env"]
         assert d["verdict"] == "FAIL" and d["summary"].startswith(f"{var}=1 on rocep1s0f1 port 1 is fe80"), d
-        assert f"{var}=3" in d["remedy"], d["remedy"]
+        assert f"export {var}=3" in d["commands"] and var in d["remedy"], d
         assert env_allowed(var)

@@ -121,7 +121,8 @@ def test_a_mig_instance_is_the_partitions_fault_not_the_images(tmp_path):
     rep, g = run(["--snapshot", str(edited(tmp_path, H200, _as_mig)), "--expect-sm", "132"])
     v = g["gpu.sm-count"]
     assert v["verdict"] == "FAIL" and "MIG instance (3g.71gb, 60 SMs)" in v["summary"], v
-    assert v["action"] == "RESET_GPU" and "-mig 0" in v["remedy"] and "rebuild" not in v["remedy"].split("Do not")[0]
+    assert v["action"] == "RESET_GPU" and "rebuild" not in v["remedy"].split("Do not")[0]
+    assert v["commands"] == ["sudo nvidia-smi -i 0 -mig 0", "sudo nvidia-smi -i 0 -r"], v["commands"]
     assert v["facts"]["mig_instance"] == {"device": 0, "profile": "3g.71gb", "sm_count": 60}
     # the slice has no NVML reading of its own: that is MIG, not a memory fault (NVML's whole GPU is judged)
     assert g["gpu.memory"]["verdict"] == "PASS", g["gpu.memory"]

@@ -84,7 +84,7 @@ EXPERT = Playbook(name="expert", reserve_bytes=PLAN)
 def test_headroom_gate(readings, pb, verdict, remedy_words):
     v = gpu.headroom(_ctx(readings, pb))
     assert v.verdict == verdict, v.summary
-    assert remedy_words in v.remedy
+    assert remedy_words in v.remedy + " ".join(v.commands)
     if verdict == "SKIP" and pb.reserve_fraction and not pb.reserve_bytes:
         assert "gpu.memory judges" in v.summary
 
@@ -110,7 +110,7 @@ def test_headroom_replay_from_snapshot(tmp_path):
     v = next(g for g in rep["gates"] if g["id"] == "gpu.headroom")
     assert v["verdict"] == "WARN", v
     assert "MemFree 40.0 GiB is below the 100.0 GiB reservation of role expert" in v["summary"]
-    assert "drop_caches" in v["remedy"]
+    assert v["commands"] == ["sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"] and "page cache" in v["remedy"]
     assert v["facts"]["0"]["cached_bytes"] == 70 * 2**30
 
 

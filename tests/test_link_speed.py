@@ -68,7 +68,7 @@ def test_capture_replay_link_speed(tmp_path, speed, verdict):
     assert direct["facts"]["speed_mbps"] == speed and direct["facts"]["netdev"] == "ens3np0"
     assert direct["summary"].startswith("ens3np0 (mlx5_0 port 1, fabric IP 198.51.100.72)")
     if verdict != "PASS":
-        assert "ethtool ens3np0" in direct["remedy"]
+        assert direct["commands"] == ["ethtool ens3np0"] and "ethtool" in direct["remedy"]
         # a site that runs the rail slower on purpose changes the expectation, not the link
         assert "link_speed_mbps" in direct["remedy"] and "200 Gb/s" in direct["summary"]
 

@@ -123,8 +123,8 @@ def test_a_hostile_value_is_one_word_and_nothing_runs(value, tmp_path):
     from afddiag.catalog import load
 
     cat = load()
-    templates = [t for g in cat["gates"].values() for t in g.get("commands", [])]
-    templates += [t for ts in cat.get("commands", {}).values() for t in ts]
+    templates = [t for g in cat["gates"].values() for t in g.get("commands", []) if "{" in t]
+    templates += [t for ts in cat.get("commands", {}).values() for t in ts if "{" in t]
     assert templates
     mapped, MAP = f"192.0.2.1={value},192.0.2.2={value}", "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP"
     cmds = [(fill(t, _AllFields(value)), value) for t in templates]  # (command, the word it must hold)
@@ -189,3 +189,53 @@ def test_a_long_export_breaks_where_bash_joins_it(tmp_path):
     ls = lines(quoted, 40)
     assert len(ls) > 1 and all(len(ln) <= 40 for ln in ls), ls
     assert _words("\n".join(ls), tmp_path) == ["export", "X=" + "a b," * 30]
+
+
+NAMES = ["dev a b", "dev'q", "$(touch PWNED)", "x;touch PWNED", "x\ntouch PWNED", "`touch PWNED`", "-rf *"]
+
+
+def _hostile_case(tmp_path: Path, netdev: str, device: str) -> Path:
+    """Case 01 (the fabric IP on the second device, its netdev at MTU 1500) with that netdev and that device
+    renamed: directory names, the GID's netdev file, rdma-dev.json and ip-addr.json (JSON-escaped)."""
+    src = next(c for c in case_dirs("fabric") if c.name.startswith("01-"))
+    dst = tmp_path / "case"
+    shutil.copytree(src, dst)
+    swaps = [("enp1s0f1np1", netdev), ("rocep1s0f1", device)]
+    for p in sorted(dst.rglob("*"), key=lambda p: -len(p.parts)):  # contents first, then names, deepest first
+        if p.is_file() and not p.is_symlink():
+            text = p.read_text()
+            for old, new in swaps:
+                text = text.replace(old, json.dumps(new)[1:-1] if p.suffix == ".json" else new)
+            p.write_text(text)
+        for old, new in swaps:
+            if p.name == old:
+                p.rename(p.with_name(new))
+    return dst
+
+
+@pytest.mark.parametrize("name", NAMES, ids=range(len(NAMES)))
+def test_host_names_that_are_hostile_stay_one_word_in_every_command(name, tmp_path):
+    """A netdev and an RDMA device named with spaces, quotes, ``$()``, ``;``, a newline, backquotes or a
+    leading dash (a snapshot, a peer's report or a container's sysfs may hold anything): the MTU command
+    and the device-map export still come back from shlex.split with the name inside exactly one word,
+    bash -n accepts them, and bash reading them (whole, and as lines at 40 columns) runs nothing."""
+    netdev, device = f"n-{name}", f"d-{name}"
+    case = _hostile_case(tmp_path, netdev, device)
+    env = tmp_path / "launch.env"
+    env.write_text("AFD_ROLE=expert\n")
+    rep = _cli_json(["all", "--json", "--no-history", "--snapshot", str(case), "--fabric-ip", "192.168.100.10",
+                     "--launch-env", str(env)])
+    cmds = {g["id"]: g["commands"] for g in rep["gates"] if g["commands"]}
+    mtu = cmds.get("fabric.mtu")
+    assert mtu and shlex.split(mtu[0]) == ["sudo", "ip", "link", "set", "dev", netdev, "mtu", "9000"], mtu
+    first = cmds.get("fabric.first-device")
+    want = ["export", f"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10={device}"]
+    assert first and shlex.split(first[0]) == want, first
+    assert cmds.get("launch.fabric-address") == ["export AFD_FABRIC_IP=192.168.100.10"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for cmd in [c for cs in cmds.values() for c in cs]:
+        assert _bash_n(cmd).returncode == 0, cmd
+        for width in (400, 40):
+            assert _words("\n".join(lines(cmd, width)), run_dir) == shlex.split(cmd), (cmd, width)
+    assert list(run_dir.iterdir()) == []  # nothing ran: no PWNED, no file of any name

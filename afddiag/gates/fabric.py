@@ -29,7 +29,7 @@ from afddiag.model.fabric import (
     usable_rocev2,
 )
 from afddiag.model.found import DeviceSelectors, EngineDevice, FabricGid, PathMtu
-from afddiag.shellcmd import export
+from afddiag.shellcmd import command, export
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 EOPNOTSUPP = 95  # errno: "operation not supported" (ENOTSUP on Linux): the device cannot, it is not broken
@@ -182,10 +182,11 @@ def link(ctx: Context, gate_id: str) -> Verdict:
                        f"read the port state on the host: `cat /sys/class/infiniband/{e.device}/ports/{e.port}/state` "
                        "or `rdma link show` (as root in a container)", facts)
     if port.state != "ACTIVE" or (port.phys_state and port.phys_state != "LinkUp"):
-        return Verdict(gate_id, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}", remedy(gate_id),
-                       facts)
+        return Verdict(gate_id, FAIL, f"{subject}: port {port.state}, physical {port.phys_state}",
+                       remedy(gate_id).format(netdev=e.netdev), facts, commands=commands(gate_id, netdev=e.netdev))
     if nd and nd.operstate in ("down", "lowerlayerdown", "notpresent"):
-        return Verdict(gate_id, FAIL, f"{subject}: netdev {e.netdev} is {nd.operstate}", remedy(gate_id), facts)
+        return Verdict(gate_id, FAIL, f"{subject}: netdev {e.netdev} is {nd.operstate}",
+                       remedy(gate_id).format(netdev=e.netdev), facts, commands=commands(gate_id, netdev=e.netdev))
     return Verdict(gate_id, PASS, f"{subject}: ACTIVE, LinkUp, {port.rate}", "nothing to do", facts)
 
 
@@ -585,7 +586,9 @@ def route(ctx: Context, gate_id: str) -> Verdict:
                        + f", not {e.netdev} (the netdev of {e.device} GID {e.gid_index} carrying {ip})")
     if bad:
         return Verdict(gate_id, FAIL, "; ".join(bad),
-                       remedy(gate_id).format(netdev=e.netdev, fabric_ip=ip), facts)
+                       remedy(gate_id).format(netdev=e.netdev, fabric_ip=ip), facts,
+                       commands=[command("ip", "route", "get", r.peer, "from", ip) for r in rf.routes
+                                 if r.error or r.dev != e.netdev])
     via = [f"{r.peer} via {r.via}" for r in rf.routes if r.via]
     return Verdict(gate_id, PASS, f"route to {', '.join(r.peer for r in rf.routes)} leaves by {e.netdev} "
                    f"({e.device} GID {e.gid_index})" + (f"; routed: {', '.join(via)}" if via else ""),

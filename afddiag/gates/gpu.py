@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from afddiag.catalog import remedy
+from afddiag.catalog import commands, remedy
 from afddiag.expect import SM_LABEL  # noqa: F401 - image label holding the exported SM count
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, gate, probe_failed
 from afddiag.gates.gpu_load import (
@@ -211,8 +211,9 @@ def sm_count(ctx: Context, gate_id: str) -> Verdict:
             facts["mig_instance"] = {"device": d.index, "profile": mig, "sm_count": d.sm_count}
             return Verdict(gate_id, FAIL, f"{gpu_label(d)}: a MIG instance ({mig}, {d.sm_count} SMs), "
                            "the image was exported "
-                           f"for {want} SMs: MIG mode partitions this GPU", remedy("gpu.sm-count.mig"), facts,
-                           action="RESET_GPU")
+                           f"for {want} SMs: MIG mode partitions this GPU",
+                           remedy("gpu.sm-count.mig").format(gpu=d.index), facts, action="RESET_GPU",
+                           commands=commands("gpu.sm-count.mig", gpu=d.index))
         return Verdict(gate_id, FAIL, f"{gpu_label(d)}: image built for {want} SMs, this GPU has {d.sm_count}",
                        remedy(gate_id).format(have=d.sm_count), facts)
     if unknown:
@@ -732,7 +733,8 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
            PASS: "nothing to do", SKIP: NOT_RECORDED_REMEDY if unrecorded else
            "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
     action = "DROP_CACHES" if cache else ("RERUN" if worst == WARN else "")
-    return Verdict(gate_id, worst, summary, rem, facts, action=action)
+    return Verdict(gate_id, worst, summary, rem, facts, action=action,
+                   commands=commands(gate_id + ".cache") if cache else [])
 
 
 GATES = declared(__name__)

@@ -7,6 +7,7 @@ from afddiag.catalog import remedy
 from afddiag.envvars import FLAG_WORDS
 from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.model.found import Advertised, AdvertisedAddress, CapacityFlag
+from afddiag.shellcmd import export
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 ENGINE_DEFAULT_CAPACITY = 1024
@@ -18,6 +19,15 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+def _held_fabric_ip(ctx: Context) -> str | None:
+    """The run's fabric IP when it is decided (given, or the only IPv4 RoCE v2 address) and a netdev of
+    this host holds it: the value AFD_FABRIC_IP should take; None otherwise (the prose lists candidates)."""
+    ip, fab = ctx.fabric_ip.ip, ctx.obs.fabric
+    if not ip or fab is None or not fab.captured or not any(n.holds_ipv4(ip) for n in fab.netdevs.values()):
+        return None
+    return ip
+
+
 @gate("launch.fabric-address")
 def fabric_address(ctx: Context, gate_id: str) -> Verdict:
     le = ctx.inputs.launch_env
@@ -27,8 +37,11 @@ def fabric_address(ctx: Context, gate_id: str) -> Verdict:
     path = ctx.inputs.launch_env_path
     if not ip:
         verdict = FAIL if ctx.playbook.require_fabric_address else WARN
+        found = _held_fabric_ip(ctx)
         return Verdict(gate_id, verdict, f"{path}: AFD_FABRIC_IP is not set: the launcher will refuse to start",
-                       remedy(gate_id), {"launch_env": path})
+                       (f"set AFD_FABRIC_IP in the launch env to this host's fabric IPv4, {found} "
+                        f"({ctx.fabric_ip.source})" if found else remedy(gate_id)), {"launch_env": path},
+                       commands=[export("AFD_FABRIC_IP", found)] if found else [])
     fab = ctx.obs.fabric
     if fab is not None and fab.captured and fab.netdevs:
         holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]

@@ -12,7 +12,7 @@ import errno as _errno
 import os
 from typing import Any
 
-from afddiag.catalog import remedy
+from afddiag.catalog import commands, remedy
 from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.gates.fabric import carrier_entry, port_of
 from afddiag.gates.nic import hotplug_note
@@ -105,7 +105,8 @@ def link_speed(ctx: Context, gate_id: str) -> Verdict:
     verdict, summary = judge_link_speed(subject, speed, expect, ctx.playbook.name, why)
     rem = {PASS: "nothing to do",
            SKIP: "read it on the host (`ethtool <netdev>`; capture includes sys/class/net/<if>/speed)"}
-    return Verdict(gate_id, verdict, summary, rem.get(verdict) or remedy(gate_id).format(netdev=e.netdev), facts)
+    return Verdict(gate_id, verdict, summary, rem.get(verdict) or remedy(gate_id).format(netdev=e.netdev), facts,
+                   commands=[] if verdict in rem else commands(gate_id, netdev=e.netdev))
 
 
 def _bandwidth_run(ctx: Context, gate_id: str):
