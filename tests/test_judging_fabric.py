@@ -325,6 +325,10 @@ def test_arp_sysctl_edges_on_two_rails_of_one_subnet(kw, verdict):
     v = fab("fabric.arp", arp_fabric(), route=sysctls(**kw), fabric_ip="10.0.0.1")
     assert (v.verdict, v.action) == (verdict, "NONE" if verdict == PASS else "SET_SYSCTL")
     assert v.summary.startswith("several rails on one subnet (enp0 and enp1 on 10.0.0.0/24)")
+    # the fix is one sysctl line per shared rail (issue 23: the remedy was a command with <netdev> in it)
+    assert v.commands == ([] if verdict == PASS else [
+        f"sudo sysctl -w net.ipv4.conf.{n}.arp_ignore=1 net.ipv4.conf.{n}.arp_announce=2 net.ipv4.conf.{n}.rp_filter=2"
+        for n in ("enp0", "enp1")])
 
 
 def test_arp_one_rail_per_subnet_and_not_captured():

@@ -239,3 +239,14 @@ def test_host_names_that_are_hostile_stay_one_word_in_every_command(name, tmp_pa
         for width in (400, 40):
             assert _words("\n".join(lines(cmd, width)), run_dir) == shlex.split(cmd), (cmd, width)
     assert list(run_dir.iterdir()) == []  # nothing ran: no PWNED, no file of any name
+
+
+def test_a_vlan_rail_sysctl_key_and_a_hostile_one():
+    """A dot in a netdev name is a slash in a sysctl key; a hostile name stays inside its words."""
+    from afddiag.gates.fabric import arp_sysctls
+
+    assert arp_sysctls("enp1s0f1np1.100").split()[3] == "net.ipv4.conf.enp1s0f1np1/100.arp_ignore=1"
+    for name in NAMES:
+        words = shlex.split(arp_sysctls(name))
+        assert words[:3] == ["sudo", "sysctl", "-w"] and len(words) == 6, words
+        assert words[3] == f"net.ipv4.conf.{name.replace('.', '/')}.arp_ignore=1"

@@ -600,6 +600,14 @@ ARP_ANNOUNCE_WANT = 2  # always use the best local address (the one on the outgo
 RP_FILTER_STRICT = 1  # strict reverse path: drops packets that arrive on the "other" rail
 
 
+def arp_sysctls(netdev: str) -> str:
+    """The ``sysctl -w`` line that keeps ``netdev``'s ARP replies and reverse path on its own port (a dot in a
+    netdev name is a slash in a sysctl key: ``enp1s0f1.100`` -> ``net.ipv4.conf.enp1s0f1/100``)."""
+    key = f"net.ipv4.conf.{netdev.replace('.', '/')}"
+    return command("sudo", "sysctl", "-w", f"{key}.arp_ignore={ARP_IGNORE_MIN}",
+                   f"{key}.arp_announce={ARP_ANNOUNCE_WANT}", f"{key}.rp_filter=2")
+
+
 @gate("fabric.arp")
 def arp(ctx: Context, gate_id: str) -> Verdict:
     """fabric.arp: with several RDMA netdevs on one IPv4 subnet, arp_ignore >= 1, arp_announce = 2
@@ -660,7 +668,7 @@ def arp(ctx: Context, gate_id: str) -> Verdict:
     if fails or warns:
         return Verdict(gate_id, FAIL if fails else WARN,
                        f"several rails on one subnet ({names}): " + "; ".join(fails + warns),
-                       remedy(gate_id), facts)
+                       remedy(gate_id), facts, commands=[arp_sysctls(nd) for nds in shared.values() for nd in nds])
     return Verdict(gate_id, PASS, f"several rails on one subnet ({names}): arp_ignore, arp_announce and rp_filter "
                    "keep replies on the right port", "nothing to do", facts)
 

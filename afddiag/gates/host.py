@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from afddiag.catalog import remedy
 from afddiag.gates import Context, declared, gate, probe_failed, probed
+from afddiag.shellcmd import command
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 SLOW_CLOCK_FRACTION = 0.5
@@ -262,10 +263,11 @@ def pcie(ctx: Context, gate_id: str) -> Verdict:
             unknown = [link for link, _ in found if not _link_cap(link)[2]]
             rem = (remedy("host.pcie.port-unknown").format(bdfs=", ".join(link.bdf for link in unknown)) + " "
                    + remedy(gate_id)) if unknown else remedy(gate_id)
+            cmds = [command("sudo", "lspci", "-vv", "-s", link.bdf) for link, _ in found]  # LnkCap / LnkSta
             if worst == WARN and all(_port_narrow(link) for link, _ in found):
                 return Verdict(gate_id, WARN, "; ".join(f for _, f in found), remedy("host.pcie.port-narrow"), facts,
-                               action="CHECK_BIOS")
-            return Verdict(gate_id, worst, "; ".join(f for _, f in found), rem, facts)
+                               action="CHECK_BIOS", commands=cmds)
+            return Verdict(gate_id, worst, "; ".join(f for _, f in found), rem, facts, commands=cmds)
     ok = [link for link, v, _ in judged if v == PASS]
     if not ok:
         return Verdict(gate_id, SKIP, "; ".join(f for _, _, f in judged if f),
