@@ -48,7 +48,7 @@ def test_fabric_ip_resolved_from_only_candidate_and_first_device_fails():
     assert c.fabric_ip.ip == "10.9.0.2" and c.fabric_ip.source.startswith("only")
     v = fabric.first_device(c)
     assert v.verdict == "FAIL"
-    assert "zrxe0" in v.summary and "DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=arxe1" in v.remedy
+    assert "zrxe0" in v.summary and v.commands == ["export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.9.0.2=arxe1"]
 
 
 def test_map_rescues_first_device_only_when_right():
@@ -79,7 +79,8 @@ def test_nccl_hca_prefix_and_exact():
     assert v.verdict == "FAIL"  # wrong port
     # the catalog's rule: selecting, beside the fabric port, an ACTIVE port with no IPv4 RoCE v2 GID FAILs
     v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_HCA": "zrxe0,arxe1"}), "10.9.0.2"))
-    assert v.verdict == "FAIL" and "zrxe0:1 has no IPv4 RoCE v2 GID" in v.summary and "=arxe1:1" in v.remedy
+    assert v.verdict == "FAIL" and "zrxe0:1 has no IPv4 RoCE v2 GID" in v.summary
+    assert "export NCCL_IB_HCA==arxe1:1" in v.commands, v.commands
     spec = parse_nccl_hca("roce")
     assert all(spec.selects(d, 1) for d in ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"))
 
@@ -95,7 +96,8 @@ def test_map_without_the_fabric_ip_is_the_fault_when_the_fallback_device_lacks_i
     c = ctx(host(env=env), "10.9.0.2")
     v = fabric.devicemap_env(c)
     assert v.verdict == "FAIL" and "no entry for fabric IP 10.9.0.2" in v.summary and "zrxe0" in v.summary, v.summary
-    assert "MAP=10.8.0.9=rocep1s0f1,10.9.0.2=arxe1" in v.remedy and "unset" not in v.remedy, v.remedy
+    assert v.commands == ["export DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=10.8.0.9=rocep1s0f1,10.9.0.2=arxe1"]
+    assert "remove" not in v.remedy, v.remedy  # the map is never to be dropped
     roots = prepare([fabric.first_device(c), v])
     assert [(r["gate"], r["action"], r["explains"]) for r in roots] == [
         ("fabric.devicemap-env", "SET_ENV", ["fabric.first-device"])]
@@ -121,7 +123,7 @@ def test_every_engines_forced_gid_index_is_judged_alike(var):
     v = fabric.devicemap_env(ctx(host(env={var: "0"}), "10.9.0.2"))
     assert v.verdict == "FAIL" and v.summary.startswith(f"{var}=0 on arxe1 port 1 is {FE80}")
     assert "GID index 1" in v.summary
-    assert f"{var}=1" in v.remedy and f"unset the wrong {var}" in v.remedy, v.remedy
+    assert f"export {var}=1" in v.commands and f"remove {var} from it" in v.remedy, (v.remedy, v.commands)
     assert fabric.devicemap_env(ctx(host(env={var: "x"}), "10.9.0.2")).verdict == "FAIL"
     v = fabric.devicemap_env(ctx(host(v4_type="IB/RoCE v1", env={var: "1"}), "10.9.0.2"))
     assert v.verdict == "FAIL" and f"{var}=1 selects" in v.summary and "a RoCE v1 GID" in v.summary
@@ -131,7 +133,7 @@ def test_two_engines_gid_indexes_each_named():
     """Two engines forced to different indexes: the wrong one is named, the right one is not."""
     v = fabric.devicemap_env(ctx(host(env={"NCCL_IB_GID_INDEX": "1", "MC_GID_INDEX": "0"}), "10.9.0.2"))
     assert v.verdict == "FAIL" and "MC_GID_INDEX=0" in v.summary and "NCCL_IB_GID_INDEX=1" not in v.summary
-    assert "NCCL_IB_GID_INDEX=1" in v.remedy and "MC_GID_INDEX=1" in v.remedy
+    assert "export NCCL_IB_GID_INDEX=1" in v.commands and "export MC_GID_INDEX=1" in v.commands
 
 
 def test_port_down_fails_link_and_rocev1_fails_rocev2():

@@ -69,6 +69,13 @@ def _bash_n(cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run([BASH, "-n"], input=cmd, capture_output=True, text=True, timeout=30)
 
 
+def _simple(cmd: str) -> bool:
+    """Whether ``cmd`` is one simple command: no pipe, list, redirection or subshell operator outside quotes."""
+    lex = shlex.shlex(cmd, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    return not any(t and set(t) <= set("|&;<>()") for t in lex)
+
+
 def _words(text: str, tmp_path: Path) -> list[str]:
     """The words bash reads from the simple command ``text`` (lines joined as bash joins them), run as
     arguments of ``set --`` in ``tmp_path``: no word of it runs."""
@@ -135,7 +142,7 @@ def test_a_hostile_value_is_one_word_and_nothing_runs(value, tmp_path):
         assert _bash_n(cmd).returncode == 0, cmd
         words = shlex.split(cmd)
         assert word in words, (cmd, words)  # exactly one word, whatever the value holds
-        if not any(op in words for op in ("|", ";", "&&", "||")):
+        if _simple(cmd):
             for width in (200, 40, 20):
                 text = "\n".join(lines(cmd, width))
                 assert _words(text, tmp_path) == words, (cmd, width, text)
@@ -172,7 +179,7 @@ def test_commands_print_alone_and_whole_at_80_columns(reports, tmp_path):
                 ls = command_lines([cmd], 80, "    ")
                 assert "\n".join(ls) in text, (name, cmd, text)
                 assert all(len(ln) <= 80 for ln in ls) or len(ls) == 1, ls
-                if not any(op in shlex.split(cmd) for op in ("|", ";", "&&", "||")):
+                if _simple(cmd):
                     assert _words("\n".join(ln.strip() for ln in ls), tmp_path) == shlex.split(cmd)
                 assert any(ln.strip() == cmd for ln in plain.getvalue().splitlines()), (name, cmd)
                 checked += 1
@@ -236,6 +243,8 @@ def test_host_names_that_are_hostile_stay_one_word_in_every_command(name, tmp_pa
     run_dir.mkdir()
     for cmd in [c for cs in cmds.values() for c in cs]:
         assert _bash_n(cmd).returncode == 0, cmd
+        if not _simple(cmd):
+            continue
         for width in (400, 40):
             assert _words("\n".join(lines(cmd, width)), run_dir) == shlex.split(cmd), (cmd, width)
     assert list(run_dir.iterdir()) == []  # nothing ran: no PWNED, no file of any name

@@ -112,7 +112,8 @@ def _need_gpu(ctx: Context, gate_id: str) -> GpuFacts | Verdict:
     if (v := probe_failed(gate_id, g)) is not None:
         return v
     if g is None or not g.captured:
-        return Verdict(gate_id, SKIP, (g.why if g and g.why else "GPU not probed"), remedy("snapshot.gpu"))
+        return Verdict(gate_id, SKIP, (g.why if g and g.why else "GPU not probed"), remedy("snapshot.gpu"),
+                       commands=commands("snapshot.gpu"))
     if not g.devices:
         reason = g.why or "no devices"
         reason = reason if reason.lower().startswith("no ") else f"no GPU seen: {reason}"
