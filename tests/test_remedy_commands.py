@@ -259,3 +259,39 @@ def test_a_vlan_rail_sysctl_key_and_a_hostile_one():
         words = shlex.split(arp_sysctls(name))
         assert words[:3] == ["sudo", "sysctl", "-w"] and len(words) == 6, words
         assert words[3] == f"net.ipv4.conf.{name.replace('.', '/')}.arp_ignore=1"
+
+
+def test_the_drain_flag_is_one_fact_in_json_tag_and_prose(reports):
+    """Every gate and diagnosis entry of every case and fixture: its JSON ``drain`` is the one rule
+    (a FAIL whose action drains), its tag shows the same, and its prose says "drain" only where it drains
+    (or in a condition: "if it repeats, drain")."""
+    from afddiag.diagnosis import drains
+    from afddiag.render import action_tag
+    from test_catalog import says_drain
+
+    seen = set()
+    for name, rep in reports:
+        for row in rep.get("gates", []) + rep.get("diagnosis", []):
+            if "drain" not in row or not row.get("action"):
+                continue  # an older afddiag's report
+            flag = drains(row["verdict"], row["action"])
+            assert row["drain"] is flag, (name, row)
+            assert action_tag(row).endswith(", drain]") is flag, (name, row)
+            if says_drain(row.get("remedy") or ""):
+                assert flag, (name, row.get("id") or row.get("gate"), row["remedy"])
+            seen.add(flag)
+    assert seen == {True, False}  # the cases hold both: a down link or missing GID, and launch-setting fixes
+
+
+def test_a_catalog_remedy_comes_with_its_catalog_commands(reports):
+    """A verdict whose remedy is its gate's catalog remedy as written carries that gate's catalog commands
+    (the prose says "the command below": a verdict without it would point at nothing)."""
+    from afddiag.catalog import commands, load
+
+    gates = load()["gates"]
+    for name, rep in reports:
+        for row in rep.get("gates", []):
+            g = gates.get(row["id"], {})
+            if "commands" in row and g.get("commands") and row["remedy"] == g["remedy"] and row["verdict"] in (
+                    "WARN", "FAIL", "ERROR"):
+                assert row["commands"] == commands(row["id"]), (name, row)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afddiag import summary
-from afddiag.catalog import remedy
+from afddiag.catalog import commands, remedy
 from afddiag.diagnosis import fill_actions
 from afddiag.envvars import CAPACITY_KEYS, MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.gates import declared, gate
@@ -432,13 +432,14 @@ def devicemap(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
         problems.append(f"{_names(bad_local)}: fabric.devicemap-env FAIL")
     problems += wrong_remote
     if problems:
-        return Verdict(gate_id, FAIL, "; ".join(problems) + nofab + _tail(fleet), remedy(gate_id), facts)
+        return Verdict(gate_id, FAIL, "; ".join(problems) + nofab + _tail(fleet), remedy(gate_id), facts,
+                       commands=commands(gate_id))
     ok_txt = (f"; {_names(unset_ok)}: not set, the first enumerated device carries the fabric IP"
               if unset_ok else "")
     if unset_warn:
         return Verdict(gate_id, WARN, f"{_names(unset_warn)}: {MAP_VAR} not set and fabric.first-device could not tell "
                        "which device the engine opens" + ok_txt + nofab + _tail(fleet), remedy(gate_id), facts,
-                       action="SET_ENV")
+                       action="SET_ENV", commands=commands(gate_id))
     return Verdict(gate_id, PASS, f"{len(judged)} host(s): each engine opens the device carrying its fabric IP"
                    + (f" ({len(maps)} by the map)" if maps else "") + ", maps consistent" + ok_txt + nofab
                    + _tail(fleet), "nothing to do", facts)
