@@ -255,6 +255,7 @@ def test_qp_rtr_every_verdict():
     assert (v.verdict, v.action) == (FAIL, "SET_ENV") and "RC QP INIT→RTR toward 10.0.0.2 failed: errno 22" in v.summary
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", 110)))
     assert (v.verdict, v.action) == (FAIL, "FIX_ROUTE")
+    assert v.commands == ["ip route get 10.0.0.2 from 10.0.0.1"] and "<" not in v.remedy
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", -95)))
     assert (v.verdict, v.action) == (SKIP, "NONE") and "this device cannot run the RC QP walk" in v.summary
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", None, error="timed out after 5 s")))

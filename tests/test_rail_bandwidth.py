@@ -98,7 +98,7 @@ def test_stale_band_needs_the_link_at_speed_and_no_errors():
     assert lossy.verdict == WARN and lossy.action == "CHECK_FABRIC" and "out_of_sequence +40" in lossy.summary
     unread = _judge(_pair(20.0, speed=None), **EXPERT)[0]
     assert (unread.verdict, unread.facts["band"], unread.action) == (FAIL, "stale-unconfirmed", "CHECK_FABRIC")
-    assert "not confirmed" in unread.summary and "ethtool enp1s0f1np1" in unread.remedy
+    assert "not confirmed" in unread.summary and unread.commands == ["ethtool enp1s0f1np1"]
     unknown = _judge(_pair(20.0, speed=-1), **EXPERT)[0]
     assert unknown.facts["band"] == "stale-unconfirmed"
     # congestion alone does not explain it away: CNPs are the fabric pacing, not loss
@@ -126,7 +126,7 @@ def test_run_that_stopped_fails_with_the_reason_and_no_power_action():
                         counters=[_pc(retry_exceeded_err=1), _pc("peer", "mlx5_1")]), **EXPERT)
     assert v.verdict == FAIL and v.action == "CHECK_FABRIC"
     assert "the run stopped" in v.summary and "status 12" in v.summary
-    assert "not a power issue" in v.remedy and "ip route get" in v.remedy
+    assert "not a power issue" in v.remedy and v.commands == ["ip route get 192.168.100.11 from 192.168.100.10"]
     assert c.verdict == WARN and "retry_exceeded_err +1" in c.summary
     nothing = _judge(_pair(None, error="timed out waiting for 32 of 32 completion(s)", stage="run", verified=False),
                      **EXPERT)[0]

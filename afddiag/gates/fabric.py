@@ -539,7 +539,9 @@ def qp_rtr(ctx: Context, gate_id: str) -> Verdict:
                        f"errno {abs(r.errno) if r.errno is not None else '?'} {decode_errno(r.errno)} "
                        f"[sgid index {r.sgid_index}: {r.sgid_choice}]",
                        remedy(gate_id) if abs(r.errno or 0) != 110 else remedy(gate_id + ".timeout"), facts,
-                       action="SET_ENV" if abs(r.errno or 0) != 110 else "FIX_ROUTE")
+                       action="SET_ENV" if abs(r.errno or 0) != 110 else "FIX_ROUTE",
+                       commands=[command("ip", "route", "get", r.target, "from", ctx.fabric_ip.ip)]
+                       if abs(r.errno or 0) == 110 and r.target not in (None, "loopback") and ctx.fabric_ip.ip else [])
     weak = all(r.target == "loopback" for r in mine)
     targets = ", ".join(sorted({r.target or "?" for r in mine}))
     tail = (" — loopback only, a weaker test (a QP aimed at its own GID reaches RTR even on the wrong port): "

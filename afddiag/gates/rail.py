@@ -18,6 +18,7 @@ from afddiag.gates.fabric import carrier_entry, port_of
 from afddiag.gates.nic import hotplug_note
 from afddiag.model.pair import LINK_FLAPS as LINK_FLAP_NAMES
 from afddiag.model.pair import BandwidthRun, counter_kind
+from afddiag.shellcmd import command
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 #: A payload rate within this share of the one bytes and seconds give agrees with them (the client rounds
@@ -128,6 +129,17 @@ def _bandwidth_run(ctx: Context, gate_id: str):
     return p, p.bandwidth
 
 
+def _route_check(p) -> list[str]:
+    """``ip route get <peer> from <fabric IP>`` for the pair test ``p`` when both are known, else []."""
+    peer = (p.peer or "").rsplit(":", 1)[0]
+    return [command("ip", "route", "get", peer, "from", p.fabric_ip)] if peer and p.fabric_ip else []
+
+
+def _ethtool(p) -> list[str]:
+    """``ethtool <netdev>`` (speed, link partner) for the pair test ``p``'s netdev when known, else []."""
+    return [command("ethtool", p.netdev)] if p.netdev else []
+
+
 def _rail(p) -> str:
     """The rail a pair test ran on, unknowns in words: "rail mlx5_0 port 1 (10.0.0.1 <-> 10.0.0.2)";
     "rail of 10.0.0.1 (no device carries it here) <-> 10.0.0.2" when the endpoint was never found."""
@@ -210,6 +222,7 @@ def _no_figures(gate_id: str, rail: str, p: Any, bw: BandwidthRun, error: str | 
     return Verdict(gate_id, FAIL,
                    f"{rail}: no RDMA WRITE completed ({error or 'no bytes moved'}, stage {bw.stage})",
                    remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                   commands=_route_check(p),
                    action="CHECK_FABRIC")
 
 
@@ -229,6 +242,7 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
         if error and bw.stage != "handshake":  # the stop is the finding; the figure is not judged
             return Verdict(gate_id, FAIL, f"{rail}: the run stopped: {error} (its figures are not judged: {bad})",
                            remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                           commands=_route_check(p),
                            action="CHECK_FABRIC")
         return Verdict(gate_id, ERROR, f"{rail}: not judged: the run's figures cannot all be true ({bad}); "
                        + ("they are the client's, as it reported them" if p.role == "server" else
@@ -242,11 +256,13 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
     if error:
         return Verdict(gate_id, FAIL, f"{rail}: the run stopped at {figure}: {error}",
                        remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                       commands=_route_check(p),
                        action="CHECK_FABRIC")
     if not bw.verified:
         return Verdict(gate_id, FAIL, f"{rail}: {figure}, but the peer's buffer does not hold what each QP wrote "
                        "(or the peer's check was not received)",
                        remedy(gate_id + ".stopped").format(netdev=p.netdev or "the fabric netdev"), facts,
+                       commands=_route_check(p),
                        action="CHECK_FABRIC")
     want_mbps = pb.link_speed_mbps or int(pb.rail_healthy_gbps * 1000)
     speed = p.link_speed_mbps
@@ -279,13 +295,15 @@ def rail_bandwidth(ctx: Context, gate_id: str) -> Verdict:
     if band == "stale-unconfirmed":
         return Verdict(gate_id, FAIL, f"{rail}: {figure}, in the {st[0]:g}-{st[1]:g} Gb/s stale-initialization band, "
                        "but the link speed was not read, so the signature is not confirmed",
-                       remedy(gate_id + ".unconfirmed").format(**fmt), facts, action="CHECK_FABRIC")
+                       remedy(gate_id + ".unconfirmed").format(**fmt), facts, action="CHECK_FABRIC",
+                       commands=_ethtool(p))
     if band == "far-below":
         return Verdict(gate_id, FAIL, f"{rail}: {figure}, below role {pb.name}'s {pb.rail_fail_below_gbps:g} Gb/s{why}",
-                       remedy(gate_id + ".far-below").format(**fmt), facts, action="CHECK_FABRIC")
+                       remedy(gate_id + ".far-below").format(**fmt), facts, action="CHECK_FABRIC",
+                       commands=_ethtool(p))
     return Verdict(gate_id, WARN, f"{rail}: {figure}, below role {pb.name}'s {h:g} Gb/s"
                    + (f" (not the {st[0]:g}-{st[1]:g} Gb/s stale-initialization signature)" if len(st) == 2 else "")
-                   + why, remedy(gate_id).format(**fmt), facts, action="CHECK_FABRIC")
+                   + why, remedy(gate_id).format(**fmt), facts, action="CHECK_FABRIC", commands=_ethtool(p))
 
 
 def _side(pc) -> str:
