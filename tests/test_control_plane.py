@@ -112,6 +112,8 @@ def test_control_plane_replay(tmp_path, attempts, env, verdict, words, action):
     v = _gate(tmp_path, attempts, ("AFD_FABRIC_IP=10.9.0.1",) + env)
     assert v["verdict"] == verdict and words in v["summary"], v["summary"]
     assert v["action"] == action
+    # a dropped connection: the route to that peer from the fabric address is the command to run first
+    assert v["commands"] == (["ip route get 10.9.0.2 from 10.9.0.1"] if action == "OPEN_PORTS" else [])
 
 
 def test_no_ports_skips(tmp_path):

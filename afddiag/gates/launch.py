@@ -7,7 +7,7 @@ from afddiag.catalog import remedy
 from afddiag.envvars import FLAG_WORDS
 from afddiag.gates import Context, declared, gate, probe_failed
 from afddiag.model.found import Advertised, AdvertisedAddress, CapacityFlag
-from afddiag.shellcmd import export
+from afddiag.shellcmd import command, export
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 ENGINE_DEFAULT_CAPACITY = 1024
@@ -282,8 +282,10 @@ def control_plane(ctx: Context, gate_id: str) -> Verdict:
     if down:
         txt = "; ".join(f"{a['peer']}:{a['port']} {a['outcome']}" + (f" ({a['error']})" if a.get("error") else "")
                         for a in down[:6])
+        routes = [command("ip", "route", "get", peer, "from", r.source)
+                  for peer in dict.fromkeys(str(a["peer"]) for a in down)] if r.source else []
         return Verdict(gate_id, FAIL, f"{len(down)} of {len(r.attempts)} control connection(s) {src} fail: {txt}",
-                       remedy(gate_id), facts, found=found)
+                       remedy(gate_id), facts, found=found, commands=routes)
     note = (f"; {len(refused)} refused (the peer answered, nothing listens yet: start order)" if refused else "")
     return Verdict(gate_id, PASS, f"{len(r.attempts)} control connection(s) {src} to {', '.join(r.peers)} on port(s) "
                    f"{', '.join(map(str, r.ports))}: {len(ok)} connected{note}", "nothing to do", facts, found=found)
