@@ -82,6 +82,10 @@ def test_a_low_clock_explained_by_something_else_warns_with_its_own_action(facts
     v = cpu(1000.0, **facts)
     assert (v.verdict, v.action) == (WARN, action)
     assert cause in v.summary and v.summary.endswith("not the stuck state")
+    # the governor and the cap have a command with the host's own maximum; cooling has none
+    assert v.commands == {"HW_INSPECTION": [], "SET_GOVERNOR": (
+        ["sudo cpupower frequency-set -u 3000MHz"] if "scaling_max_mhz" in facts
+        else ["sudo cpupower frequency-set -g performance"])}[action], v.commands
 
 
 @pytest.mark.parametrize("facts", [

@@ -73,24 +73,25 @@ def hot_zones(cpu: dict) -> list[str] | None:
             for z in read if z["temp_c"] >= z["trip_c"]]
 
 
-def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str, str] | None:
-    """``(cause, remedy, action)`` when the CPU probe's facts explain a low clock by something other than a
+def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str, str, list[str]] | None:
+    """``(cause, remedy, action, commands)`` when the CPU probe's facts explain a low clock by something other than a
     stuck power state: thermal throttle events during the loop (``throttle_events``), a governor that
     holds the clock low (:func:`governor_holds_low`), or a ``scaling_max_freq`` cap (``scaling_max_mhz``,
     MHz) at or below ``limit_mhz``, the threshold the clock fell below (the role's minimum or half of
     max; half of ``max_mhz`` when None): a clock capped there cannot reach it. None when nothing does. Pure."""
     thr = cpu.get("throttle_events")
     if isinstance(thr, int) and thr > 0:
-        return (f"{thr} thermal throttle event(s) on the loop's core during the loop", COOLING_REMEDY, "HW_INSPECTION")
+        return (f"{thr} thermal throttle event(s) on the loop's core during the loop", COOLING_REMEDY, "HW_INSPECTION",
+                [])
     hot = hot_zones(cpu)
     if hot:
         return (f"thermal zone(s) at their throttling trip point after the loop: {', '.join(hot)}", COOLING_REMEDY,
-                "HW_INSPECTION")
+                "HW_INSPECTION", [])
     gov, drv = cpu.get("governor"), cpu.get("scaling_driver")
     if governor_holds_low(gov, drv):
         return (f"cpufreq governor '{gov}' ({drv or 'driver unknown'}) holds the clock low",
-                "set the governor to performance or schedutil (`cpupower frequency-set -g performance`) and "
-                "persist it in the host's tuned/power profile", "SET_GOVERNOR")
+                "set the governor to performance (the command below) or schedutil, and persist it in the host's "
+                "tuned/power profile", "SET_GOVERNOR", ["sudo cpupower frequency-set -g performance"])
     smax, mx = cpu.get("scaling_max_mhz"), cpu.get("max_mhz")
     num = (int, float)
     if limit_mhz is None and isinstance(mx, num) and not isinstance(mx, bool) and mx:
@@ -100,8 +101,11 @@ def clock_explained(cpu: dict, limit_mhz: float | None = None) -> tuple[str, str
         of = f" of {mx:.0f}" if isinstance(mx, num) and mx else ""
         return (f"scaling_max_freq caps the clock at {smax:.0f} MHz{of}, at or below the {limit_mhz:.0f} MHz "
                 "it had to reach",
-                "raise scaling_max_freq to cpuinfo_max_freq (`cpupower frequency-set -u <max>`) and find the "
-                "power profile or tool that capped it", "SET_GOVERNOR")
+                "raise scaling_max_freq to cpuinfo_max_freq" + (" (the command below)" if isinstance(mx, num) and mx
+                                                                 else "") + " and find the power profile or tool "
+                "that capped it", "SET_GOVERNOR",
+                [command("sudo", "cpupower", "frequency-set", "-u", f"{mx:.0f}MHz")] if isinstance(mx, num) and mx
+                else [])
     return None
 
 
@@ -150,9 +154,9 @@ def cpu_clock(ctx: Context, gate_id: str) -> Verdict:
     if low_clock:
         why = clock_explained(cpu, limit)
         if why:
-            cause, rem, action = why
+            cause, rem, action, cmds = why
             return Verdict(gate_id, WARN, f"{model}: {low_clock}, explained by {cause}: not the stuck state", rem,
-                           {**facts, "explained_by": cause}, action=action)
+                           {**facts, "explained_by": cause}, action=action, commands=cmds)
         if ref is not None and rate is not None and not slow:
             return Verdict(gate_id, WARN, f"{model}: {low_clock}, but the loop runs at {rate / ref:.0%} of the "
                            f"baseline {ref:g} Mop/s: the cpufreq reading and the work disagree, inconclusive",
