@@ -229,7 +229,7 @@ def test_host_names_that_are_hostile_stay_one_word_in_every_command(name, tmp_pa
     netdev, device = f"n-{name}", f"d-{name}"
     case = _hostile_case(tmp_path, netdev, device)
     env = tmp_path / "launch.env"
-    env.write_text("AFD_ROLE=expert\n")
+    env.write_text("AFD_ROLE=expert\nNCCL_IB_HCA=rocep1s0f0\n")  # NCCL sent to the device without the address
     rep = _cli_json(["all", "--json", "--no-history", "--snapshot", str(case), "--fabric-ip", "192.168.100.10",
                      "--launch-env", str(env)])
     cmds = {g["id"]: g["commands"] for g in rep["gates"] if g["commands"]}
@@ -239,6 +239,9 @@ def test_host_names_that_are_hostile_stay_one_word_in_every_command(name, tmp_pa
     want = ["export", f"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10={device}"]
     assert first and shlex.split(first[0]) == want, first
     assert cmds.get("launch.fabric-address") == ["export AFD_FABRIC_IP=192.168.100.10"]
+    fixes = [shlex.split(c) for c in cmds.get("fabric.devicemap-env", [])]
+    assert fixes == [["export", f"DS41RT_PROTOCOL_V2_VERBS_HOST_DEVICE_MAP=192.168.100.10={device}"],
+                     ["export", f"NCCL_IB_HCA=={device}:1"]], cmds.get("fabric.devicemap-env")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for cmd in [c for cs in cmds.values() for c in cs]:
