@@ -34,6 +34,7 @@ LAZY_COMMANDS = {
     "merge": "afddiag.commands.fleet:merge",
     "capture": "afddiag.commands.capture:capture",
     "history": "afddiag.commands.history:history",
+    "npd": "afddiag.commands.npd:npd",
 }
 
 
