@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from afddiag.diagnosis import drains
@@ -19,6 +20,42 @@ from afddiag.textlayout import unbroken, units, wrap  # noqa: F401 - the rendere
 
 COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim", "ERROR": "magenta"}
 TELLS = ("WARN", "FAIL", "ERROR")  # verdicts whose remedy is printed
+ID_MAX = 40  # a gate id longer than this folds in a terminal's table (plain lines are never cut)
+
+
+@dataclass(frozen=True)
+class View:
+    """Which parts of a host report the table shows. ``all_rows``: every gate's row on a terminal too
+    (by default a terminal folds SKIP rows into one count line, :func:`fold_skips`; a pipe or file
+    always gets every row, so ``grep`` sees every gate); ``quiet``: the diagnosis alone."""
+
+    all_rows: bool = False
+    quiet: bool = False
+
+
+DEFAULT_VIEW = View()  # a terminal folds SKIP rows; a pipe gets every row
+
+
+def id_width(gates: list[dict[str, Any]], least: int = 4) -> int:
+    """Columns of the gate-id column: the longest id in ``gates`` (``least`` at the fewest)."""
+    return max([len(str(g["id"])) for g in gates] + [least])
+
+
+def fold_skips(gates: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """``(rows to show, the count line for the folded ones)``: every row but SKIP, and for the SKIP
+    rows one line counting them by family (``None`` when there is none), ``--all`` named as the way
+    to list them."""
+    shown = [g for g in gates if g["verdict"] != "SKIP"]
+    skipped = [str(g["id"]) for g in gates if g["verdict"] == "SKIP"]
+    if not skipped:
+        return shown, None
+    fams: dict[str, int] = {}
+    for gid in skipped:
+        fams[gid.split(".", 1)[0]] = fams.get(gid.split(".", 1)[0], 0) + 1
+    by = ", ".join(f"{n} {fam}" for fam, n in fams.items())
+    return shown, f"{len(skipped)} SKIP row(s) folded ({by}): not judged on this host; --all lists each with why"
+
+
 
 
 def terminal_width(out: TextIO | None = None) -> int | None:
@@ -81,18 +118,20 @@ def command_lines(commands: list[str], width: int | None, indent: str) -> list[s
     return out
 
 
-def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: frozenset[str] = frozenset()):
+def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: frozenset[str] = frozenset(),
+               caption: str | None = None):
     """A rich Table of verdicts: verdict, gate id, summary with the remedy under it (for WARN, FAIL,
     ERROR; for the gates in ``below``, a pointer to the remedy printed under the table; a remedy's
-    commands are always printed under it, :func:`print_gate_table`). Words wrap at spaces."""
+    commands are always printed under it, :func:`print_gate_table`); ``caption`` (the folded rows' count
+    line, :func:`fold_skips`) right under it. Words wrap at spaces."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     t = Table(title=Text(title) if title is not None else None, box=box.SIMPLE_HEAD, show_lines=False, expand=False,
-              pad_edge=False)
+              pad_edge=False, caption=Text(caption) if caption else None, caption_justify="left")
     t.add_column("verdict", no_wrap=True, min_width=5)
-    t.add_column("gate", overflow="fold", min_width=min(max([len(g["id"]) for g in gates] + [4]), 23))
+    t.add_column("gate", overflow="fold", min_width=min(id_width(gates), ID_MAX))
     t.add_column("summary / remedy", overflow="fold", ratio=1)
     for g in gates:
         body = Text(g["summary"], overflow="fold")
@@ -105,7 +144,7 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: fro
     return t
 
 
-def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None) -> None:
+def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None, caption: str | None = None) -> None:
     """Print :func:`gate_table` on ``con`` so that no command is split: a remedy's commands are printed
     under the table, each on lines of its own (:func:`command_lines`), and so is a remedy whose long
     word would not fit its cell (the table is rendered once to see, :func:`wrap`)."""
@@ -114,11 +153,11 @@ def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None)
 
     probe = Console(width=con.width, record=True, file=io.StringIO(), color_system=None, emoji=False,
                     highlight=False, markup=False)
-    probe.print(gate_table(gates, title))
+    probe.print(gate_table(gates, title, caption=caption))
     lines = probe.export_text().splitlines()
     below = frozenset(g["id"] for g in gates if g["verdict"] in TELLS and g.get("remedy")
                       and not all(any(u in ln for ln in lines) for u in unbroken(g["remedy"])))
-    con.print(gate_table(gates, title, below))
+    con.print(gate_table(gates, title, below, caption))
     for g in gates:
         cmds = (g.get("commands") or []) if g["verdict"] in TELLS and g.get("remedy") else []
         if g["id"] in below or cmds:
@@ -130,13 +169,15 @@ def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None)
                 con.print(Text(ln), overflow="ignore", crop=False, soft_wrap=True)
 
 
-def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, id_width: int = 22) -> None:
-    """Plain verdict lines, one per gate (``VERDICT  gate.id  summary``), the remedy on the next line
-    for WARN, FAIL and ERROR and each of its commands on a line of its own under it; full length, never cut."""
+def write_gate_lines(gates: list[dict[str, Any]], out: TextIO, least_id_width: int = 22) -> None:
+    """Plain verdict lines, one per gate (``VERDICT  gate.id  summary``), the ids padded to the longest
+    (``least_id_width`` at the fewest) so every summary starts in one column; the remedy on the next
+    line for WARN, FAIL and ERROR and each of its commands on a line of its own under it; full length,
+    never cut."""
+    w = id_width(gates, least_id_width)
     for g in gates:
-        out.write(f"{g['verdict']:<5}  {g['id']:<{id_width}} {g['summary']}\n")
+        out.write(f"{g['verdict']:<5}  {g['id']:<{w}} {g['summary']}\n")
         if g["verdict"] in TELLS and g.get("remedy"):
-            out.write(f"{'':<5}  {'':<{id_width}} remedy: {g['remedy']}"
+            out.write(f"{'':<5}  {'':<{w}} remedy: {g['remedy']}"
                       + (f" {action_tag(g)}" if g.get("action") else "") + "\n")
-            out.write("".join(ln + "\n" for ln in command_lines(g.get("commands") or [], None,
-                                                                 " " * (id_width + 11))))
+            out.write("".join(ln + "\n" for ln in command_lines(g.get("commands") or [], None, " " * (w + 11))))

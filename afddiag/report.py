@@ -16,9 +16,12 @@ from afddiag.document import SCHEMA_VERSION, build  # noqa: F401 - the report do
 from afddiag.envvars import MAP_VAR, format_device_map
 from afddiag.render import (
     COLORS,  # noqa: F401 - importable from here too
+    DEFAULT_VIEW,
+    View,
     action_tag,
     command_lines,
     console_for,
+    fold_skips,
     print_gate_table,
     wrap,
     write_gate_lines,
@@ -32,19 +35,26 @@ def write_json(report: Mapping[str, Any], out: TextIO | None = None) -> None:
     out.write("\n")
 
 
-def write_table(report: Mapping[str, Any], out: TextIO | None = None, width: int | None = None) -> None:
+def write_table(report: Mapping[str, Any], out: TextIO | None = None, width: int | None = None,
+                view: View = DEFAULT_VIEW) -> None:
     """A rich table on a terminal (cells fold at its width, or at ``width``); plain full-width
-    lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`)."""
+    lines when ``out`` is not a terminal or NO_COLOR is set (:mod:`afddiag.render`). ``view``: a
+    terminal folds the SKIP rows into one count line unless ``view.all_rows`` (plain lines keep every
+    row); ``view.quiet`` prints the diagnosis alone."""
     report = one_line(report)  # device names, remote text: no control sequence or forged row reaches the terminal
     out = out or sys.stdout
     con = console_for(out, width)
+    if view.quiet:
+        write_diagnosis(report, out, con.width if con is not None else None, trailer=False)
+        return
     if con is None:  # plain text needs no rich (start-up: rich costs ~40 ms to import)
         write_diagnosis(report, out)
         write_gate_lines(report["gates"], out)
     else:  # a terminal: lines wrap between words, a command stays on one line (afddiag.render.wrap)
         write_diagnosis(report, out, con.width)
-        print_gate_table(con, report["gates"], f"afddiag {report['afddiag_version']} — {report['host']} "
-                         f"({report['source']})")
+        rows, folded = (list(report["gates"]), None) if view.all_rows else fold_skips(report["gates"])
+        print_gate_table(con, rows, f"afddiag {report['afddiag_version']} — {report['host']} "
+                         f"({report['source']})", folded)
     dm = report.get("device_map") or {}
     if dm:
         line = f"device map: {MAP_VAR}={format_device_map(dm)}"
@@ -60,11 +70,12 @@ def write_table(report: Mapping[str, Any], out: TextIO | None = None, width: int
               f" — exit {report['exit_code']}\n")
 
 
-def write_diagnosis(report: Mapping[str, Any], out: TextIO, width: int | None = None) -> None:
+def write_diagnosis(report: Mapping[str, Any], out: TextIO, width: int | None = None, trailer: bool = True) -> None:
     """The report's opening: each independent fault with its one remedy and action, in fix order, the
     remedy's commands under it, each on lines of its own. ``width`` (a terminal's columns): prose wraps
     between words, under its indent (:func:`afddiag.render.wrap`); a command breaks only where the shell
-    reads it as the same command (:func:`afddiag.render.command_lines`)."""
+    reads it as the same command (:func:`afddiag.render.command_lines`). ``trailer``: the blank line that
+    parts it from the table."""
     def put(first: str, text: str, indent: str) -> None:  # prose: wrapped between words
         if width is None:
             out.write(first + text + "\n")
@@ -85,7 +96,8 @@ def write_diagnosis(report: Mapping[str, Any], out: TextIO, width: int | None = 
         out.write("".join(ln + "\n" for ln in command_lines(d.get("commands") or [], width, "       ")))
         if d["explains"]:
             put("     explains: ", ", ".join(d["explains"]), "     ")
-    out.write("\n")
+    if trailer:
+        out.write("\n")
 
 
 def format_exports(pairs: list[tuple[str, str]], fmt: str = "shell") -> str:
@@ -128,19 +140,20 @@ def _write_text(out: TextIO, text: str) -> None:
 
 
 class Reporter(NamedTuple):
-    """One output format: ``write(report, out, command)`` renders the report on ``out``;
+    """One output format: ``write(report, out, command, view)`` renders the report on ``out`` (``view``:
+    :class:`afddiag.render.View`, the rows a table shows; the other formats write everything);
     ``missing()`` says why it cannot run on this machine (None: it can), checked before any probing."""
 
-    write: Callable[[Mapping[str, Any], TextIO, str], None]
+    write: Callable[[Mapping[str, Any], TextIO, str, View], None]
     missing: Callable[[], str | None] = lambda: None
 
 
 #: format name → renderer: every command that prints a report chooses here (``--format``, ``--json``,
 #: ``preflight --prom``). Order: the order ``--help`` lists them.
 REPORTERS: dict[str, Reporter] = {
-    "table": Reporter(lambda rep, out, command: write_table(rep, out)),
-    "json": Reporter(lambda rep, out, command: write_json(rep, out)),
-    "prometheus": Reporter(lambda rep, out, command: _write_text(out, prometheus.render(rep, command)),
+    "table": Reporter(lambda rep, out, command, view: write_table(rep, out, view=view)),
+    "json": Reporter(lambda rep, out, command, view: write_json(rep, out)),
+    "prometheus": Reporter(lambda rep, out, command, view: _write_text(out, prometheus.render(rep, command)),
                            _prometheus_missing),
 }
 
@@ -160,13 +173,14 @@ def choose_format(as_json: bool = False, fmt: str | None = None) -> str:
     return name
 
 
-def emit(report: Mapping[str, Any], fmt: str, output: str | os.PathLike | None = None, command: str = "all") -> None:
-    """Render ``report`` as ``fmt`` (a :data:`REPORTERS` name) on stdout, or into ``output``
-    atomically (temporary file, fsync, rename, mode 0644; a character device written in place).
-    Raises OSError when ``output`` cannot be written."""
+def emit(report: Mapping[str, Any], fmt: str, output: str | os.PathLike | None = None, command: str = "all",
+         view: View = DEFAULT_VIEW) -> None:
+    """Render ``report`` as ``fmt`` (a :data:`REPORTERS` name; ``view`` the table's rows) on stdout, or
+    into ``output`` atomically (temporary file, fsync, rename, mode 0644; a character device written
+    in place). Raises OSError when ``output`` cannot be written."""
     write = REPORTERS[fmt].write
     if output is None:
-        write(report, sys.stdout, command)
+        write(report, sys.stdout, command, view)
         return
     with atomic_write(output, device_ok=True) as f:
-        write(report, cast(TextIO, f), command)  # opened in text mode
+        write(report, cast(TextIO, f), command, view)  # opened in text mode

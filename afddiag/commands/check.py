@@ -14,6 +14,7 @@ from afddiag.commands.options import (
     keep,
     launch_opts,
     output_format,
+    table_view,
     usage_errors,
     write_report,
 )
@@ -21,14 +22,15 @@ from afddiag.inputs import FAMILIES
 
 
 def run_check(command: str, as_json: bool = False, fmt: str | None = None, output: str | None = None,
-              no_history: bool = False, **flags) -> int:
-    """One ``fabric``/``gpu``/``all`` run: the format checked first, then the run, then the report."""
+              no_history: bool = False, all_rows: bool = False, quiet: bool = False, **flags) -> int:
+    """One ``fabric``/``gpu``/``all`` run: the format and view checked first, then the run, then the report."""
     fmt = output_format(as_json, fmt)
+    view = table_view(fmt, all_rows, quiet)
     inputs = inputs_from(families=FAMILIES[command], **flags)
     with usage_errors():
         rep = check(command, inputs)
     keep(rep, command, not no_history, inputs.probe_timeout_s)
-    write_report(rep, fmt, output, command)
+    write_report(rep, fmt, output, command, view=view)
     return rep["exit_code"]
 
 

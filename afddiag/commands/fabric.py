@@ -10,20 +10,29 @@ import click
 from afddiag import devicemap as dmlib
 from afddiag.commands.check import run_check
 from afddiag.commands.devicemap import show_gids
-from afddiag.commands.options import common, fabric_opts, inputs_from, launch_opts, output_format, usage_errors
+from afddiag.commands.options import (
+    common,
+    fabric_opts,
+    inputs_from,
+    launch_opts,
+    output_format,
+    table_view,
+    usage_errors,
+)
 from afddiag.pairtest import PairResult, bandwidth_spec, pair_test, peer_and_key
 from afddiag.probes.pair import format_pair
+from afddiag.render import DEFAULT_VIEW, View
 from afddiag.report import write_table
 
 
-def show_pair(result: PairResult, as_json: bool) -> int:
+def show_pair(result: PairResult, as_json: bool, view: View = DEFAULT_VIEW) -> int:
     """The pair test's text (or JSON); a bandwidth run's report follows its facts."""
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2, default=str))
     else:
         click.echo(format_pair(result.facts))
         if result.report is not None:
-            write_table(result.report)
+            write_table(result.report, view=view)
     return result.code
 
 
@@ -77,10 +86,11 @@ def fabric(serve, pair_target, pair_port, pair_timeout, pair_key_path, bw_second
         with usage_errors():
             return show_gids(dmlib.gid_table(inputs))
     fmt = output_format(kw.get("as_json", False), kw.get("fmt"))
+    view = table_view(fmt, kw.pop("all_rows", False), kw.pop("quiet", False))
     if not (serve or pair_target or bw_seconds is not None):
         if pair_key_path:
             raise click.UsageError("--pair-key is for the pair test: give it with --serve or --pair")
-        return run_check("fabric", **kw)
+        return run_check("fabric", all_rows=view.all_rows, quiet=view.quiet, **kw)
     with usage_errors():
         bw = (bandwidth_spec(bw_seconds, bw_size, bw_qps, bw_depth, pair_timeout, pair_target)
               if bw_seconds is not None else None)
@@ -88,4 +98,4 @@ def fabric(serve, pair_target, pair_port, pair_timeout, pair_key_path, bw_second
     inputs = inputs_from(no_qp=True, **words)
     with usage_errors():
         result = pair_test(inputs, serve, pair_target, pair_port, pair_timeout, bw, peer, key)
-    return show_pair(result, fmt == "json")
+    return show_pair(result, fmt == "json", view)

@@ -18,6 +18,7 @@ from afddiag.inputs import InputsError, Resolved
 from afddiag.inputs import resolve as resolve_inputs
 from afddiag.model.run import Inputs
 from afddiag.reader import InputError
+from afddiag.render import DEFAULT_VIEW, View
 from afddiag.report import REPORTERS, FormatError, choose_format, emit
 
 
@@ -64,13 +65,26 @@ def keep(report: Mapping[str, Any], command: str, enabled: bool, busy_s: float |
     record_run(report, command, enabled=enabled, busy_s=busy_s)
 
 
-def write_report(report: Mapping[str, Any], fmt: str, output: str | None, command: str, flag: str = "--output") -> None:
+def table_view(fmt: str, all_rows: bool = False, quiet: bool = False) -> View:
+    """``--all``/``--quiet`` → the table's :class:`~afddiag.render.View`; a usage error when they are
+    given together or with another format than the table (JSON and metrics always hold every gate)."""
+    if all_rows and quiet:
+        raise click.UsageError("--all lists every gate's row and --quiet prints the diagnosis alone: give one of them")
+    if fmt != "table" and (all_rows or quiet):
+        flag = "--all" if all_rows else "--quiet"
+        raise click.UsageError(f"{flag} shapes the table; --format {fmt} always holds every gate (for the "
+                               "diagnosis alone in JSON: `--json | jq .diagnosis`)")
+    return View(all_rows=all_rows, quiet=quiet)
+
+
+def write_report(report: Mapping[str, Any], fmt: str, output: str | None, command: str, flag: str = "--output",
+                 view: View = DEFAULT_VIEW) -> None:
     """:func:`afddiag.report.emit`; a target that cannot be written is a usage error naming ``flag``."""
     if output is None:
-        emit(report, fmt, None, command)  # a closed pipe is the group's to end quietly (141)
+        emit(report, fmt, None, command, view)  # a closed pipe is the group's to end quietly (141)
         return
     try:
-        emit(report, fmt, output, command)
+        emit(report, fmt, output, command, view)
     except OSError as e:
         raise click.UsageError(output_error(f"{flag} {output}", e)) from None
 
@@ -84,6 +98,10 @@ def common(f):
     f = click.option("--output", "output", type=click.Path(dir_okay=False),
                      help="Write the report to FILE (atomically: temp file + rename) instead of stdout.")(f)
     f = click.option("--no-history", is_flag=True, help="Do not append this run to the local history store.")(f)
+    f = click.option("--all", "all_rows", is_flag=True, help="List every gate's row on a terminal too (a terminal "
+                     "folds the SKIP rows into one count line; a pipe or file always gets every row).")(f)
+    f = click.option("--quiet", "-q", "quiet", is_flag=True, help="Print the diagnosis alone (each fault, its remedy "
+                     "and action, in the order to fix them): no table.")(f)
     f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=None,
                      help="Time bound of each probe, seconds (default: the playbook's [timeouts], 10 s); a probe "
                      "past it gives ERROR for its own gates.")(f)
