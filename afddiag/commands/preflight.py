@@ -22,12 +22,12 @@ from afddiag.render import action_tag
 from afddiag.report import format_exports
 
 
-def _verdict(r: PreflightResult) -> None:
+def _verdict(r: PreflightResult, as_json: bool = False) -> None:
     c = r.report["counts"]
     if r.fit:
         line = (f"afddiag preflight: {r.role} on {r.host}: OK ({c['PASS']} pass, {c['WARN']} warn, "
                 f"{c['SKIP']} skip)" + (f"; warn: {', '.join(r.warned)}" if r.warned else ""))
-        click.echo(line, err=r.options.export)
+        click.echo(line, err=r.options.export or as_json)
         return
     click.echo(f"afddiag preflight: {r.role} on {r.host}: NOT FIT (exit {r.verdict_code})", err=True)
     for d in r.faults:
@@ -55,18 +55,37 @@ def _exports(ex: dict) -> None:
         click.echo(format_exports(ex["pairs"], "shell"))
 
 
-def show(inputs: Inputs, options: PreflightOptions, prom_path: str | None = None, history: bool = True) -> int:
-    """Judge (:func:`afddiag.preflight.preflight`), keep the run in history, print the verdict, act on the
-    Slurm node, print the export lines and write the metrics to ``prom_path``; the exit code."""
+def preflight_json(r: PreflightResult) -> dict:
+    """The JSON ``preflight --json`` prints: the judged report (as ``afddiag all --json``'s) with the
+    launch hook's decision under ``preflight``: ``fit``, ``exit_code`` (what the command exits),
+    ``verdict_code`` (the report's, WARN made 0 without ``strict``), ``strict``, ``exit_for``,
+    ``faults`` and ``needs_drain`` (gate ids), and with ``--export`` the ``exports`` it would print
+    (``[{"name", "value"}]``, empty when not fit) and the variables ``kept`` from the launch env."""
+    pre: dict = {"fit": r.fit, "exit_code": r.code, "verdict_code": r.verdict_code, "strict": r.options.strict,
+                 "exit_for": r.options.exit_for, "faults": [d["gate"] for d in r.faults],
+                 "needs_drain": [d["gate"] for d in r.needs_drain]}
+    if r.export is not None:
+        pre["exports"] = [{"name": k, "value": v} for k, v in r.export["pairs"]] if r.code == 0 else []
+        pre["kept"] = list(r.export["kept"])
+    return {**r.report, "preflight": pre}
+
+
+def show(inputs: Inputs, options: PreflightOptions, prom_path: str | None = None, history: bool = True,
+         as_json: bool = False) -> int:
+    """Judge (:func:`afddiag.preflight.preflight`), keep the run in history, print the verdict (stderr
+    with ``as_json``, the JSON of :func:`preflight_json` alone on stdout), act on the Slurm node, print
+    the export lines and write the metrics to ``prom_path``; the exit code."""
     with usage_errors():
         r = preflight(inputs, options)
     keep(r.report, "preflight", history, inputs.probe_timeout_s)
     if r.export and r.export["fixed"]:
         click.echo(f"afddiag preflight --export: judged with the lines it prints, which fix "
                    f"{', '.join(r.export['fixed'])}", err=True)
-    _verdict(r)
+    _verdict(r, as_json)
     settle_node(r)
-    if r.export is not None and r.code == 0:
+    if as_json:
+        write_report(preflight_json(r), "json", None, "preflight")
+    elif r.export is not None and r.code == 0:
         _exports(r.export)
     if prom_path:
         write_report(r.report, "prometheus", prom_path, "preflight", flag="--prom")
@@ -86,6 +105,9 @@ def show(inputs: Inputs, options: PreflightOptions, prom_path: str | None = None
 @click.option("--prom", "prom_path", type=click.Path(dir_okay=False),
               help="Also write this run's metrics for node_exporter's textfile collector to FILE (atomically).")
 @click.option("--no-history", is_flag=True, help="Do not append this run to the local history store.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report alone on stdout (as `afddiag all --json`, "
+              "with the launch hook's decision under `preflight`: fit, exit_code, faults, needs_drain, and with "
+              "--export the exports); the verdict line goes to stderr.")
 @fabric_opts
 @gpu_opts
 @launch_opts
@@ -100,7 +122,7 @@ def show(inputs: Inputs, options: PreflightOptions, prom_path: str | None = None
                    "launch env already sets is kept, not printed, unless fabric.devicemap-env FAILed on that variable "
                    "(named on stderr). NCCL_IB_GID_INDEX printed is always the index of the NCCL_IB_HCA in effect "
                    "(kept or printed); when none suits it, it is left out and stderr says why.")
-def preflight_command(strict, exit_for, export, drain, resume, prom_path, no_history, **kw) -> int:
+def preflight_command(strict, exit_for, export, drain, resume, prom_path, no_history, as_json, **kw) -> int:
     """Launch hook: run the role's gates; one line on success, the failing gates otherwise.
 
     Exit codes as `afddiag all`, except that WARN exits 0 unless --strict. With --drain a host that
@@ -116,5 +138,5 @@ def preflight_command(strict, exit_for, export, drain, resume, prom_path, no_his
         output_format(False, "prometheus")
     inputs = inputs_from(families=FAMILIES["preflight"], **kw)
     options = PreflightOptions(strict=strict, exit_for=exit_for, export=export, drain=drain, resume=resume)
-    return show(inputs, options, prom_path, history=not no_history)
+    return show(inputs, options, prom_path, history=not no_history, as_json=as_json)
 
