@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from afddiag import progress, runner
+from afddiag import catalog, progress, runner
 from afddiag.inputs import FAMILIES
 from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
@@ -34,8 +34,12 @@ def diagnose(inputs: Inputs, families: Iterable[str] | None = None) -> tuple[Rep
 def check(command: str, inputs: Inputs) -> Report:
     """The run of ``afddiag <command>`` (``fabric``, ``gpu``, ``all``) → its JSON report. A live run whose
     GPU probe needs the CUDA driver (:func:`afddiag.probes.gpu.cuda_reason`) starts it first, in the
-    background."""
-    inputs = dataclasses.replace(inputs, families=FAMILIES[command])
+    background. With ``inputs.gates`` (``--gate``) only their families' gates run."""
+    families = FAMILIES[command]
+    if inputs.gates is not None:  # --gate: only the families of the gates asked for (and their dependencies)
+        cat = catalog.load()["gates"]
+        families = frozenset(f for f in families if any(cat[g].get("family") == f for g in inputs.gates))
+    inputs = dataclasses.replace(inputs, families=families)
     if "gpu" in inputs.families and not inputs.snapshot and gpu_probe.cuda_reason(inputs):
         gpu_probe.preinit_cuda()  # the CUDA driver initialises while the host and fabric probes run
     rep, _ = diagnose(inputs)

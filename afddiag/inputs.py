@@ -20,11 +20,14 @@ flags leave unset from there (:func:`with_stored`), and :attr:`Inputs.sources` s
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import ipaddress
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from afddiag import catalog
 from afddiag import playbook as pbmod
 from afddiag.envvars import LaunchEnvError, parse_launch_env, redact_env
 from afddiag.model.run import Inputs
@@ -82,15 +85,39 @@ def _role(role: str | None, playbook_path: str | None, launch_env_path: str | No
     return pb, source, launch_env
 
 
+def select_gates(patterns: Collection[str], families: Collection[str]) -> frozenset[str]:
+    """``--gate PATTERN`` (shell globs on gate ids, ``fabric.*``, ``gpu.memory``) → the ids of the
+    catalog's gates in ``families`` that match, with every gate they depend on (catalog ``depends``,
+    followed to the end), so the diagnosis still names a root and not its symptom. Raises
+    :class:`InputsError` for a pattern that matches none of them."""
+    gates = catalog.load()["gates"]
+    pool = [gid for gid, g in gates.items() if g.get("family") in families]
+    chosen: set[str] = set()
+    for pat in patterns:
+        hit = [gid for gid in pool if fnmatch.fnmatchcase(gid, pat)]
+        if not hit:
+            raise InputsError(f"--gate {pat}: matches none of this command's gates ({', '.join(sorted(families))}); "
+                              "`afddiag catalog` lists the ids")
+        chosen.update(hit)
+    todo = list(chosen)
+    while todo:
+        for dep in gates[todo.pop()].get("depends", []):
+            if dep in pool and dep not in chosen:
+                chosen.add(dep)
+                todo.append(dep)
+    return frozenset(chosen)
+
+
 def resolve(snapshot: str | None = None, timeout_s: float | None = None, fabric_ip: str | None = None,
             peers: tuple[str, ...] | list[str] = (), no_qp: bool = False, qp_timeout: float | None = None,
             expect_sm: int | None = None, role: str | None = None, playbook_path: str | None = None,
             launch_env_path: str | None = None, expect_capacity: int | None = None, load: bool = False,
             baseline_path: str | None = None, xid_log: str | None = None, no_load: bool = False,
-            families: frozenset[str] = FAMILIES["all"]) -> Resolved:
+            families: frozenset[str] = FAMILIES["all"], gates: Collection[str] = ()) -> Resolved:
     """The operator's words (flag names as the CLI's) → :class:`Resolved`. Raises :class:`InputsError`
-    for a bad launch env or playbook (naming the file and line), ``load`` with ``no_load``, or (live)
-    more peers x engine ports than the control-plane probe connects to (:func:`afddiag.probes.reach.bounds_problem`)."""
+    for a bad launch env or playbook (naming the file and line), ``load`` with ``no_load``, a ``gates``
+    pattern that matches nothing (:func:`select_gates`), or (live) more peers x engine ports than the
+    control-plane probe connects to (:func:`afddiag.probes.reach.bounds_problem`)."""
     notes: list[str] = []
     try:
         pb, role_source, launch_env = _role(role, playbook_path, launch_env_path, notes)
@@ -101,10 +128,15 @@ def resolve(snapshot: str | None = None, timeout_s: float | None = None, fabric_
             raise InputsError("--load and --no-load: give one of them")
         if pb is not None and pb.load_probe:
             pb = dataclasses.replace(pb, load_probe=False)
+    selected = select_gates(gates, families) if gates else None
+    if selected is not None and pb is not None:
+        notes += [f"role {pb.name} does not run {gid} (its playbook's gates): not judged" for gid in sorted(selected)
+                  if not pb.runs(gid) and any(fnmatch.fnmatchcase(gid, p) for p in gates)]
     inputs = Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
                     probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
                     launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
-                    baseline_path=baseline_path, xid_log=xid_log, families=families, role_source=role_source)
+                    baseline_path=baseline_path, xid_log=xid_log, families=families, role_source=role_source,
+                    gates=selected)
     inputs.sources = _flag_sources(inputs, bool(peers))
     ports = parse_ports((launch_env or {}).get("AFD_ENGINE_PORTS", "")) or list(pb.engine_ports if pb else [])
     if not snapshot and (why := bounds_problem(inputs.peers, ports)):  # the control-plane probe's bound

@@ -34,7 +34,8 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
     """The facts of one run: this host (``host``: :class:`~afddiag.probes.registry.Sources`, default
     this machine) or, when ``inputs.snapshot`` names a folder, the snapshot (a capture bundle is
     opened by :func:`observe` first). Only the probes feeding ``inputs.families`` run (of them, only
-    the probes named in ``only`` when given). Raises
+    the probes named in ``only`` when given, and for a run of some gates, ``inputs.gates``, only those
+    they read: :func:`afddiag.probes.registry.probes_for`). Raises
     :class:`~afddiag.collect.SnapshotError` when the snapshot folder does not exist."""
     if inputs.snapshot:
         root = Path(inputs.snapshot)
@@ -51,7 +52,8 @@ def gather(inputs: Inputs, host: Any = None, only: set[str] | None = None) -> Ob
         obs = Observation(host=os.uname().nodename, source="live")  # as socket.gethostname()
         run = registry.Run(inputs, obs, host=host or registry.Sources.live())
     part_s = inputs.timeout("fabric_s")  # one snapshot part's read: --timeout bounds it too
-    for p in registry.probes(inputs.families, run):
+    wanted = registry.probes_for(inputs.gates) if inputs.gates is not None else None  # --gate: what they read
+    for p in registry.probes(inputs.families, run, wanted):
         if (only is not None and p.name not in only) or not p.wanted(run):
             continue
         if p.live_only and not run.live:
@@ -169,7 +171,8 @@ def judged(inputs: Inputs, obs: Observation) -> tuple[Report, list[Verdict]]:
          "expect_sm": inputs.expect_sm, "snapshot": inputs.snapshot, "env_source": obs.env_source,
          "env": obs.env, "role": (inputs.playbook.name if inputs.playbook else "generic"),
          "launch_env": inputs.launch_env_path, "expect_capacity": inputs.expect_capacity,
-         "sources": {**inputs.sources, "role": inputs.role_source or inputs.sources.get("role", "")}},
+         "sources": {**inputs.sources, "role": inputs.role_source or inputs.sources.get("role", "")},
+         **({"gates": sorted(inputs.gates)} if inputs.gates is not None else {})},
         obs.fabric, notes, registry.report_facts(obs),
         expectations={k: v for k, v in vars(expected).items() if v not in (None, {})})
     rep["summary"] = summary.from_run(inputs, obs, (fip.ip, fip.source), verdicts, rep["device_map"])  # fleet

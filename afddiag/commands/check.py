@@ -29,7 +29,7 @@ def run_check(command: str, as_json: bool = False, fmt: str | None = None, outpu
     inputs = inputs_from(families=FAMILIES[command], **flags)
     with usage_errors():
         rep = check(command, inputs)
-    keep(rep, command, not no_history, inputs.probe_timeout_s)
+    keep(rep, command, not no_history and inputs.gates is None, inputs.probe_timeout_s)  # part of a host: not kept
     write_report(rep, fmt, output, command, view=view)
     return rep["exit_code"]
 

@@ -98,6 +98,10 @@ def common(f):
     f = click.option("--output", "output", type=click.Path(dir_okay=False),
                      help="Write the report to FILE (atomically: temp file + rename) instead of stdout.")(f)
     f = click.option("--no-history", is_flag=True, help="Do not append this run to the local history store.")(f)
+    f = click.option("--gate", "gates", multiple=True, metavar="PATTERN",
+                     help="Run only the gates whose id matches PATTERN (a shell glob: 'fabric.*', gpu.memory; "
+                     "repeatable) and the gates they depend on, with only the probes they read. Such a run is not "
+                     "kept in the history.")(f)
     f = click.option("--all", "all_rows", is_flag=True, help="List every gate's row on a terminal too (a terminal "
                      "folds the SKIP rows into one count line; a pipe or file always gets every row).")(f)
     f = click.option("--quiet", "-q", "quiet", is_flag=True, help="Print the diagnosis alone (each fault, its remedy "

@@ -139,11 +139,11 @@ def registry(families: set[str] | None = None) -> list[tuple[str, str, Gate]]:
 
 
 def run_gates(ctx: Context, families: set[str]) -> list[Verdict]:
-    """Run the registered gates of ``families`` that the role's playbook runs; a gate that raises
-    gives ERROR, never a traceback."""
+    """Run the registered gates of ``families`` that the role's playbook runs (of them, the ones
+    ``--gate`` asked for, ``ctx.inputs.gates``, when given); a gate that raises gives ERROR, never a traceback."""
     out: list[Verdict] = []
     for gate_id, _family, fn in registry(families):
-        if not ctx.playbook.runs(gate_id):
+        if not ctx.playbook.runs(gate_id) or (ctx.inputs.gates is not None and gate_id not in ctx.inputs.gates):
             continue
         try:
             out.append(fn(ctx))

@@ -39,6 +39,9 @@ class Inputs:
     role_source: str = ""  # where the playbook came from (afddiag.inputs.resolve): "--role expert", "AFD_ROLE in FILE"
     # input (afddiag.inputs.STORED_FLAGS key) -> where it came from: "--peer", "captured with --peer"
     sources: dict[str, str] = field(default_factory=dict)
+    # --gate: the gate ids asked for with every gate they depend on (afddiag.inputs.select_gates); only
+    # they run, fed by only the probes they read (afddiag.probes.registry.probes_for). None: every gate
+    gates: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         """The launch env feeds the peers when the flags do not give them (the fabric IP's precedence is

@@ -36,6 +36,7 @@ How to add a probe
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 from collections.abc import Callable
@@ -237,15 +238,20 @@ class Probe:
 class Entry:
     """One line of :data:`PROBES`: the probe's ``name``, where it lives (``module``, or
     ``module:NAME`` for a module holding several), the gate ``families`` it feeds (empty: every run),
-    whether the report's ``facts`` carry its Observation field of the same name (``report``) and
+    whether the report's ``facts`` carry its Observation field of the same name (``report``),
     ``when(run)``: whether this run needs it at all, asked before its module is imported (None: always;
-    a probe whose module is heavy stays unloaded in a run that does not need it)."""
+    a probe whose module is heavy stays unloaded in a run that does not need it), the gates whose facts
+    it gathers (``feeds``: globs on gate ids, empty: every run, as ``families``) and the earlier probes
+    whose facts it reads (``needs``): a run of some gates (``--gate``, :func:`probes_for`) runs only the
+    probes they read."""
 
     name: str
     module: str
     families: frozenset[str] = frozenset()
     report: bool = False
     when: Callable[[Run], bool] | None = None
+    feeds: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
 
     def runs_for(self, families: frozenset[str] | set[str]) -> bool:
         return not self.families or bool(self.families & set(families))
@@ -267,29 +273,56 @@ _EVERY: frozenset[str] = frozenset()
 PROBES: tuple[Entry, ...] = (
     Entry("host", "afddiag.probes.hostname"),
     Entry("env", "afddiag.probes.env"),
-    Entry("limits", "afddiag.probes.launch:LIMITS", frozenset({"launch"})),
-    Entry("image", "afddiag.probes.launch:IMAGE", frozenset({"launch", "gpu"})),
-    Entry("fabric", "afddiag.probes.fabric", frozenset({"fabric"}), report=True),
-    Entry("qp", "afddiag.probes.qp", frozenset({"fabric"}), report=True),
-    Entry("nic", "afddiag.probes.nic", frozenset({"fabric"}), report=True),
-    Entry("route", "afddiag.probes.route", frozenset({"fabric"}), report=True),
-    Entry("gpu", "afddiag.probes.gpu", frozenset({"gpu"}), report=True),
-    Entry("load", "afddiag.probes.load", frozenset({"gpu"}), when=load_probe_runs),  # lays its figures on gpu's
-    Entry("memreg", "afddiag.probes.memreg", frozenset({"fabric"})),
-    Entry("pcie", "afddiag.probes.pcie", frozenset({"host"})),
-    Entry("reach", "afddiag.probes.reach", frozenset({"launch"})),
-    Entry("cpu", "afddiag.probes.cpu", frozenset({"host"}), report=True),
-    Entry("platform", "afddiag.probes.platform", frozenset({"host"})),
-    Entry("pair", "afddiag.probes.pair_result", frozenset({"fabric"}), report=True),
+    Entry("limits", "afddiag.probes.launch:LIMITS", frozenset({"launch"}),
+          feeds=("launch.memlock", "launch.uverbs-access")),
+    Entry("image", "afddiag.probes.launch:IMAGE", frozenset({"launch", "gpu"}),
+          feeds=("gpu.image-arch", "gpu.sm-count")),  # the image's SM-count label is an expectation
+    Entry("fabric", "afddiag.probes.fabric", frozenset({"fabric"}), report=True,
+          feeds=("fabric.*", "launch.fabric-address", "launch.uverbs-access", "launch.control-plane",
+                 "host.known-bad")),
+    Entry("qp", "afddiag.probes.qp", frozenset({"fabric"}), report=True, feeds=("fabric.qp-rtr",), needs=("fabric",)),
+    Entry("nic", "afddiag.probes.nic", frozenset({"fabric"}), report=True, feeds=("fabric.*",)),
+    Entry("route", "afddiag.probes.route", frozenset({"fabric"}), report=True, feeds=("fabric.route", "fabric.arp"),
+          needs=("fabric",)),
+    Entry("gpu", "afddiag.probes.gpu", frozenset({"gpu"}), report=True,
+          feeds=("gpu.*", "launch.memory-plan", "host.known-bad")),
+    Entry("load", "afddiag.probes.load", frozenset({"gpu"}), when=load_probe_runs,  # lays its figures on gpu's
+          feeds=("gpu.slow-state",), needs=("gpu",)),
+    Entry("memreg", "afddiag.probes.memreg", frozenset({"fabric"}),
+          feeds=("fabric.mem-registration", "host.known-bad")),
+    Entry("pcie", "afddiag.probes.pcie", frozenset({"host"}), feeds=("host.pcie",)),
+    Entry("reach", "afddiag.probes.reach", frozenset({"launch"}), feeds=("launch.control-plane",), needs=("fabric",)),
+    Entry("cpu", "afddiag.probes.cpu", frozenset({"host"}), report=True, feeds=("host.cpu-clock",)),
+    Entry("platform", "afddiag.probes.platform", frozenset({"host"}), feeds=("host.known-bad",)),
+    Entry("pair", "afddiag.probes.pair_result", frozenset({"fabric"}), report=True,
+          feeds=("fabric.rail-bandwidth", "fabric.port-counters", "host.known-bad")),
     Entry("versions", "afddiag.probes.versions", _EVERY, report=True),
 )
 
 
-def probes(families: frozenset[str] | set[str] | None = None, run: Run | None = None) -> list[Probe]:
-    """The probes feeding ``families`` (None: every probe) that ``run`` needs (:attr:`Entry.when`; None:
-    all of them), in registry order; only their modules are imported."""
-    return [e.probe() for e in PROBES if (families is None or e.runs_for(families))
+def probes(families: frozenset[str] | set[str] | None = None, run: Run | None = None,
+           names: set[str] | None = None) -> list[Probe]:
+    """The probes feeding ``families`` (None: every probe), or those named in ``names`` when given
+    (:func:`probes_for`), that ``run`` needs (:attr:`Entry.when`; None: all of them), in registry order;
+    only their modules are imported."""
+    return [e.probe() for e in PROBES
+            if (e.name in names if names is not None else (families is None or e.runs_for(families)))
             and (run is None or e.when is None or e.when(run))]
+
+
+def probes_for(gate_ids: frozenset[str] | set[str]) -> set[str]:
+    """The names of the probes a run of the gates ``gate_ids`` needs: each entry whose ``feeds`` match
+    one of them (an entry without ``feeds``: always), and the probes those read (``needs``)."""
+    names = {e.name for e in PROBES
+             if not e.feeds or any(fnmatch.fnmatchcase(g, p) for g in gate_ids for p in e.feeds)}
+    by_name = {e.name: e for e in PROBES}
+    todo = list(names)
+    while todo:
+        for n in by_name[todo.pop()].needs:
+            if n not in names:
+                names.add(n)
+                todo.append(n)
+    return names
 
 
 def report_facts(obs: Observation) -> dict[str, Any]:
