@@ -1,4 +1,5 @@
-"""Command line: ``afddiag fabric|gpu|all|preflight|devicemap|baseline|catalog|schema|fleet|merge|capture|history``.
+"""Command line: ``afddiag fabric|gpu|all|preflight|devicemap|baseline|catalog|schema|fleet|merge|capture|history``
+and ``afddiag version``.
 
 The group alone: every command lives in :mod:`afddiag.commands` and is imported when named (start-up,
 ``--version`` and ``--help`` stay light); each parses its options into the library's inputs, calls one
@@ -35,6 +36,7 @@ LAZY_COMMANDS = {
     "capture": "afddiag.commands.capture:capture",
     "history": "afddiag.commands.history:history",
     "npd": "afddiag.commands.npd:npd",
+    "version": "afddiag.commands.version:version",
 }
 
 
