@@ -6,6 +6,8 @@
 #   ./scripts/setup.sh && .venv/bin/afddiag all     (as root; otherwise it calls sudo for apt only)
 #
 # Idempotent; installs only what is missing. AFDDIAG_NO_APT=1 skips the package step (no root).
+# Shell completion (scripts/completion.sh): a normal user's own ~/.local/share/bash-completion (no sudo);
+# root's the system locations under /usr/local/share; AFDDIAG_NO_COMPLETION=1 skips it.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -39,6 +41,7 @@ fi
 # that a run does not compile ~60 modules from source (about 40 ms here, more on a GPU host's Python;
 # PYTHONDONTWRITEBYTECODE, set in many images, stops the interpreter from caching them itself).
 .venv/bin/python -m compileall -q afddiag >/dev/null || true
+"$REPO/scripts/completion.sh" "$REPO/.venv/bin/afddiag" || echo "setup: shell completion not installed" >&2
 if .venv/bin/python -c 'import pyverbs' 2>/dev/null; then
   echo "setup: ready (.venv/bin/afddiag; pyverbs available)" >&2
 else
