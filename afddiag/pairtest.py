@@ -24,8 +24,10 @@ from afddiag.probes import pair as pairmod
 from afddiag.probes.pair import BandwidthSpec
 from afddiag.probes.registry import Sources
 
-#: What a bandwidth run is judged by: the rail's link, its speed and MTU, the run, the counters.
-PAIR_GATES = ("fabric.link", "fabric.mtu", "fabric.link-speed", "fabric.rail-bandwidth", "fabric.port-counters")
+#: What a bandwidth run is judged by: an RDMA device at all, the rail's link, its speed and MTU, the run,
+#: the counters.
+PAIR_GATES = ("fabric.rdma-present", "fabric.link", "fabric.mtu", "fabric.link-speed", "fabric.rail-bandwidth",
+              "fabric.port-counters")
 
 #: Seconds a bandwidth run needs on top of its own: set up, drain, the peer's check.
 BW_OVERHEAD_S = 20
@@ -115,9 +117,14 @@ def pair_test(inputs: Inputs, serve: bool, target: str | None, port: int = pairm
 def judge_pair(inputs: Inputs, fabric: Any, pair_json: dict[str, Any]) -> Report:
     """The JSON report of one side's bandwidth run: ``pair_json`` (the pair test's JSON) read through
     the probe registry's pair entry (as a replay of a saved one is), this host's fabric facts, and the
-    gates of :data:`PAIR_GATES` the role runs, on the rail the pair test used."""
+    gates of :data:`PAIR_GATES` the role runs, on the rail the pair test used; RDMA is required (the test
+    needs a device), so a host with none FAILs ``fabric.rdma-present``, the root of the rest."""
     pb = inputs.playbook or Playbook()
-    pb = dataclasses.replace(pb, gates=[g for g in PAIR_GATES if pb.runs(g)])
+    # the pair test runs over RDMA whatever the role: no device is its root (fabric.rdma-present FAILs and
+    # explains the rest), not a bandwidth ERROR listed before it
+    pb = dataclasses.replace(pb, gates=[g for g in PAIR_GATES if pb.runs(g) or g == "fabric.rdma-present"],
+                             requires=sorted({*pb.requires, "rdma"}),
+                             name=pb.name if "rdma" in pb.requires else f"{pb.name} (for the pair test)")
     inp = dataclasses.replace(inputs, families=frozenset({"fabric"}), playbook=pb, run_qp=False,
                               fabric_ip=pair_json.get("fabric_ip") or given_fabric_ip(inputs)[0])
     obs = runner.gather(inp, host=Sources(pair=lambda: pair_json), only={"pair"})

@@ -176,10 +176,16 @@ def _pattern(size: int, seed: int) -> bytes:
 
 def _open(fabric: FabricFacts | None, fabric_ip: str | None, buf: int, facts: PairFacts) -> _Rdma:
     """This side's RDMA resources on the fabric IP's endpoint. Any failure here is this host's
-    (``facts.local_error`` is set: no device/GID carries the fabric IP, pyverbs missing, the device
-    would not open) and is raised as :class:`PairError` before the peer is contacted."""
+    (``facts.local_error`` is set: no RDMA device at all, named first as the root; pyverbs missing; no
+    device/GID carries the fabric IP; the device would not open) and is raised as :class:`PairError`
+    before the peer is contacted."""
     facts.fabric_ip = fabric_ip
     try:
+        if fabric is not None and fabric.captured and not fabric.failed and not fabric.devices:
+            # the root: no device to open, whatever else is missing (pyverbs, a fabric IP)
+            said = [n for n in fabric.notes if "infiniband" in n] or fabric.notes
+            raise PairError("no RDMA device on this host" + (f" ({said[-1]})" if said else "") + ": load the "
+                            "RDMA driver (mlx5_ib for ConnectX, rdma_rxe for soft-RoCE); `rdma dev` lists none")
         pv = _import_pyverbs()
         if pv is None:
             raise PairError("pyverbs is not installed: apt install python3-pyverbs")

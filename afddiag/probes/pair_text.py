@@ -11,10 +11,17 @@ from afddiag.termsafe import line
 
 def format_pair(f: PairFacts) -> str:
     """Plain text: one line per phase (size, latency µs, bandwidth GB/s, verified); for a bandwidth
-    run its Gb/s, per QP, and the counters that changed on each side."""
+    run its Gb/s, per QP, and the counters that changed on each side. A test that stopped on this host
+    before it opened a device says why in one sentence, and that nothing was sent."""
     def w(v: Any, unknown: str = "not read") -> str:
         return unknown if v is None else str(v)
 
+    if f.local_error and f.device is None:  # nothing opened here: the cause alone, in one sentence
+        before = (f"contacting the peer {f.peer}" if f.peer else
+                  f"serving the client {f.expected_peer}" if f.expected_peer else "contacting any peer")
+        done = "all objects destroyed" if f.destroyed else "NOT all objects destroyed"
+        return (line(f"afddiag pair ({f.role}): stopped on this host before {before}: {f.local_error}")
+                + f"\nnothing sent; {done} in {f.elapsed_s:.2f} s")
     head = (f"afddiag pair ({f.role}): {w(f.device, 'no device')} port {w(f.port)} GID {w(f.gid_index)} "
             f"({w(f.fabric_ip, 'no fabric IP')}) ↔ {w(f.peer, 'no peer')}, "
             f"QP {w(f.qp_num, 'none')} ↔ {w(f.peer_qp_num, 'none')}, path MTU {w(f.path_mtu)}")
