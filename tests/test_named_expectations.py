@@ -54,3 +54,20 @@ def test_expected_sm_count_with_no_gpu_is_not_a_pass(tmp_path, args, code):
     assert g["gpu.sm-count"]["verdict"] == ("WARN" if args else "SKIP")
     if args:
         assert "170 SMs" in g["gpu.sm-count"]["summary"] and "no GPU" in g["gpu.sm-count"]["summary"]
+
+
+@pytest.mark.parametrize("args,code", [(["--load"], 1), ([], 0), (["--load", "--role", "expert"], 2)])
+def test_a_load_run_with_no_gpu_is_not_a_pass(tmp_path, args, code):
+    """`gpu --load` on a host with no GPU checked nothing: WARN RERUN (exit 1), as --expect-sm does; a role
+    that requires the GPU FAILs gpu.present instead, named once as the root (issue 23)."""
+    got, g, diag = report(tmp_path, "gpu", *args)
+    assert got == code
+    slow = g["gpu.slow-state"]
+    if args == ["--load"]:
+        assert slow["verdict"] == "WARN" and slow["action"] == "RERUN"
+        assert "--load" in slow["summary"] and "no GPU" in slow["summary"]
+        assert [d["gate"] for d in diag] == ["gpu.slow-state"]
+    elif not args:
+        assert slow["verdict"] == "SKIP"
+    else:
+        assert slow["verdict"] == "SKIP" and [d["gate"] for d in diag] == ["gpu.present"]

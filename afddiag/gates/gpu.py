@@ -332,10 +332,27 @@ def clock_events(ctx: Context, gate_id: str) -> Verdict:
 CLOCK_EVENT_CALLS = ("ClocksEventReasons", "ClocksThrottleReasons")  # NVML's names for the reasons' reads
 
 
+def _load_named(ctx: Context) -> str | None:
+    """Who asked for the load probe (``--load``, or the playbook's ``load_probe``), None when nobody did."""
+    if ctx.inputs.load:
+        return "--load"
+    pb = ctx.inputs.playbook
+    return f"role {pb.name}'s load_probe" if pb is not None and pb.load_probe else None
+
+
 @gate("gpu.slow-state")
 def slow_state(ctx: Context, gate_id: str) -> Verdict:
     g = _need_gpu(ctx, gate_id)
     if isinstance(g, Verdict):
+        gpu = ctx.obs.gpu
+        if (g.verdict == SKIP and (named := _load_named(ctx)) and gpu is not None and gpu.captured
+                and not gpu.devices and not ctx.requires("gpu") and not xid_faults_without_gpu(gpu)):
+            # the load run the operator asked for checked nothing: no pass (as gpu.sm-count with --expect-sm;
+            # a role that requires the GPU already FAILs gpu.present, a fatal Xid is gpu.errors')
+            return Verdict(gate_id, WARN, f"the load probe was asked for by {named}, but no GPU is seen: nothing "
+                           "was loaded or measured (gpu.present says why)",
+                           "run on the GPU host, or see gpu.present for why no GPU is listed",
+                           {"load_asked_by": named}, action="RERUN")
         return g
     if g.load_failed:
         return Verdict(gate_id, ERROR, f"not judged: {g.load_failed}", PROBE_FAILED_REMEDY,
