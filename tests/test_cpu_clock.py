@@ -260,3 +260,29 @@ def test_thermal_zones_are_read_with_their_lowest_throttling_trip_point(tmp_path
     assert cpuprobe.thermal_zones(str(tmp_path)) == [
         {"zone": "thermal_zone0", "type": "cpu-thermal", "temp_c": 61.25, "trip_c": 95.0}]
     assert cpuprobe.thermal_zones(str(tmp_path / "none")) is None
+
+
+@pytest.mark.parametrize("bound_s,measured", [(0.1, False), (0.49, False), (cpuprobe.MIN_BOUND_S, True), (10.0, True)])
+def test_a_bound_too_short_to_measure_says_so_and_never_calls_the_host_stuck(bound_s, measured):
+    """--timeout 0.1 cannot hold the 0.3 s loop: the probe is not started and host.cpu-clock names the bound
+    and the least that measures, not a stuck host (issue 23); from the least bound up the loop runs."""
+    from afddiag import runner
+    from afddiag.probes.registry import Sources
+
+    calls = []
+
+    def reading():
+        calls.append(1)
+        return dict(IDLE)
+
+    inputs = Inputs(probe_timeout_s=bound_s, families=frozenset({"host"}))
+    rep, _ = runner.diagnose(inputs, host=Sources(cpu=reading))
+    v = next(g for g in rep["gates"] if g["id"] == "host.cpu-clock")
+    assert bool(calls) is measured
+    if measured:
+        assert v["verdict"] != "ERROR"
+        return
+    assert v["verdict"] == "ERROR" and v["action"] == "RERUN"
+    assert f"time bound {bound_s:g} s (--timeout)" in v["summary"] and "0.5 s" in v["summary"]
+    assert "stuck" not in v["summary"] + v["remedy"] and "did not finish" not in v["summary"]
+    assert v["remedy"].startswith(f"give --timeout {cpuprobe.MIN_BOUND_S:g} or more")

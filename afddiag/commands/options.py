@@ -108,7 +108,8 @@ def common(f):
                      "and action, in the order to fix them): no table.")(f)
     f = click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=None,
                      help="Time bound of each probe, seconds (default: the playbook's [timeouts], 10 s); a probe "
-                     "past it gives ERROR for its own gates.")(f)
+                     "past it gives ERROR for its own gates. The CPU probe needs at least 0.5 s to measure: a shorter "
+                     "bound leaves its loop unstarted (host.cpu-clock ERROR naming the bound).")(f)
     return f
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from afddiag.catalog import remedy
 from afddiag.gates import Context, declared, gate, probe_failed, probed
 from afddiag.shellcmd import command
-from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
+from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 SLOW_CLOCK_FRACTION = 0.5
 SLOW_LOOP_FRACTION = 0.8
@@ -130,6 +130,12 @@ def cpu_clock(ctx: Context, gate_id: str) -> Verdict:
         return v
     if not cpu:
         return Verdict(gate_id, SKIP, "CPU not probed (or not in the snapshot)", "run on the host")
+    if isinstance(short := cpu.get("unmeasurable"), dict):  # the bound given cannot hold the loop: no evidence
+        least = short.get("min_bound_s")
+        least = f"{least:g}" if isinstance(least, (int, float)) else "a longer value"
+        return Verdict(gate_id, ERROR, str(cpu.get("why")),
+                       f"give --timeout {least} or more (or leave it out: the playbook's cpu_s, 10 s by default), "
+                       "then re-run", {"cpu": cpu}, action="RERUN")
     if cpu.get("why"):
         return Verdict(gate_id, SKIP, cpu["why"], "run on the host")
     base = ctx.expect.value("cpu_baseline") or {}

@@ -20,6 +20,12 @@ from afddiag.probes.registry import Artifact, Probe, Run, read_source
 from afddiag.textnum import kernel_int
 
 SAMPLES = 5  # short loop samples; the best is the rate
+LOOP_S = 0.3  # the fixed-work loop's length, seconds (all samples)
+# The shortest time bound in which the probe can measure: the loop plus cpufreq and thermal reads and the
+# clock sampler's last 50 ms step (0.33-0.36 s measured on a loaded 2-core VM). A live run with a shorter
+# bound (--timeout, the playbook's cpu_s) does not start the loop: it could only time out, which is no
+# evidence about the CPU.
+MIN_BOUND_S = 0.5
 
 
 def _freqs() -> tuple[list[float], float | None]:
@@ -142,7 +148,7 @@ def cpu_model() -> str:
     return f"{platform.machine()} CPU"
 
 
-def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
+def read_cpu(work_s: float = LOOP_S, samples: int = SAMPLES) -> dict[str, Any]:
     """CPU facts: ``model``, ``logical_cpus``, ``max_mhz``, ``idle_mhz`` (median of per-CPU current),
     ``under_load_mhz`` (median of the loop core's current clock sampled every 50 ms while it runs the
     loop), ``loop_mops`` (millions of loop iterations per second, one core, the best of
@@ -219,7 +225,22 @@ def read_cpu(work_s: float = 0.3, samples: int = SAMPLES) -> dict[str, Any]:
 # the probe
 
 
+def too_short(bound_s: float, source: str) -> dict[str, Any] | None:
+    """The CPU facts of a run whose time bound cannot hold the measurement (below :data:`MIN_BOUND_S`):
+    ``{"why", "unmeasurable": {"bound_s", "bound_source", "min_bound_s", "loop_s"}}``; None when it can."""
+    if bound_s >= MIN_BOUND_S:
+        return None
+    return {"why": f"not measured: the time bound {bound_s:g} s ({source}) is shorter than the {MIN_BOUND_S:g} s the "
+                   f"CPU probe needs to measure (its fixed-work loop alone runs {LOOP_S:g} s), so the loop was not "
+                   "started",
+            "unmeasurable": {"bound_s": bound_s, "bound_source": source, "min_bound_s": MIN_BOUND_S, "loop_s": LOOP_S}}
+
+
 def _read_probe(run: Run, progress: Any) -> dict[str, Any]:
+    if not run.capturing:  # a capture runs under its own bound (afddiag capture --timeout)
+        src = "--timeout" if run.inputs.probe_timeout_s is not None else "the playbook's [timeouts] cpu_s"
+        if (short := too_short(run.inputs.timeout("cpu_s"), src)) is not None:
+            return {"cpu.json": short}
     progress.doing = "reading cpufreq and running the fixed-work loop"
     return {"cpu.json": read_source(run.src.cpu, lambda: read_cpu())}
 
