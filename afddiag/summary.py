@@ -40,7 +40,9 @@ Fields (None where the host did not say):
   firmware only between HCAs of one ``hca``);
 - ``control_plane`` (:func:`control_plane_of`: ``{verdict, source, peers, ports, attempts: [{peer, port,
   outcome}], not_tried: [{peer, port}], advertised_bad: [{key, value, why}]}`` from ``launch.control-plane``;
-  None when the report has no such gate: an older afddiag, or the launch gates were not run).
+  None when the report has no such gate: an older afddiag, or the launch gates were not run);
+- ``known_bad`` (:func:`known_bad_of`: ``{verdict, matched: [entry ids]}`` of ``host.known-bad``; None when
+  the report has no such gate).
 """
 
 from __future__ import annotations
@@ -129,6 +131,21 @@ def firmware_of(rep: Report | Mapping[str, Any]) -> list[dict[str, str]]:
             for d in (_d(_d(rep.get("facts")).get("fabric")).get("devices") or [])
             if isinstance(d, dict) and d.get("fw_ver")}
     return [{"hca": h, "fw_ver": v} for h, v in sorted(rows)]
+
+
+def known_bad_of(gate: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``{"verdict", "matched": [entry ids]}`` of a report's ``host.known-bad`` gate (its JSON: the
+    ``entries`` its facts list with result "match"); None without the gate. Never raises on odd content."""
+    if not isinstance(gate, Mapping):
+        return None
+    entries = _d(gate.get("facts")).get("entries")
+    matched = [str(e.get("id")) for e in entries if isinstance(e, dict) and e.get("result") == "match"] \
+        if isinstance(entries, list) else []
+    return {"verdict": gate.get("verdict") if gate.get("verdict") in VERDICTS else None, "matched": matched}
+
+
+def _known_bad_gate(rep: Report | Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((g for g in rep.get("gates") or [] if isinstance(g, dict) and g.get("id") == "host.known-bad"), None)
 
 
 _NOT_TRIED = re.compile(r"^(\S+):(\d+) not tried")
@@ -226,7 +243,8 @@ def from_report(rep: Report | Mapping[str, Any]) -> dict[str, Any]:
             "fabric_ip_source": inputs.get("fabric_ip_source"), "ipv4_prefixlen": prefixes,
             "launch_env": inputs.get("launch_env")}
     host = {"device_map": _d(rep.get("device_map")), "gpus": gpus, "versions": versions_of(rep),
-            "firmware": firmware_of(rep), "control_plane": control_plane_of(rep)}
+            "firmware": firmware_of(rep), "control_plane": control_plane_of(rep),
+            "known_bad": known_bad_of(_known_bad_gate(rep))}
     return _assemble(head, _d(inputs.get("env")), gates, host)
 
 
@@ -276,6 +294,7 @@ def _assemble(head: dict[str, Any], env: Mapping[Any, Any], gates: Mapping[Any, 
         "versions": host["versions"],
         "firmware": host["firmware"],
         "control_plane": host["control_plane"],
+        "known_bad": host.get("known_bad"),
     }
 
 
@@ -360,7 +379,9 @@ def from_run(inputs: Inputs, obs: Observation, fabric_ip: tuple[str | None, str 
     head = {"role": inputs.playbook.name if inputs.playbook else "generic", "fabric_ip": fabric_ip[0],
             "fabric_ip_source": fabric_ip[1], "ipv4_prefixlen": _prefixes(obs), "launch_env": inputs.launch_env_path}
     host = {"device_map": device_map, "gpus": _gpus(obs.gpu), "versions": _versions(obs), "firmware": _firmware(obs),
-            "control_plane": _control_plane(gates.get("launch.control-plane"), obs)}
+            "control_plane": _control_plane(gates.get("launch.control-plane"), obs),
+            "known_bad": known_bad_of({"verdict": kb.verdict, "facts": kb.facts})
+            if (kb := gates.get("host.known-bad")) is not None else None}
     built = _assemble(head, obs.env or {}, gates, host)
     return cast(Summary, redact_report(built))
 
@@ -390,4 +411,6 @@ def of(rep: dict[str, Any] | None) -> Summary:
             s = {**s, key: _verdict(_d(gates.get(gid)))}
     if "firmware" not in s:
         s = {**s, "firmware": firmware_of(rep)}
+    if "known_bad" not in s:  # a summary made before known_bad joined it: read the gate's facts
+        s = {**s, "known_bad": known_bad_of(_known_bad_gate(rep))}
     return cast(Summary, s)

@@ -425,6 +425,13 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     hosts = _host_reports(tmp_path)
     a, b, coord = hosts["spark-a"], hosts["spark-b"], hosts["coord"]
     seen.add(_merge(tmp_path, [a, b])["gates"], "spark-a, spark-b")
+    bad_k = derive(fabric_case("02-"), tmp_path / "spark-k1008", {"host": "spark-k\n", "case.json": None,
+                                                                  "proc/sys/kernel/osrelease": "6.17.0-1008-nvidia\n"})
+    k1008 = report(["all", "--snapshot", str(bad_k), "--role", "expert"])  # fleet.known-bad's WARN
+    seen.add(_merge(tmp_path, [a, k1008])["gates"], "spark-a, a spark on kernel 6.17.0-1008")
+    ok_k = derive(bad_k, tmp_path / "spark-k1031", {"proc/sys/kernel/osrelease": "6.17.0-1031-nvidia\n"})
+    seen.add(_merge(tmp_path, [report(["all", "--snapshot", str(ok_k), "--role", "expert"])])["gates"],
+             "a spark on kernel 6.17.0-1031")
     seen.add(_merge(tmp_path, [a, b, coord])["gates"], "spark-a, spark-b, coord (another subnet)")
     # spark-b's NCCL_IB_HCA selects its second rail (192.168.101.0/24): spark-a has an address there, coord none
     le = envfile(tmp_path, "rails.env", {"AFD_FABRIC_IP": "192.168.100.11", "AFD_EXPERT_CAPACITY": "256",

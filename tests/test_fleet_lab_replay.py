@@ -55,10 +55,12 @@ def _merge(capsys, tmp_path: Path, run: str, per_host_files: bool = False) -> tu
 PLANTED = {
     "fleet-faults": {"fleet.capacity": "FAIL", "fleet.fabric-ip": "PASS", "fleet.mtu": "FAIL",
                      "fleet.gid-index": "PASS", "fleet.devicemap": "FAIL", "fleet.gpu": "SKIP",
-                     "fleet.versions": "PASS", "fleet.rails": "SKIP", "fleet.control-plane": "SKIP"},
+                     "fleet.versions": "PASS", "fleet.rails": "SKIP", "fleet.control-plane": "SKIP",
+                     "fleet.known-bad": "SKIP"},  # recorded before host.known-bad existed
     "fleet-link-down": {"fleet.capacity": "PASS", "fleet.fabric-ip": "PASS", "fleet.mtu": "PASS",
                         "fleet.gid-index": "PASS", "fleet.devicemap": "PASS", "fleet.gpu": "SKIP",
-                        "fleet.versions": "PASS", "fleet.rails": "SKIP", "fleet.control-plane": "SKIP"},
+                        "fleet.versions": "PASS", "fleet.rails": "SKIP", "fleet.control-plane": "SKIP",
+                        "fleet.known-bad": "SKIP"},
 }
 
 

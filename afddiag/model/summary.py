@@ -90,6 +90,13 @@ class ControlPlane(TypedDict):
     advertised_bad: list[AdvertisedBad]
 
 
+class KnownBad(TypedDict):
+    """``host.known-bad``'s verdict and the ids of the known-bad matrix entries that matched on the host."""
+
+    verdict: VerdictName | None
+    matched: list[str]
+
+
 class Summary(TypedDict, total=False):
     """The per-host summary (fields documented in :mod:`afddiag.summary`); None where the host did not say;
     ``{}`` for no report at all (:func:`afddiag.summary.of`)."""
@@ -122,3 +129,4 @@ class Summary(TypedDict, total=False):
     versions: dict[str, str]
     firmware: list[FirmwareRow]
     control_plane: ControlPlane | None
+    known_bad: KnownBad | None
