@@ -65,8 +65,11 @@ TARGETS = ["afddiag/gates/__init__.py", "afddiag/gates/fabric.py", "afddiag/gate
 # signals, fuzz, QEMU lab — and the probes' timing tests, which a loaded machine can fail, are left to the
 # full suite). The new tests/test_judging_*.py are added when present.
 TESTS = {
-    "__init__.py": ["test_judging_preambles.py", "test_runner.py", "test_gates.py", "test_emitted_actions.py"],
-    "fabric.py": ["test_judging_fabric.py", "test_gates.py", "test_fabric_remedies.py", "test_rail_bandwidth.py",
+    "__init__.py": ["test_judging_preambles.py", "test_runner.py", "test_gates.py", "test_emitted_actions.py",
+                    "test_judging_fabric.py", "test_judging_gpu.py", "test_judging_host.py", "test_judging_launch.py",
+                    "test_judging_rail.py"],
+    "fabric.py": ["test_judging_fabric.py", "test_nic_hotplug.py", "test_gates.py", "test_fabric_remedies.py",
+                  "test_rail_bandwidth.py",
                   "test_link_speed.py", "test_policy_route.py", "test_mem_registration.py", "test_pair_unit.py",
                   "test_emitted_actions.py", "test_root_causes.py", "test_launch.py", "test_edges.py",
                   "test_cases.py", "test_runner.py", "test_named_expectations.py"],
@@ -92,7 +95,7 @@ TESTS = {
 }
 # modules the judging moved to: the tests of the module it left, and their own
 TESTS["devicemap.py"] = TESTS["fabric.py"]
-TESTS["nic.py"] = ["test_nic_hotplug.py", *TESTS["fabric.py"]]
+TESTS["nic.py"] = TESTS["fabric.py"]
 TESTS["gpu_load.py"] = TESTS["gpu.py"]
 TESTS["control_plane.py"] = [*TESTS["fleet.py"], "test_control_plane.py", "test_judging_launch.py", "test_summary.py"]
 VERDICT_SWAP = {"FAIL": "WARN", "WARN": "PASS", "PASS": "WARN", "SKIP": "PASS", "ERROR": "SKIP"}
@@ -114,11 +117,13 @@ class Site:
     func: str  # enclosing function's qualified name ("<module>" at the top)
     op: str
     desc: str
+    occurrence: int = 0  # n-th site of the function with this operator and description (they can repeat)
 
     @property
     def key(self) -> str:
-        """Stable across line moves: file, function, operator, what changed."""
-        return f"{self.file}::{self.func}::{self.op}::{self.desc}"
+        """Stable across line moves: file, function, operator, what changed, and ``#n`` for the n-th
+        repeat of those within the function (``x or 0`` twice in one comparison, say)."""
+        return f"{self.file}::{self.func}::{self.op}::{self.desc}" + (f" #{self.occurrence}" if self.occurrence else "")
 
 
 class _Mutator(ast.NodeTransformer):
@@ -241,7 +246,12 @@ class _Mutator(ast.NodeTransformer):
 def sites_of(root: Path, rel: str, actions: set[str]) -> list[Site]:
     m = _Mutator(actions)
     m.visit(ast.parse((root / rel).read_text()))
-    return [Site(rel, i, *s) for i, s in enumerate(m.sites)]
+    seen: dict[tuple, int] = {}
+    out = []
+    for i, (line, func, op, desc) in enumerate(m.sites):
+        n = seen[(func, op, desc)] = seen.get((func, op, desc), -1) + 1
+        out.append(Site(rel, i, line, func, op, desc, n))
+    return out
 
 
 def mutant_source(root: Path, site: Site, actions: set[str]) -> str:
@@ -380,18 +390,26 @@ def append_result(path: str, row: dict) -> None:
             f.write(json.dumps(row, sort_keys=True) + "\n")
 
 
-def row_text(outcome: str, secs: float, file: str, line: int, op: str, desc: str, func: str) -> str:
-    return f"{outcome:16s} {secs:6.1f}s {file}:{line} {op}: {desc}  [{func}]"
+def row_text(outcome: str, secs: float, file: str, line: int, op: str, desc: str, func: str,
+             occurrence: int = 0) -> str:
+    row = f"{outcome:16s} {secs:6.1f}s {file}:{line} {op}: {desc}  [{func}]"
+    return row + (f" #{occurrence}" if occurrence else "")
+
+
+def result_row(r: dict) -> str:
+    """row_text of a results-file row."""
+    return row_text(r["outcome"], r["seconds"], r["file"], r["line"], r["op"], r["desc"], r["func"],
+                    int(r.get("occurrence") or 0))
 
 
 def report(first: str, rows: list[str], equivalent: dict[str, str]) -> tuple[str, list[str]]:
     """The report of ``rows`` (row_text lines), survivors listed in ``equivalent`` counted apart;
     → (report text, its head lines)."""
-    row_re = re.compile(r"^survived\s+\S+s (\S+?):\d+ (\w+): (.*)  \[(.*)\]$")
+    row_re = re.compile(r"^survived\s+\S+s (\S+?):\d+ (\w+): (.*)  \[(.*)\]( #\d+)?$")
     rows = list(rows)
     for i, r in enumerate(rows):
         m = row_re.match(r)
-        if m and (k := f"{m[1]}::{m[4]}::{m[2]}::{m[3]}") in equivalent:
+        if m and (k := f"{m[1]}::{m[4]}::{m[2]}::{m[3]}{m[5] or ''}") in equivalent:
             rows[i] = r + f"  (equivalent: {equivalent[k]})"
     counts = {"killed": 0, "survived": 0, "equivalent": 0, "error": 0}
     per_file: dict[str, list[int]] = {}
@@ -559,8 +577,7 @@ def main() -> int:
     _import_tests(root, sorted({t for f in TARGETS for t in tests_for(f)}))
     t_all = time.monotonic()
     bound = _baselines(a, root, rev, files, done, tests_for)
-    lines = [row_text(r["outcome"], r["seconds"], r["file"], r["line"], r["op"], r["desc"], r["func"])
-             for s in sites if (r := done.get((s.file, s.index)))]
+    lines = [result_row(r) for s in sites if (r := done.get((s.file, s.index)))]
     stopped = 0
     for i, s in enumerate(todo, 1):
         left = a.wall - (time.monotonic() - t_all) if a.wall else a.timeout
@@ -573,8 +590,9 @@ def main() -> int:
             stopped += 1
             continue
         append_result(a.results, {"rev": rev, "file": s.file, "index": s.index, "line": s.line, "func": s.func,
-                                  "op": s.op, "desc": s.desc, "outcome": outcome, "seconds": round(secs, 2)})
-        lines.append(row_text(outcome, secs, s.file, s.line, s.op, s.desc, s.func))
+                                  "op": s.op, "desc": s.desc, "occurrence": s.occurrence, "outcome": outcome,
+                                  "seconds": round(secs, 2)})
+        lines.append(row_text(outcome, secs, s.file, s.line, s.op, s.desc, s.func, s.occurrence))
         print(f"[{i}/{len(todo)}] {lines[-1]}", flush=True)
     first = (f"mutation run of afddiag/gates/*.py and afddiag/diagnosis.py at {a.ref} ({rev}); {len(lines)} of "
              f"{len(sites)} mutants" + (f" (sample --limit {a.limit} --seed {a.seed})" if a.limit else " (all sites)")
@@ -608,8 +626,7 @@ def merge(paths: list[str], out: str) -> int:
         revs = sorted({r.get("rev", "?") for r in done.values()})
         muts = sorted((r for r in done.values() if r["index"] >= 0),
                       key=lambda r: (TARGETS.index(r["file"]) if r["file"] in TARGETS else 99, r["index"]))
-        rows += [row_text(r["outcome"], r["seconds"], r["file"], r["line"], r["op"], r["desc"], r["func"])
-                 for r in muts]
+        rows += [result_row(r) for r in muts]
         heads.append(f"{len(muts)} mutants from {len(results)} results file(s) at {', '.join(revs)}, "
                      f"{sum(r['seconds'] for r in muts) / 3600:.1f} h of mutant runs (one core each)")
     first = f"merged from {len(paths)} file(s): " + " | ".join(heads)

@@ -199,6 +199,22 @@ def test_rocev2_ipv4_address_on_a_netdev_no_port_is_bound_to():
                         "not hold the address"
 
 
+def test_rocev2_ipv4_a_fabric_ip_on_a_host_with_no_roce_address():
+    """No IPv4 RoCE v2 GID at all and a fabric IP given: FAIL naming the address (not the wrong-address
+    SET_ENV, which needs a RoCE address of this host to point at)."""
+    v = fab("fabric.rocev2-ipv4", fabric(dev("mlx5_0", 0, netdev="enp0")), fabric_ip="10.0.0.7")
+    assert (v.verdict, v.action) == (FAIL, "FIX_ADDRESS")
+    assert v.summary == "fabric IP 10.0.0.7: no GID carries it (no netdev on this host holds it)"
+
+
+def test_rocev2_ipv4_several_roce_addresses_and_no_fabric_ip_pass():
+    nds = {"enp0": Netdev("enp0", 9000, "up", ["10.0.0.1/24"]), "enp1": Netdev("enp1", 9000, "up", ["10.1.0.1/24"])}
+    two = fabric(dev("mlx5_0", 0, "10.0.0.1", "enp0"), dev("mlx5_1", 1, "10.1.0.1", "enp1"), netdevs=nds)
+    v = fab("fabric.rocev2-ipv4", two)
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary == "IPv4 RoCE v2 GIDs on ACTIVE ports: 10.0.0.1=mlx5_0 (GID 3), 10.1.0.1=mlx5_1 (GID 3)"
+
+
 # ---------------------------------------------------------------- fabric.first-device
 
 def test_first_device_every_verdict():
@@ -231,6 +247,21 @@ def test_first_device_with_an_ambiguous_fabric_ip():
                                 "carries none")
 
 
+def test_first_device_ambiguous_fabric_ip_and_a_map_that_misses():
+    """Two RoCE addresses, a device map naming the wrong device for one and nothing for the other: with
+    the device order unknown the device the engine opens for the unmapped one cannot be told (WARN,
+    SET_ENV); with the order known, neither candidate is carried by what the engine opens (FAIL)."""
+    nds = {"enp0": Netdev("enp0", 9000, "up", ["10.0.0.1/24"]), "enp1": Netdev("enp1", 9000, "up", ["10.1.0.1/24"])}
+    devs = (dev("mlx5_0", 0, "10.0.0.1", "enp0"), dev("mlx5_1", 1, "10.1.0.1", "enp1"))
+    wrong = {MAP_VAR: "10.0.0.1=mlx5_1"}
+    v = fab("fabric.first-device", fabric(*devs, netdevs=nds, order="name (device index unknown)"), env=wrong)
+    assert (v.verdict, v.action) == (WARN, "SET_ENV")
+    assert v.summary.endswith("; device order unknown, so the device the engine opens for 10.1.0.1 cannot be told")
+    v = fab("fabric.first-device", fabric(*devs, netdevs=nds), env=wrong)
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert v.summary.endswith("carries none of them: mlx5_0 (first enumerated device), mlx5_1 (map)")
+
+
 # ---------------------------------------------------------------- fabric.qp-rtr
 
 def qp(*results, **kw) -> QpFacts:
@@ -260,6 +291,10 @@ def test_qp_rtr_every_verdict():
     assert (v.verdict, v.action) == (SKIP, "NONE") and "this device cannot run the RC QP walk" in v.summary
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk("INIT", None, error="timed out after 5 s")))
     assert (v.verdict, v.action) == (ERROR, "RERUN") and v.summary.startswith("not judged: mlx5_1 QP walk toward")
+    v = fab("fabric.qp-rtr", fabric(dev("mlx5_1", 0, "10.0.0.1", "enp1")), env=QPMAP, qp=qp(walk()))
+    assert v.verdict == PASS  # one device, the engine's: judged
+    v = fab("fabric.qp-rtr", FabricFacts(devices=[], addresses_source="test"), env=QPMAP, qp=qp(walk()))
+    assert (v.verdict, v.action, v.summary) == (SKIP, "NONE", "no RDMA device")
     v = fab("fabric.qp-rtr", env=QPMAP, qp=qp(walk(device="mlx5_0")))
     assert (v.verdict, v.action) == (ERROR, "RERUN")
     assert v.summary == "mlx5_1: no QP result for the device the engine opens"

@@ -259,6 +259,10 @@ def test_versions_drift_within_a_role_and_its_action():
     v = judged("fleet.versions", [host("a", versions=ok), host("b", versions=ok),
                                   host("c", versions={**ok, "afddiag": "0.0.9"})])
     assert (v.verdict, v.action) == (WARN, "UPDATE_PACKAGE")
+    # two hosts of a role whose HCAs of one model run different firmware: drift, even with two
+    v = judged("fleet.versions", [host("a", versions=ok, firmware=[{"hca": "MT4129", "fw_ver": "28.39.1002"}]),
+                                  host("b", versions=ok, firmware=[{"hca": "MT4129", "fw_ver": "28.41.1000"}])])
+    assert (v.verdict, v.action) == (WARN, "UPDATE_VERSIONS") and "firmware MT4129" in v.summary, v.summary
     # one host per role: nothing to compare
     v = judged("fleet.versions", [host("a", versions=ok), host("c", "coordinator", versions={**ok, "kernel": "6.8"})])
     assert v.verdict == PASS

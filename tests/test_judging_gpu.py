@@ -37,7 +37,8 @@ def test_fatal_xid_fails_with_the_catalogs_resolution(xid, action):
     assert v.summary.startswith(f"Xid {xid} (") and v.summary.endswith(") on 0000:3b:00")
 
 
-@pytest.mark.parametrize("xid", [8, 13, 31, 32, 38, 43, 45, 68, 69, 92, 94, 109, 137, 144, 150])
+@pytest.mark.parametrize("xid", [8, 13, 31, 32, 38, 43, 45, 68, 69, 92, 94, 109, 137, 144, 145, 146, 147, 148,
+                                 149, 150])
 def test_application_xid_warns_without_a_drain(xid):
     v = judge("gpu.errors", xids({"xid": xid, "pci": "0000:3b:00", "text": "x"}))
     assert (v.verdict, v.action) == (WARN, "NONE")
@@ -181,6 +182,15 @@ def test_clock_event_reason_bits(mask, verdict):
     assert v.action == {PASS: "NONE", FAIL: "HW_INSPECTION", WARN: "HW_INSPECTION"}[verdict]
 
 
+def test_clock_event_remedy_hardware_or_thermal():
+    """A hardware slowdown (0x8) is the board's or its power's: reseat/RMA words; a thermal one (0x20)
+    asks for cooling and a re-test, never an RMA."""
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0x8)))
+    assert v.verdict == FAIL and v.remedy.startswith("hardware slowdown") and "RMA" in v.remedy
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0x20)))
+    assert v.verdict == WARN and v.remedy.startswith("check cooling and airflow") and "RMA" not in v.remedy
+
+
 def test_clock_event_counters_at_zero_and_one():
     v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, clocks_event_reason_counters_us={
         "hw_slowdown": 0, "sw_thermal_slowdown": 0})))
@@ -190,6 +200,9 @@ def test_clock_event_counters_at_zero_and_one():
     v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, clocks_event_reason_counters_us={
         "sw_thermal_slowdown": 2_000_000})))
     assert v.verdict == WARN and "sw_thermal_slowdown 2.00 s" in v.summary
+    v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, clocks_event_reason_counters_us={
+        "sw_thermal_slowdown": 1})))  # one microsecond of thermal slowdown since the driver loaded still counts
+    assert v.verdict == WARN and "sw_thermal_slowdown 0.00 s" in v.summary
     # the mask under load counts too
     v = judge("gpu.clock-events", gpu(dev(clocks_event_reasons=0, under_load=UnderLoad(clocks_event_reasons=0x8))))
     assert v.verdict == FAIL
@@ -272,6 +285,18 @@ def test_slow_state_power_limit_edges():
     assert "the power telemetry is suspect" in slow(over).summary
 
 
+def test_slow_state_only_the_sw_power_cap_bit_lowers_the_power_edge():
+    """90 % of the limit explains the clock only with SW power capping (0x4) among the reasons; another
+    reason (0x1, GPU idle) is not the limiter: class A."""
+    lim = 700_000.0
+    for reasons, verdict in ((0x4, WARN), (0x1, FAIL), (0x5, WARN)):
+        d = dev(clock_sm_max_mhz=2000.0, power_limit_mw=lim, clocks_event_reasons=reasons,
+                under_load=UnderLoad(utilization_pct=100.0, clock_sm_mhz=900.0, power_mw=0.92 * lim))
+        v = slow(d)
+        assert v.verdict == verdict, (hex(reasons), v.summary)
+        assert ("sw_power_cap active" in v.summary) is (verdict == WARN)
+
+
 @pytest.mark.parametrize("fraction, suspect", [(1.05, False), (1.0501, True)])
 def test_slow_state_power_reading_suspect_only_above_105_percent(fraction, suspect):
     """A reading at 105 % of the enforced limit is still within what the limiter's averaging lets a
@@ -342,6 +367,7 @@ def test_sm_count_every_verdict():
     assert (v.verdict, v.action) == (WARN, "RERUN") and "SM count could not be read" in v.summary
     v = judge("gpu.sm-count", gpu(dev(sm_count=132)))
     assert (v.verdict, v.action) == (SKIP, "NONE") and v.summary.startswith("no expected SM count")
+    assert v.facts["expected"] is None and v.facts["expected_from"] is None  # no source for what was not given
     v = judge("gpu.sm-count", observation(gpu=GpuFacts(why="no driver")), expect_sm=132)
     assert (v.verdict, v.action) == (WARN, "RERUN") and "but no GPU is seen (no driver)" in v.summary
 
@@ -357,6 +383,8 @@ def test_memory_edges():
     d.memory_free_bytes = total // 2 - 1
     v = judge("gpu.memory", gpu(d), playbook=pb)
     assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "a 50% reservation needs 50.00 GiB" in v.summary
+    exact = dev(memory_total_bytes=80 * 10**9, memory_free_bytes=80 * 10**9)  # the role's minimum, exactly
+    assert judge("gpu.memory", gpu(exact), playbook=pb).verdict == PASS
     small = dev(memory_total_bytes=80 * 10**9 - 1, memory_free_bytes=80 * 10**9 - 1)
     v = judge("gpu.memory", gpu(small), playbook=pb)
     assert v.verdict == FAIL and "role coordinator needs 80 GB" in v.summary
@@ -449,10 +477,21 @@ def image(arch="", cc=(9, 0), driver_cuda=12080, **env):
 
 @pytest.mark.parametrize("arch, verdict", [
     ("9.0", PASS), ("9.0a", PASS), ("sm_90", PASS), ("90", PASS), ("8.0 9.0a", PASS),
-    ("8.9", FAIL), ("8.0+PTX", WARN), ("compute_80", WARN), ("10.0", FAIL), ("10.0+PTX", FAIL), ("7.5a", FAIL)])
+    ("8.9", FAIL), ("8.0+PTX", WARN), ("compute_80", WARN), ("10.0", FAIL), ("10.0+PTX", FAIL), ("7.5a", FAIL),
+    ("9.0+PTX", WARN), ("compute_90", WARN)])  # PTX of the GPU's own SM: JIT-compiled at start, still runs
 def test_image_arch_against_the_gpus_compute_capability(arch, verdict):
     v = image(arch)
     assert (v.verdict, v.action) == (verdict, "REBUILD_IMAGE" if verdict != PASS else "NONE")
+
+
+def test_image_arch_ptx_words_and_no_gpu_facts():
+    v = image("8.0+PTX")
+    assert v.summary == ("GPU 0 NVIDIA H200 is sm_90; image has only PTX for it (sm_80+PTX): JIT-compiled at start")
+    from afddiag.model.host import ImageFacts
+
+    img = ImageFacts(ref="afd:1", labels={"afd.cuda_arch_list": "9.0"})
+    v = judge("gpu.image-arch", observation(image=img))  # an image inspected, the GPU not probed
+    assert (v.verdict, v.action, v.summary) == (SKIP, "NONE", "GPU not probed")
 
 
 def test_binary_compatibility_holds_within_one_major_only():
@@ -502,3 +541,50 @@ def test_replayed_missing_figure_quotes_only_the_capture_notes_about_that_gpu():
         v = replay(other, note)
         assert (v.verdict, v.action) == (WARN, "RERUN") and "total memory not read" in v.summary
         assert v.summary.endswith(f"(the capture says: {note})"), v.summary
+
+
+@pytest.mark.parametrize("fraction, refused", [(0.8, False), (0.79, True)])
+def test_baseline_refuses_a_figure_below_the_reference_floor_only(fraction, refused):
+    """A figure at 80 % of the reference table's for the model is still a healthy baseline; below it,
+    recording it would make a slow GPU the reference."""
+    from afddiag import baseline
+    from afddiag.gates.refusals import gpu_refusals
+
+    ref = baseline.REFERENCE["NVIDIA H200"]["bf16_tflops"]
+    readings = {"devices": [{"index": 0, "uuid": "GPU-1", "name": "NVIDIA H200", "nvml": {"clock_sm_max_mhz": 1980},
+                             "under_load": {"clock_sm_mhz": 1980, "utilization_pct": 100,
+                                            "achieved": {"bf16_tflops": fraction * ref}}}]}
+    said = [r for r in gpu_refusals(readings) if "below the reference table's floor" in r]
+    assert bool(said) is refused, said
+    if refused:
+        assert said[0].startswith("GPU 0 NVIDIA H200: bf16_tflops") and "(80% of 648 for this model)" in said[0]
+
+
+def test_headroom_with_a_gpu_off_the_bus_points_at_gpu_errors():
+    """A GPU that fell off the bus (no NVML readings, Xid 79 on its address) with the readable GPU's
+    reservation covered: headroom is not judged on that host (gpu.errors is the root, one fault one
+    remedy), and says what it found on the readable one; with the readable one short, that FAIL stands."""
+    from afddiag.playbook import Playbook
+
+    pb = Playbook(name="expert", reserve_bytes=8 * 2**30)
+    lost = GpuDevice(1, name="NVIDIA H200", pci_bus_id="0000:5b:00.0", nvml_read=False)
+    xid79 = [{"xid": 79, "pci": "0000:5b:00", "text": "NVRM: Xid (PCI:0000:5b:00): 79, GPU has fallen off the bus."}]
+    ok = dev(memory_total_bytes=141 * 2**30, memory_free_bytes=100 * 2**30)
+    v = judge("gpu.headroom", gpu(ok, lost, xid_events=xid79), playbook=pb)
+    assert (v.verdict, v.action) == (SKIP, "NONE")
+    assert v.summary.startswith("not judged: gpu.errors failed (Xid 79, GPU has fallen off the bus on 0000:5b:00")
+    assert "; readable: GPU 0 NVIDIA H200: NVML free 100.00 GiB covers the 8.00 GiB reservation" in v.summary
+    short = dev(memory_total_bytes=141 * 2**30, memory_free_bytes=4 * 2**30)
+    v = judge("gpu.headroom", gpu(short, lost, xid_events=xid79), playbook=pb)
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "is below the 8.00 GiB reservation" in v.summary
+
+
+@pytest.mark.parametrize("event, judged", [
+    ({"xid": 154, "text": "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"}, (PASS, "NONE")),
+    ({"xid": 154, "text": "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)"}, (WARN, "NONE")),
+    ({"xid": 999, "text": "odd"}, (WARN, "NONE"))])
+def test_xid_judgment_asks_for_no_action_unless_it_fails(event, judged):
+    """xid_judgment's (verdict, words, action) as its callers read it: an action only with a FAIL."""
+    from afddiag.gates.gpu import xid_judgment
+
+    assert xid_judgment(event)[0::2] == judged

@@ -150,6 +150,10 @@ def test_pcie_width_and_speed():
     assert (v.verdict, v.action) == (WARN, "HW_INSPECTION")
     v = pcie(link("gpu", now=(16, 2.5), port=(16, 32.0)))  # a GPU at idle speed: not judged
     assert v.verdict == PASS and "GPU link speed below its maximum at idle" in v.summary
+    v = pcie(link("gpu", now=(16, 16.0), port=(16, 32.0)))  # Gen4 speed on a Gen5 link at idle: still not judged
+    assert v.verdict == PASS and "GPU link speed below its maximum at idle" in v.summary
+    v = pcie(link(port=(16, 32.0)))  # a NIC at its maximum behind a port that allows it: nothing to add
+    assert (v.verdict, v.summary) == (PASS, "1 link(s) at their maximum width: NIC 0000:01:00.0 x16 32 GT/s")
 
 
 def test_pcie_the_slot_not_the_card():

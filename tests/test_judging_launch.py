@@ -58,7 +58,9 @@ def test_capacity_every_verdict():
     assert (v.verdict, v.action) == (SKIP, "NONE") and "give --expect-capacity with the ranks' value" in v.summary
     v = launch("launch.capacity", {"AFD_PREFILL_CAPACITY": "256"})
     assert v.verdict == SKIP and v.summary.startswith("role unknown")
-    assert launch("launch.capacity", None, coord).verdict == SKIP
+    v = launch("launch.capacity", None, coord)
+    assert (v.verdict, v.action, v.summary) == (SKIP, "NONE", "no launch env file given (--launch-env FILE)")
+    assert v.remedy == "pass the launcher's env file with --launch-env"
 
 
 # ---------------------------------------------------------------- launch.memlock
@@ -134,6 +136,14 @@ def plan(total=100 * GIB, reserve=0.5, env=None, **pb):
     return launch("launch.memory-plan", env if env is not None else {"AFD_PREFILL_CAPACITY": "0"},
                   Playbook(name="coordinator", capacity_key="AFD_PREFILL_CAPACITY", reserve_fraction=reserve,
                            plan={**PLAN, **pb}), gpu=g)
+
+
+def test_memory_plan_without_a_launch_env_skips():
+    g = GpuFacts(available=True, devices=[GpuDevice(0, name="NVIDIA H200", memory_total_bytes=100 * GIB)])
+    v = launch("launch.memory-plan", None, Playbook(name="coordinator", capacity_key="AFD_PREFILL_CAPACITY",
+                                                     reserve_fraction=0.5, plan=PLAN), gpu=g)
+    assert (v.verdict, v.action, v.summary) == (SKIP, "NONE", "no launch env file given (--launch-env FILE)")
+    assert v.remedy == "pass the launcher's env file with --launch-env"
 
 
 def test_memory_plan_pool_edges():

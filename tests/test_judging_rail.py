@@ -121,7 +121,7 @@ def test_no_band_and_runs_that_did_not_finish():
     assert (v.verdict, v.action) == (FAIL, "CHECK_FABRIC")
     assert "no RDMA WRITE completed (ibv_modify_qp RTR: EINVAL, stage setup)" in v.summary
     v = rail(pair(none, role="server"))
-    assert v.verdict == FAIL and "the client's end of the run never arrived" in v.summary
+    assert (v.verdict, v.action) == (FAIL, "CHECK_FABRIC") and "the client's end of the run never arrived" in v.summary
     v = rail(pair(BandwidthRun(stage="handshake", error="peer refused the mode")))
     assert (v.verdict, v.action) == (ERROR, "RERUN") and "not measured: peer refused the mode" in v.summary
 
