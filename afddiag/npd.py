@@ -44,7 +44,7 @@ from typing import Any
 from afddiag.atomic import written_by_others
 from afddiag.baseline import state_dir
 from afddiag.reader import InputError, load_json
-from afddiag.termsafe import line
+from afddiag.termsafe import bounded_line
 
 OK, PROBLEM, UNKNOWN = 0, 1, 2
 MAX_MESSAGE_BYTES = 80  # NPD's default max_output_length: it cuts stdout at this many bytes
@@ -72,16 +72,9 @@ def default_report() -> Path:
     return state_dir() / REPORT_NAME
 
 
-def fit(text: str, limit: int = MAX_MESSAGE_BYTES, keep: str = "") -> str:
-    """``text`` escaped to one line (:func:`afddiag.termsafe.line`) and cut to ``limit`` UTF-8 bytes on a
-    character boundary (``...`` where cut), with ``keep`` (a short suffix) always whole at the end."""
-    body, tail = line(text), line(keep)
-    room = limit - len(tail.encode())
-    raw = body.encode()
-    if len(raw) > room:
-        raw = raw[: max(0, room - 3)]
-        body = raw.decode("utf-8", "ignore").rstrip() + "..."
-    return body + tail
+def fit(text: str, keep: str = "") -> str:
+    """``text`` as one escaped line of at most :data:`MAX_MESSAGE_BYTES` bytes, ``keep`` whole at its end."""
+    return bounded_line(text, MAX_MESSAGE_BYTES, keep)
 
 
 def _age(seconds: float) -> str:

@@ -94,6 +94,6 @@ def settle_node(result: PreflightResult) -> None:
     overwritten); ``resume`` a node afddiag drained when no fault left needs a drain."""
     opts, t = result.options, result.timeout_s or SLURM_TIMEOUT_S
     if opts.drain and result.needs_drain:
-        slurm.drain_node([d["gate"] for d in result.needs_drain], timeout_s=t)
+        slurm.drain_node([f"{d['gate']}: {d['summary']}" for d in result.needs_drain], timeout_s=t)
     if opts.resume and not result.needs_drain:
         slurm.resume_node(timeout_s=t)

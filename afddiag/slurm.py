@@ -2,7 +2,8 @@
 afddiag drained it and it is fit again, and never touch a drain someone else set.
 
 Slurm ignores a ``HealthCheckProgram``'s exit code, so ``afddiag preflight --drain`` calls
-``scontrol update nodename=<node> state=drain reason="afddiag: <failing gates>"`` itself. Every
+``scontrol update nodename=<node> state=drain reason="afddiag: <gate>: <summary>"`` itself (the first
+fault that needs the drain, `` (+N)`` more; one line of at most 80 characters). Every
 reason afddiag sets starts with :data:`REASON_PREFIX`; that prefix is how a later run knows the drain
 is its own (NHC does the same with ``NHC:``):
 
@@ -30,8 +31,9 @@ import sys
 from dataclasses import dataclass
 
 from afddiag import proc
+from afddiag.termsafe import bounded_line
 
-REASON_MAX_CHARS = 200  # Slurm keeps long reasons, but `sinfo -R` shows the first few dozen characters
+REASON_MAX_CHARS = 80  # Slurm keeps long reasons, but `sinfo -R` shows the first few dozen characters
 REASON_PREFIX = "afddiag:"
 _OUT_OF_SERVICE = ("drain", "down", "fail", "maint", "reboot")  # sinfo %T words of a node taken out
 
@@ -45,12 +47,19 @@ def _exe(var: str, default: str) -> list[str]:
     return shlex.split(os.environ.get(var) or default)
 
 
+def drain_reason(failing: list[str]) -> str:
+    """``afddiag: <first fault>`` (``<gate>: <summary>``), `` (+N)`` when N more need the drain too: one
+    escaped line of at most :data:`REASON_MAX_CHARS` bytes (`sinfo -R -o '%80E %N'` shows it whole; its
+    default ``%20E`` column still shows ``afddiag: <gate>``)."""
+    more = f" (+{len(failing) - 1})" if len(failing) > 1 else ""
+    return bounded_line(f"{REASON_PREFIX} {failing[0] if failing else 'not fit'}", REASON_MAX_CHARS, more)
+
+
 def drain_command(failing: list[str], node: str | None = None) -> list[str]:
-    """The argv that drains ``node`` (default :func:`node_name`) with reason ``afddiag: <gate ids>``
-    (cut to :data:`REASON_MAX_CHARS`). The command is ``$AFDDIAG_SCONTROL`` or ``scontrol``."""
-    reason = f"{REASON_PREFIX} " + (", ".join(failing) or "not fit")
-    if len(reason) > REASON_MAX_CHARS:
-        reason = reason[: REASON_MAX_CHARS - 3] + "..."
+    """The argv that drains ``node`` (default :func:`node_name`) with :func:`drain_reason`'s reason for
+    ``failing`` (each ``<gate>: <summary>``, or a gate id). The command is ``$AFDDIAG_SCONTROL`` or
+    ``scontrol``."""
+    reason = drain_reason(failing)
     return _exe("AFDDIAG_SCONTROL", "scontrol") + ["update", f"nodename={node or node_name()}", "state=drain",
                                                    f"reason={reason}"]
 

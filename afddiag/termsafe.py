@@ -106,3 +106,16 @@ def one_line(obj: Any) -> Any:
     """:func:`cleaned` with newlines escaped too: what the row-per-line renderers (tables, history,
     preflight) take, so a value never starts a forged row."""
     return cleaned(obj, keep_newlines=False)
+
+
+def bounded_line(value: Any, max_bytes: int, keep: str = "") -> str:
+    """:func:`line` of ``value`` cut to at most ``max_bytes`` UTF-8 bytes on a character boundary
+    (``...`` where cut), with ``keep`` (a short suffix, escaped too) always whole at its end. For one-line
+    messages another program stores with a size limit: a node condition's message (node-problem-detector
+    keeps 80 bytes), a Slurm drain reason."""
+    body, tail = line(value), line(keep)
+    room = max_bytes - len(tail.encode())
+    raw = body.encode()
+    if len(raw) > room:
+        body = raw[: max(0, room - 3)].decode("utf-8", "ignore").rstrip() + "..."
+    return body + tail

@@ -83,6 +83,9 @@ def slurm_node(fake_scontrol, fake_sinfo, monkeypatch):
     return setup
 
 
+DOWN_REASON = "afddiag: fabric.link: rocep1s0f1 port 1"  # the down fixture's root, subject first
+
+
 def calls(log: Path) -> list[list[str]]:
     if not log.exists():
         return []
@@ -110,9 +113,12 @@ def test_not_fit_drains_the_node_with_the_failing_gates(slurm_node, capsys, down
     log = slurm_node(down)
     code = slurm_node.run(drain=True)
     assert code == 2  # the exit code still says FAIL (a Prolog drains on it)
-    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
+    [call] = calls(log)
+    assert call[:3] == ["update", "nodename=gpu-node-7", "state=drain"]
+    # the reason names the gate and the start of its summary, the port first, in one line of 80 bytes
+    assert call[3].startswith(f"reason={DOWN_REASON}") and len(call[3].encode()) <= len("reason=") + 80
     err = capsys.readouterr().err
-    assert "NOT FIT" in err and "drained gpu-node-7 (reason=afddiag: fabric.link)" in err
+    assert "NOT FIT" in err and f"drained gpu-node-7 (reason={DOWN_REASON}" in err
     assert "[FIX_LINK, drain]" in err  # the action with its drain flag, as every view shows it
 
 
@@ -154,13 +160,23 @@ def test_an_admins_drain_is_never_overwritten(slurm_node, capsys, line, down):
     assert "left as it is" in capsys.readouterr().err
 
 
+def _reason_of(slurm_node, down) -> str:
+    """The reason afddiag drains the ``down`` node with (one run on a node in service)."""
+    log = slurm_node(down)
+    slurm_node.run(drain=True)
+    reason = calls(log)[0][3].split("=", 1)[1]
+    log.unlink()
+    return reason
+
+
 def test_own_drain_kept_or_updated(slurm_node, down):
-    log = slurm_node(down, "drained|afddiag: fabric.link")
+    reason = _reason_of(slurm_node, down)
+    log = slurm_node(down, f"drained|{reason}")
     assert slurm_node.run(drain=True) == 2
     assert calls(log) == []  # same reason: nothing to do
-    log = slurm_node(down, "drained|afddiag: gpu.slow-state")
+    log = slurm_node(down, "drained|afddiag: gpu.slow-state: GPU 0 class A")
     assert slurm_node.run(drain=True) == 2
-    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", "reason=afddiag: fabric.link"]]
+    assert calls(log) == [["update", "nodename=gpu-node-7", "state=drain", f"reason={reason}"]]
 
 
 def test_unreadable_state_drains_nothing(slurm_node, monkeypatch, capsys, down):
@@ -182,7 +198,7 @@ def test_resume_only_what_afddiag_drained(slurm_node, line, resumed):
 
 
 def test_a_fault_that_needs_a_drain_keeps_the_node_out(slurm_node, down):
-    log = slurm_node(down, "drained|afddiag: fabric.link")
+    log = slurm_node(down, f"drained|{_reason_of(slurm_node, down)}")
     assert slurm_node.run(drain=True, resume=True) == 2
     assert calls(log) == []  # same reason, still drained, not resumed
 
@@ -244,11 +260,13 @@ def test_drain_command_shape(monkeypatch):
     monkeypatch.delenv("AFDDIAG_SCONTROL", raising=False)
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     monkeypatch.setattr(slurm.socket, "gethostname", lambda: "node12.cluster.example")
-    assert slurm.drain_command(["a.b", "c.d"]) == ["scontrol", "update", "nodename=node12", "state=drain",
-                                                   "reason=afddiag: a.b, c.d"]
+    assert slurm.drain_command(["a.b: x", "c.d: y"]) == ["scontrol", "update", "nodename=node12", "state=drain",
+                                                         "reason=afddiag: a.b: x (+1)"]
+    assert slurm.drain_command(["a.b: port\n1\x1b[2J"])[-1] == "reason=afddiag: a.b: port\\n1\\x1b[2J"
     monkeypatch.setenv("AFDDIAG_SCONTROL", "sudo -n scontrol")
-    argv = slurm.drain_command(["g" * 300])
+    argv = slurm.drain_command(["g" * 300, "h"])
     assert argv[:3] == ["sudo", "-n", "scontrol"] and len(argv[-1]) == len("reason=") + slurm.REASON_MAX_CHARS
+    assert argv[-1].endswith("g... (+1)")
 
 
 def test_slurm_examples_are_valid_shell_and_use_the_documented_calls():

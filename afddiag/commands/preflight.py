@@ -98,7 +98,7 @@ def show(inputs: Inputs, options: PreflightOptions, prom_path: str | None = None
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 600), default=None,
               help="Time bound of each probe, seconds (default: the playbook's [timeouts]).")
 @click.option("--drain", is_flag=True, help="When not fit, drain this Slurm node: `scontrol update nodename=<node> "
-              "state=drain reason=\"afddiag: <gates>\"` (for HealthCheckProgram; $AFDDIAG_SCONTROL overrides "
+              "state=drain reason=\"afddiag: <gate>: <summary>\"` (for HealthCheckProgram; $AFDDIAG_SCONTROL overrides "
               "scontrol); a drain someone else set is never overwritten.")
 @click.option("--resume", is_flag=True, help="When fit, resume this Slurm node if afddiag drained it (its reason "
               "starts with 'afddiag:'); any other drain stays.")
