@@ -162,10 +162,8 @@ def write_env(host: str, capacity: int = CAPACITY, device_map: str | None = None
 
 
 def start_fleet(outdir: str) -> dict:
-    """Keys (asyncssh, in-process), one sshd per host namespace on its management address, launch env
+    """Keys (ssh-keygen), one sshd per host namespace on its management address, launch env
     files and the inventory. Returns {"inventory": path, "sshd": {host: rc}, "keygen_s": seconds}."""
-    import asyncssh
-
     os.makedirs(FLEET_DIR, exist_ok=True)
     os.makedirs("/run/sshd", exist_ok=True)
     # virtme-ng locks every account in its /etc/shadow (a tmpfs copy bound over the host's, "!"); sshd
@@ -175,15 +173,15 @@ def start_fleet(outdir: str) -> dict:
     with open("/etc/shadow", "w") as f:
         f.write("\n".join("root:*:::::::" if ln.startswith("root:") else ln for ln in lines) + "\n")
     t = time.monotonic()
-    hostkey = asyncssh.generate_private_key("ssh-ed25519")
-    client = asyncssh.generate_private_key("ssh-ed25519")
-    hostkey.write_private_key(f"{FLEET_DIR}/hostkey")
-    client.write_private_key(f"{FLEET_DIR}/client")
-    os.chmod(f"{FLEET_DIR}/hostkey", 0o600)
-    os.chmod(f"{FLEET_DIR}/client", 0o600)
-    with open(f"{FLEET_DIR}/authorized_keys", "w") as f:
-        f.write(client.export_public_key().decode())
-    pub = hostkey.export_public_key().decode().strip()
+    for key in ("hostkey", "client"):
+        for old in (f"{FLEET_DIR}/{key}", f"{FLEET_DIR}/{key}.pub"):
+            if os.path.exists(old):
+                os.unlink(old)
+        sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{FLEET_DIR}/{key}"])
+    with open(f"{FLEET_DIR}/authorized_keys", "w") as f, open(f"{FLEET_DIR}/client.pub") as pubf:
+        f.write(pubf.read())
+    with open(f"{FLEET_DIR}/hostkey.pub") as pubf:
+        pub = " ".join(pubf.read().split()[:2])
     with open(f"{FLEET_DIR}/known_hosts", "w") as f:
         f.write("".join(f"{mgmt} {pub}\n" for _, _, mgmt, _ in HOSTS.values()))
     keygen_s = round(time.monotonic() - t, 3)

@@ -11,7 +11,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-PKGS=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers iproute2)
+PKGS=(python3 python3-venv python3-pip python3-pyverbs rdma-core ibverbs-providers iproute2 openssh-client)  # ssh/scp: fleet
 if [ "${1:-}" = --packages ]; then printf '%s\n' "${PKGS[@]}"; exit 0; fi  # the list alone (scripts/test.sh)
 
 if [ "${AFDDIAG_NO_APT:-0}" != 1 ] && command -v apt-get >/dev/null; then
@@ -36,7 +36,7 @@ fi
 # of every Python in .venv would load (about 13 ms: pathlib, importlib.util, ...); checks/ and playbooks/
 # are then read from the source tree (afddiag/packaged.py).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat 2>&1 | grep -v "^WARNING: Location" >&2 || true
-.venv/bin/python -c 'import afddiag, click, rich, psutil, pynvml' || { echo "setup: afddiag did not install into .venv" >&2; exit 1; }
+.venv/bin/python -c 'import afddiag, click, rich, psutil, pynvml, ClusterShell.Task' || { echo "setup: afddiag did not install into .venv" >&2; exit 1; }
 # pip byte-compiles what it installs, but not an editable install's sources: compile afddiag once, so
 # that a run does not compile ~60 modules from source (about 40 ms here, more on a GPU host's Python;
 # PYTHONDONTWRITEBYTECODE, set in many images, stops the interpreter from caching them itself).

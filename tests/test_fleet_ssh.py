@@ -12,6 +12,7 @@ Needs openssh-server (lab/setup.sh installs it); outside CI a missing sshd skips
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -66,7 +67,7 @@ def sshfleet(tmp_path_factory):
         pytest.skip(msg)
     if os.geteuid() != 0:
         pytest.skip("sshd test hosts log in as root: run as root")
-    pytest.importorskip("asyncssh")
+    pytest.importorskip("ClusterShell")
     d = tmp_path_factory.mktemp("fleet")
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
     host_pub = _keygen(d / "hostkey")
@@ -233,12 +234,14 @@ def test_progress_on_stderr_per_host(fleet_json):
 
 
 def test_fleet_table_plain(sshfleet, capsys):
-    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["inventory"]), "--quiet", "--timeout", "4")
+    # 12 s, not the inventory's 10: seven ssh handshakes and three afddiag runs at once take 4-7 s on a
+    # loaded 2-core machine
+    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["inventory"]), "--quiet", "--timeout", "12")
     print(out, file=sys.stderr)  # the table, for the record (pytest -s shows it)
     assert rc == 2
     lines = out.splitlines()
     assert lines[0].split()[:3] == ["host", "role", "collected"]
-    assert any(ln.startswith("slow ") and "ERROR" in ln and "timed out after 4 s" in ln for ln in lines), out
+    assert any(ln.startswith("slow ") and "ERROR" in ln and "timed out after 12 s" in ln for ln in lines), out
     assert any(ln.split()[:3] == ["FAIL", "fleet.capacity", "spark-b"] for ln in lines), out
     assert "3 host(s) reported, 4 without a report" in out
     assert err == ""  # --quiet
@@ -274,12 +277,146 @@ def test_push_runs_the_zipapp_on_a_bare_python(sshfleet, capsys, tmp_path, monke
     rep = fr["reports"]["pushed"]
     assert rep["inputs"]["launch_env"].endswith("spark-b.env")
     assert rep["host"] == "spark-b" and rep["afddiag_version"]
-    assert "copying the zipapp (SFTP)" in err and ".cache/afddiag/afddiag-" in err
-    assert [p.name for p in (tmp_path / "cache" / "afddiag").glob("afddiag-*.pyz")] == \
-        [p.name for p in remote.glob("afddiag-*.pyz")] != []  # built here, copied there
-    # a second run finds the same zipapp there and does not copy it again (size check)
+    assert "copying the zipapp (scp)" in err and ".cache/afddiag/afddiag-" in err
+    (local,) = (tmp_path / "cache" / "afddiag").glob("afddiag-*.pyz")  # built here, copied there
     (pushed,) = remote.glob("afddiag-*.pyz")
+    assert pushed.name == f"afddiag-{hashlib.sha256(local.read_bytes()).hexdigest()[:16]}.pyz"
+    assert pushed.read_bytes() == local.read_bytes() and list(remote.glob("*.part")) == []
+    # a second run finds the same content there (same sha256) and does not copy it again
     os.utime(pushed, (1, 1))  # a copy would make it new again
-    rc2, out2, _ = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push", "--quiet")
+    rc2, out2, err2 = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push")
     assert _row(json.loads(out2), "pushed")["status"] == "ok"
-    assert pushed.stat().st_mtime == 1
+    assert pushed.stat().st_mtime == 1 and "same sha256" in err2 and "copying" not in err2
+
+
+def test_push_never_runs_a_different_file_at_the_remote_name(sshfleet, capsys, tmp_path, monkeypatch):
+    """Another file where the zipapp should be (a stale or tampered copy, same name and size): it is
+    replaced by the real one and never run."""
+    if SFTP_SERVER is None:
+        pytest.skip("openssh-sftp-server not installed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    home = sshfleet["dir"] / "pushed-home"
+    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push", "--quiet")
+    (pushed,) = (home / ".cache" / "afddiag").glob("afddiag-*.pyz")
+    good = pushed.read_bytes()
+    marker = home / "impostor-ran"
+    marker.unlink(missing_ok=True)
+    bad = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran'); print('{{}}')\n".encode()
+    pushed.write_bytes(bad.ljust(len(good), b"#"))  # same size: a size check would take it
+    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["push_inventory"]), "--json", "--push")
+    assert _row(json.loads(out), "pushed")["status"] == "ok", err
+    assert not marker.exists() and pushed.read_bytes() == good
+    assert "copying the zipapp (scp)" in err
+
+
+def test_push_run_step_refuses_content_that_changed_after_the_copy(tmp_path):
+    """The run step hashes the file again just before running it: other content there is not run
+    (exit 97, stderr says why), the zipapp's own content is."""
+    from afddiag.fleet.ssh import REMOTE_DIR, _Push
+
+    app = tmp_path / "app.pyz"
+    app.write_bytes(b"import sys; print('ran', sys.argv[1:])\n")
+    push = _Push.of(str(app))
+    there = tmp_path / "home" / REMOTE_DIR
+    there.mkdir(parents=True)
+    (there / push.name).write_bytes(b"import sys; print('IMPOSTOR')\n")
+    cmd = push.run_command(sys.executable, ["all", "--json"], fresh_copy=False)
+    r = subprocess.run(cmd, shell=True, cwd=tmp_path / "home", capture_output=True, text=True)
+    assert r.returncode == 97 and "IMPOSTOR" not in r.stdout and "content differs" in r.stderr, r
+    shutil.copy(app, there / (push.name + ".part"))
+    r = subprocess.run(push.run_command(sys.executable, ["all", "--json"], fresh_copy=True), shell=True,
+                       cwd=tmp_path / "home", capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "ran ['all', '--json']\n", r
+    assert not (there / (push.name + ".part")).exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "link to /dev/null"])
+def test_identity_that_is_not_a_regular_file_is_refused(tmp_path, capsys, kind):
+    pytest.importorskip("ClusterShell")
+    ident = tmp_path / "id"
+    if kind == "directory":
+        ident.mkdir()
+    else:
+        ident.symlink_to("/dev/null")
+    (tmp_path / "known_hosts").write_text("")
+    inv = tmp_path / "inv.toml"
+    inv.write_text(f'[fleet]\nknown_hosts = "{tmp_path / "known_hosts"}"\n[[host]]\nname = "a"\nssh = "127.0.0.1:1"\n')
+    rc, out, err = _fleet(capsys, "--inventory", str(inv), "--identity", str(ident))
+    assert rc == 64 and out == ""
+    words = "a directory" if kind == "directory" else "not a regular file"
+    assert f"identity {ident}: {words}" in err and "Traceback" not in err and "connecting" not in err, err
+
+
+def _unshare_ok() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+def test_user_ssh_config_cannot_weaken_the_host_key_check(sshfleet, tmp_path):
+    """The user's ~/.ssh/config and /etc/ssh/ssh_config say StrictHostKeyChecking no and
+    UserKnownHostsFile /dev/null (ssh reads them from the passwd home, not $HOME: they are bound over it
+    in a private mount namespace); plain ssh there takes them, afddiag fleet still refuses the impostor."""
+    if not _unshare_ok():
+        pytest.skip("needs unshare -m (a private mount namespace)")
+    import pwd
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    hostile = "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  GlobalKnownHostsFile /dev/null\n"
+    (home / ".ssh" / "config").write_text(hostile)
+    (tmp_path / "ssh_config").write_text(hostile)
+    pw_dir = pwd.getpwuid(os.getuid()).pw_dir
+    script = (f"mount --make-rprivate / && mount --bind {home} {pw_dir} && "
+              f"mount --bind {tmp_path / 'ssh_config'} /etc/ssh/ssh_config && "
+              "ssh -G 127.0.0.1 | grep -i '^stricthostkeychecking' && "
+              f"exec {sys.executable} -m afddiag fleet --inventory {sshfleet['inventory']} --json --quiet "
+              "--nodes impostor,spark-a")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HOME": str(home)})
+    first, _, rest = r.stdout.partition("\n")
+    assert first == "stricthostkeychecking false", r  # the hostile config is in effect for plain ssh
+    fr = json.loads(rest)
+    assert [h["name"] for h in fr["hosts"]] == ["spark-a", "impostor"]
+    assert _row(fr, "spark-a")["status"] == "ok", fr["hosts"]
+    imp = _row(fr, "impostor")
+    assert imp["status"] == "ERROR" and "host key not verified" in imp["error"], imp
+
+
+def test_no_temp_files_or_ssh_processes_left(sshfleet, capsys, monkeypatch):
+    """The per-run ssh config is in a private temporary folder that is gone after the run, a timed-out
+    host included; no ssh process outlives it."""
+    import tempfile
+
+    import psutil
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*a, **k):
+        made.append(real(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    rc, out, _ = _fleet(capsys, "--inventory", str(sshfleet["inventory"]), "--json", "--quiet", "--timeout", "8",
+                        "--nodes", "slow,spark-a")
+    rows = {r["name"]: r for r in json.loads(out)["hosts"]}
+    assert "timed out after 8 s" in rows["slow"]["error"] and rows["spark-a"]["status"] == "ok"
+    assert made and not any(os.path.exists(p) for p in made), made
+    assert [c for c in psutil.Process().children(recursive=True) if c.name() in ("ssh", "scp")] == []
+
+
+def test_fan_out_window_bounds_ssh_processes_at_once(sshfleet, capsys):
+    """--concurrency 2 is ClusterShell's fan-out window: never more than two hosts between their start
+    and their end (read from the progress lines, which come from ClusterShell's events)."""
+    rc, out, err = _fleet(capsys, "--inventory", str(sshfleet["inventory"]), "--json", "--concurrency", "2",
+                          "--timeout", "12", "--nodes", "coord,spark-a,spark-b,garbage,impostor,down")
+    running, most = set(), 0
+    for ln in err.splitlines():
+        host, _, state = ln.partition("] ")[2].partition(": ")
+        if state.startswith("connecting"):
+            running.add(host)
+        elif state.startswith(("done", "ERROR")):
+            running.discard(host)
+        most = max(most, len(running))
+    assert most == 2, err
+    assert sum(r["status"] == "ok" for r in json.loads(out)["hosts"]) == 3

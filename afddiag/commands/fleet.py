@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -18,11 +22,14 @@ from afddiag.fleet import (
     InventoryError,
     Progress,
     SshOptions,
+    SshSetupError,
     build_zipapp,
+    check_identity,
     collect,
     judge,
     load_inventory,
     load_reports,
+    select_hosts,
     write_fleet_table,
 )
 from afddiag.fleet.rails import format_plan, plan_inventory
@@ -67,22 +74,67 @@ def _rail_plan(inv: Any, rails: bool, plan_only: bool, as_json: bool) -> int:
     return 0
 
 
+def _ssh_options(s: dict[str, Any], known_hosts: str | None, identity: str | None, concurrency: int | None,
+                 timeout_s: float | None, connect_timeout_s: float | None) -> SshOptions:
+    """The command line over the inventory's [fleet] settings; a missing known_hosts file or an identity
+    that is not a regular file is a usage error (one line)."""
+    opts = SshOptions(known_hosts=known_hosts or s.get("known_hosts"), identity=identity or s.get("identity"),
+                      user=s.get("user"), concurrency=concurrency or int(s.get("concurrency", 16)),
+                      timeout_s=timeout_s or float(s.get("timeout_s", 120)),
+                      connect_timeout_s=connect_timeout_s or float(s.get("connect_timeout_s", 10)),
+                      max_output_mib=int(s.get("max_output_mib", MAX_OUTPUT_MIB)))
+    if opts.known_hosts and not os.path.isfile(os.path.expanduser(opts.known_hosts)):
+        raise click.UsageError(f"known_hosts {opts.known_hosts}: no such file: give --known-hosts with the fleet's "
+                               "host keys (afddiag always verifies them)")
+    if opts.identity:
+        try:
+            check_identity(opts.identity)
+        except SshSetupError as e:
+            raise click.UsageError(str(e)) from e
+    return opts
+
+
+@contextlib.contextmanager
+def _zipapp(push: bool) -> Iterator[str | None]:
+    """--push: the zipapp of this afddiag, built in the user's cache (kept: the next run reuses the
+    folder), or in a private temporary folder removed when the run ends; None without --push."""
+    if not push:
+        yield None
+        return
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    try:
+        built: str | None = build_zipapp(os.path.join(cache, "afddiag", f"afddiag-{__version__}.pyz"))
+    except (OSError, ImportError):
+        built = None
+    if built:
+        yield built
+        return
+    tmp = tempfile.mkdtemp(prefix="afddiag-")
+    try:
+        yield build_zipapp(os.path.join(tmp, f"afddiag-{__version__}.pyz"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @click.command()
 @click.option("--inventory", "inventory_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="The fleet's inventory (TOML: [fleet], [expect], [[host]]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet report (with every host's report) on stdout.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
               help="known_hosts file to verify host keys against (default: the inventory's, else ~/.ssh/known_hosts).")
-@click.option("--identity", type=click.Path(dir_okay=False),
-              help="Client private key (default: agent and ~/.ssh/id_*).")
-@click.option("--concurrency", type=click.IntRange(1, 1024), help="Hosts collected at once (default 16).")
+@click.option("--identity", type=click.Path(),
+              help="Client private key, a regular file (default: agent and ~/.ssh/id_*).")
+@click.option("-w", "--nodes", "nodes", help="Collect only these inventory hosts: a node set (spark[01-16],"
+              "coord).")
+@click.option("--concurrency", type=click.IntRange(1, 1024),
+              help="Fan-out window: ssh processes at once (ClusterShell's fanout; default 16).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600),
               help="Per-host time bound, seconds, connect to last byte (default 120).")
 @click.option("--connect-timeout", "connect_timeout_s", type=click.FloatRange(0.5, 600),
-              help="SSH connect bound, seconds (default 10).")
-@click.option("--push", is_flag=True, help="Copy a self-contained zipapp of this afddiag over SFTP and run it "
-              "(click, rich, pynvml vendored; the host needs python3 ≥ 3.10, and python3-psutil/python3-pyverbs "
-              "for the probes that use them).")
+              help="SSH connect bound (TCP and the SSH banner), seconds, rounded up to whole (default 10).")
+@click.option("--push", is_flag=True, help="Copy a self-contained zipapp of this afddiag (scp; named by its "
+              "sha256, checked before it runs) and run it (click, rich, pynvml vendored; the host needs python3 "
+              "≥ 3.10, and python3-psutil/python3-pyverbs for the probes that use them).")
 @click.option("--quiet", is_flag=True, help="No per-host progress on stderr.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False),
               help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
@@ -91,7 +143,7 @@ def _rail_plan(inv: Any, rails: bool, plan_only: bool, as_json: bool) -> int:
               "rails, [fleet] wiring and rail_pairs in the inventory). With --plan, print the schedule.")
 @click.option("--plan", "plan_only", is_flag=True, help="With --rails: print the rounds of pair tests and stop "
               "(offline: no host is contacted).")
-def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s, connect_timeout_s, push,
+def fleet(inventory_path, as_json, known_hosts, identity, nodes, concurrency, timeout_s, connect_timeout_s, push,
           quiet, html_path, rails, plan_only) -> int:
     """Run `afddiag all --json` on every host of the inventory over SSH, then the cross-host gates.
 
@@ -104,29 +156,24 @@ def fleet(inventory_path, as_json, known_hosts, identity, concurrency, timeout_s
         raise click.UsageError(str(e)) from e
     if plan_only or rails:
         return _rail_plan(inv, rails, plan_only, as_json)
-    try:
-        import asyncssh  # noqa: F401
-    except ImportError:
-        raise click.UsageError("afddiag fleet needs asyncssh on this machine (pip install 'asyncssh>=2.13'); "
-                               "or collect the reports another way and use `afddiag merge`") from None
-    s = inv.settings
-    opts = SshOptions(known_hosts=known_hosts or s.get("known_hosts"), identity=identity or s.get("identity"),
-                      user=s.get("user"), concurrency=concurrency or int(s.get("concurrency", 16)),
-                      timeout_s=timeout_s or float(s.get("timeout_s", 120)),
-                      connect_timeout_s=connect_timeout_s or float(s.get("connect_timeout_s", 10)),
-                      max_output_mib=int(s.get("max_output_mib", MAX_OUTPUT_MIB)))
-    if opts.known_hosts and not os.path.isfile(os.path.expanduser(opts.known_hosts)):
-        raise click.UsageError(f"known_hosts {opts.known_hosts}: no such file: give --known-hosts with the fleet's "
-                               "host keys (afddiag always verifies them)")
-    if push:
-        import tempfile
-
-        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if nodes:
         try:
-            opts.push = build_zipapp(os.path.join(cache, "afddiag", f"afddiag-{__version__}.pyz"))
-        except (OSError, ImportError):
-            opts.push = build_zipapp(os.path.join(tempfile.mkdtemp(prefix="afddiag-"), f"afddiag-{__version__}.pyz"))
-    hosts = collect(inv, opts, Progress(quiet=quiet))
+            inv = select_hosts(inv, nodes)
+        except InventoryError as e:
+            raise click.UsageError(str(e)) from e
+    try:
+        import ClusterShell.Task  # noqa: F401
+    except ImportError:
+        raise click.UsageError("afddiag fleet needs ClusterShell on this machine (pip install ClusterShell, or "
+                               "python3-clustershell); or collect the reports another way and use `afddiag merge`"
+                               ) from None
+    opts = _ssh_options(inv.settings, known_hosts, identity, concurrency, timeout_s, connect_timeout_s)
+    with _zipapp(push) as zipapp:
+        opts.push = zipapp
+        try:
+            hosts = collect(inv, opts, Progress(quiet=quiet))
+        except SshSetupError as e:
+            raise click.UsageError(str(e)) from e
     fr = judge(hosts, inv.expect, source=f"fleet {inventory_path}", keep_reports=as_json)
     return _emit(fr, as_json, hosts, html_path)
 

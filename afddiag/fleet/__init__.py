@@ -9,7 +9,8 @@ The package, along its seams (every public name is re-exported here, ``from afdd
 
 - :mod:`afddiag.fleet.inventory`: the inventory TOML (``[fleet]``, ``[expect]``, ``[[host]]``; its
   docstring is the format's reference), loaded and checked key by key, and each host's arguments;
-- :mod:`afddiag.fleet.ssh`: collection over SSH (asyncssh), progress, and the ``--push`` zipapp;
+- :mod:`afddiag.fleet.ssh`: collection over SSH (OpenSSH fanned out by ClusterShell), progress, and the
+  ``--push`` zipapp;
 - :mod:`afddiag.fleet.judge`: per-host reports read (``merge``), the fleet gates run, the fleet
   report built and rendered as the fleet table.
 """
@@ -25,6 +26,7 @@ from afddiag.fleet.inventory import (
                                      parse_target,
                                      peers_for,
                                      remote_args,
+                                     select_hosts,
 )
 from afddiag.fleet.judge import (
                                      FLEET_SCHEMA,
@@ -37,12 +39,12 @@ from afddiag.fleet.judge import (
 from afddiag.fleet.ssh import (
                                      MAX_OUTPUT_MIB,
                                      VENDORED,
-                                     ConnectTimeout,
                                      Progress,
                                      SshOptions,
+                                     SshSetupError,
                                      build_zipapp,
+                                     check_identity,
                                      collect,
-                                     collect_async,
 )
 from afddiag.fleet.table import write_fleet_table
 from afddiag.gates.fleet import HostResult
@@ -52,4 +54,5 @@ __all__ = ["HostResult", "Inventory", "InventoryError", "SshOptions", "Verdict",
            "judge", "load_inventory", "load_reports", "parse_report", "write_fleet_table",
            "FLEET_SCHEMA", "FLEET_SCHEMA_VERSION", "MAX_MERGE_FILE_BYTES", "MAX_OUTPUT_MIB", "PEER_POLICIES",
            "VENDORED",
-           "ConnectTimeout", "InvHost", "Progress", "collect_async", "parse_target", "peers_for", "remote_args"]
+           "InvHost", "Progress", "SshSetupError", "check_identity", "parse_target", "peers_for", "remote_args",
+           "select_hosts"]

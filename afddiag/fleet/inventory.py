@@ -22,6 +22,11 @@ Inventory (TOML)::
     gid_index = 3                 # a stack forces this GID index everywhere
     mtu = 4096                    # RoCE path MTU, bytes
 
+    [[host]]                      # a node set (ClusterShell's NodeSet) is several hosts, same settings;
+    name = "spark[01-16]"         # no fabric_ip or rails (each host's own: give it its own [[host]],
+    role = "expert"               # or leave the fabric IP to its launch env's AFD_FABRIC_IP)
+    ssh = "root@%h.mgmt"          # optional; %h is each host's name: spark01 at spark01.mgmt
+
     [[host]]
     name = "spark-a"
     role = "expert"               # --role on that host
@@ -40,6 +45,7 @@ Inventory (TOML)::
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import sys
 from collections.abc import Callable
@@ -55,9 +61,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PEER_POLICIES = ("coordinator", "all", "none")
+MAX_NODES = 65536  # hosts one node set may name
 RAIL_PAIR_POLICIES = ("coordinator", "all")
 WIRINGS = ("switch", "links")
 _NAME_RE = __import__("re").compile(r"^[A-Za-z0-9_.:@\[\]\-]{1,253}$")
+_NODES_RE = __import__("re").compile(r"^[A-Za-z0-9_.:@\[\]\-,]{1,4096}$")  # a name or a node set
 
 
 def _is_int(v: Any) -> bool:
@@ -73,6 +81,9 @@ def _spec(kind: str, lo: float = 0, hi: float = 0,
     if kind == "name":
         return (lambda v: isinstance(v, str) and bool(_NAME_RE.match(v))), \
             "a host name (letters, digits, . _ - : @ [ ], at most 253)"
+    if kind == "nodes":
+        return (lambda v: isinstance(v, str) and bool(_NODES_RE.match(v))), \
+            "a host name or a node set (letters, digits, . _ - : @ [ ] ,)"
     if kind == "choice":
         return (lambda v: v in choices), "one of " + ", ".join(map(str, choices))
     if kind == "ipv4":
@@ -106,7 +117,7 @@ _FLEET_SPEC = {"user": _spec("str"), "known_hosts": _spec("str"), "identity": _s
                "wiring": _spec("choice", choices=WIRINGS), "rail_pairs": _spec("choice", choices=RAIL_PAIR_POLICIES)}
 _EXPECT_SPEC = {"capacity": _spec("int", 1, 1 << 20), "gid_index": _spec("int", 0, 65535),
                 "mtu": _spec("choice", choices=(256, 512, 1024, 2048, 4096))}
-_HOST_SPEC = {"name": _spec("name"), "role": _spec("name"), "ssh": _spec("str"), "fabric_ip": _spec("ipv4"),
+_HOST_SPEC = {"name": _spec("nodes"), "role": _spec("name"), "ssh": _spec("str"), "fabric_ip": _spec("ipv4"),
               "launch_env": _spec("str"), "args": _spec("args"), "afddiag": _spec("str"), "python": _spec("str"),
               "rails": (lambda v: isinstance(v, list), "a list of { name, ip, device } tables")}
 _RAIL_SPEC = {"name": _spec("name"), "ip": _spec("ipv4if"), "device": _spec("name")}
@@ -190,17 +201,68 @@ def load_inventory(path: str) -> Inventory:
         if not isinstance(h, dict) or "name" not in h:
             raise InventoryError(f"{where}: every [[host]] needs a name")
         _check_table(where, h, _HOST_SPEC, "[[host]]")
-        name = h["name"]
-        if name in seen:
-            raise InventoryError(f"{where}: name {name!r} used twice")
-        seen.add(name)
-        hosts.append(InvHost(name=name, ssh=h.get("ssh") or name, role=h.get("role"), fabric_ip=h.get("fabric_ip"),
-                             launch_env=h.get("launch_env"), args=list(h.get("args") or []),
-                             afddiag=h.get("afddiag"), python=h.get("python"), rails=_rails(where, h.get("rails"))))
+        for name in node_set(where, h):
+            if name in seen:
+                raise InventoryError(f"{where}: name {name!r} used twice")
+            seen.add(name)
+            ssh = h["ssh"].replace("%h", name) if h.get("ssh") else name
+            hosts.append(InvHost(name=name, ssh=ssh, role=h.get("role"), fabric_ip=h.get("fabric_ip"),
+                                 launch_env=h.get("launch_env"), args=list(h.get("args") or []),
+                                 afddiag=h.get("afddiag"), python=h.get("python"),
+                                 rails=_rails(where, h.get("rails"))))
     if not hosts:
         raise InventoryError(f"inventory {path}: no [[host]] entries")
     links = _links(f"inventory {path}", data.get("link", []), hosts)
     return Inventory(hosts=hosts, settings=dict(settings), expect=dict(expect), path=path, links=links)
+
+
+def expand_nodes(nodes: str, where: str) -> list[str]:
+    """A ClusterShell node set (``spark[01-16]``, ``coord,spark[1-4]``; no ``@group``) → its names, in
+    order; InventoryError naming ``where`` for one that does not parse or holds over MAX_NODES."""
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+
+    try:
+        ns = NodeSet(nodes, resolver=RESOLVER_NOGROUP)
+        if len(ns) > MAX_NODES:
+            raise InventoryError(f"{where}: node set {nodes!r:.80} holds {len(ns)} hosts (at most {MAX_NODES})")
+        return list(ns)
+    except NodeSetException as e:
+        raise InventoryError(f"{where}: {nodes!r:.80} is not a node set ({e})") from None
+
+
+def node_set(where: str, h: dict[str, Any]) -> list[str]:
+    """The names a ``[[host]]`` stands for: its ``name``, or every node of a node set (``spark[01-16]``).
+    A set of several hosts shares every setting, so it takes no ``fabric_ip`` or ``rails`` (each host's
+    own: give it its own [[host]]); its ``ssh``, if given, names each host by ``%h``."""
+    name = h["name"]
+    names = expand_nodes(name, f"{where}: name") if "[" in name or "," in name else [name]
+    bad = [n for n in names if not _NAME_RE.match(n)]
+    if bad:
+        raise InventoryError(f"{where}: [[host]] name {bad[0]!r:.60} is not a host name (letters, digits, "
+                             ". _ - : @ [ ], at most 253)")
+    if len(names) > 1:
+        for key in ("fabric_ip", "rails"):
+            if key in h:
+                raise InventoryError(f"{where}: {name!r} is a node set of {len(names)} hosts: {key} is each host's "
+                                     "own, so give those hosts their own [[host]] (or leave the fabric IP to the "
+                                     "launch env's AFD_FABRIC_IP)")
+        if "ssh" in h and "%h" not in h["ssh"]:
+            raise InventoryError(f"{where}: {name!r} is a node set: its ssh target names each host by %h "
+                                 "(ssh = \"root@%h.mgmt:22\"), or leave ssh out")
+    return names
+
+
+def select_hosts(inv: Inventory, nodes: str) -> Inventory:
+    """``inv`` narrowed to the hosts of node set ``nodes`` (``--nodes``): peers and fleet gates then see only
+    them. InventoryError for a name the inventory does not hold."""
+    wanted = expand_nodes(nodes, "--nodes")
+    known = {h.name for h in inv.hosts}
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise InventoryError(f"--nodes: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} not in the "
+                             f"inventory {inv.path}")
+    keep = set(wanted)
+    return dataclasses.replace(inv, hosts=[h for h in inv.hosts if h.name in keep])
 
 
 def _rails(where: str, raw: Any) -> list[dict[str, str]]:
