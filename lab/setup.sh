@@ -31,6 +31,7 @@ PKGS=(qemu-system-x86 python3-pyverbs rdma-core ibverbs-providers ibverbs-utils 
       busybox-static python3-venv openssh-server openssh-sftp-server openssh-client  # sshd/ssh-keygen/sftp-server: fleet tests
       prometheus                                # promtool check metrics/rules: tests/test_prometheus.py, test_alert_rules.py
       prometheus-node-exporter                  # scrapes afddiag's textfiles: tests/test_textfile_collector.py
+      munge slurmctld slurmd slurm-client       # a real Slurm cluster in network namespaces: tests/test_slurm_cluster.py
       chromium fonts-dejavu-core)               # headless page test: tests/test_html.py
 if [ "${1:-}" = --packages ]; then printf '%s\n' "${PKGS[@]}"; exit 0; fi
 if [ "$(id -u)" != 0 ]; then

@@ -40,7 +40,8 @@ kernels_ready() {  # both lab kernels unpacked in the cache, their modules insta
     services=""
     for p in "${missing[@]}"; do
       case "$p" in openssh-server) services+=" sshd (:22)";; prometheus) services+=" prometheus (:9090)";;
-                   prometheus-node-exporter) services+=" node_exporter (:9100)";; esac
+                   prometheus-node-exporter) services+=" node_exporter (:9100)";; munge) services+=" munged";;
+                   slurmctld) services+=" slurmctld (:6817)";; slurmd) services+=" slurmd (:6818)";; esac
     done
     [ -z "$services" ] || echo "       where the host's init starts services, their packages start:$services"
   else
