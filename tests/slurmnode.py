@@ -5,14 +5,16 @@ tests/test_slurm.py). The HealthCheckProgram and Prolog of that cluster run it a
 
     python tests/slurmnode.py ARGV...    (ARGV as afddiag's)
 
-``$AFDDIAG_NODE_CASE`` names a file holding "SNAPSHOT FABRIC_IP" (one line): the snapshot folder this
-node is now and its fabric address. The test rewrites that file to put a fault in and take it out.
+``$AFDDIAG_NODE_CASE`` names a file holding "SNAPSHOT FABRIC_IP [BOUND_S]" (one line): the snapshot
+folder this node is now and its fabric address (BOUND_S is the hook's). The test rewrites that file to
+put a fault in and take it out. SNAPSHOT ``hang`` is a run that never finishes (it sleeps 600 s).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from afddiag.cli import run
@@ -20,7 +22,9 @@ from afddiag.commands import options, preflight
 
 
 def main(argv: list[str]) -> int:
-    snapshot, fabric_ip = Path(os.environ["AFDDIAG_NODE_CASE"]).read_text().split()
+    snapshot, fabric_ip = Path(os.environ["AFDDIAG_NODE_CASE"]).read_text().split()[:2]
+    if snapshot == "hang":
+        time.sleep(600)
     real = options.inputs_from
 
     def as_this_node(**flags):

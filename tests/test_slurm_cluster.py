@@ -102,17 +102,18 @@ class Cluster:
         out = self.cmd("sinfo", "-h", "-N", "-o", "%N %T").stdout.split()
         return dict(zip(out[::2], out[1::2], strict=True))
 
-    def assign(self, node: str, hook: str, snapshot: Path | None, fabric_ip: str = "") -> None:
-        """Node NAME's ``hook`` (health, prolog) now reads ``snapshot``; None: the hook passes unrun."""
+    def assign(self, node: str, hook: str, snapshot: Path | str | None, fabric_ip: str = "-", bound_s: int = 0):
+        """Node NAME's ``hook`` (health, prolog) now reads ``snapshot`` ("hang": a run that never ends), bounded
+        at ``bound_s`` (0: the hook's default); None: the hook passes unrun."""
         f = self.d / "nodes" / f"{node}.{hook}"
         if snapshot is None:
             f.unlink(missing_ok=True)
         else:
             tmp = f.with_suffix(".tmp")
-            tmp.write_text(f"{snapshot} {fabric_ip}\n")
+            tmp.write_text(f"{snapshot} {fabric_ip}{f' {bound_s}' if bound_s else ''}\n")
             tmp.replace(f)
 
-    def judged(self, node: str, hook: str, snapshot: Path, deadline_s: float = 30) -> int:
+    def judged(self, node: str, hook: str, snapshot: Path | str, deadline_s: float = 30) -> int:
         """Wait until a run of NODE's ``hook`` that judged ``snapshot`` finishes (the hook logs what each
         run read when it started); its exit code."""
         runs = self.d / "nodes" / f"{node}.{hook}.runs"
@@ -122,7 +123,7 @@ class Cluster:
             lines = runs.read_text().splitlines()[seen:] if runs.exists() else []
             return next((ln for ln in lines if ln.split()[1:2] == [str(snapshot)]), None)
 
-        return int(_wait(f"{node}'s {hook} judged {snapshot.name}", finished, deadline_s).split()[0])
+        return int(_wait(f"{node}'s {hook} judged {snapshot}", finished, deadline_s).split()[0])
 
     def start(self, name: str, argv: list[str]) -> None:
         log = open(self.d / f"{name}.out", "wb")  # noqa: SIM115  # closed by the child's exit
@@ -139,6 +140,8 @@ def _hook(c: Cluster, hook: str, script: str) -> Path:
         f'f="{c.d}/nodes/${{SLURMD_NODENAME:?}}.{hook}"\n'
         '[ -e "$f" ] || exit 0\n'
         'cp "$f" "$f.now"\n'
+        'read -r _ _ bound < "$f.now"\n'
+        '[ -z "$bound" ] || export AFDDIAG_TIMEOUT="$bound"\n'
         f'export AFDDIAG_NODE_CASE="$f.now" SLURM_CONF="{c.conf}" AFDDIAG_SLURM_CONF="{c.conf}" '
         f'AFDDIAG_STATE_DIR="{c.d}/state-afddiag" PYTHONPATH="{REPO}:{REPO / "tests"}" '
         f'PATH="/usr/sbin:/usr/bin:/sbin:/bin" AFDDIAG="{sys.executable} {REPO / "tests" / "slurmnode.py"}"\n'
@@ -363,6 +366,29 @@ def test_healthcheck_leaves_an_admins_drain_alone(cluster, tmp_path):
     finally:
         cluster.assign(NODES[0], "health", None)
         cluster.cmd("scontrol", "update", f"nodename={NODES[0]}", "state=resume")
+
+
+def test_healthcheck_drains_a_node_whose_run_hangs_and_resumes_it_once_judged_fit(cluster):
+    """A run that does not finish within its bound judged nothing: the health check ends it (slurmd
+    would kill the script at 60 s and the node would stay in service) and drains the node with a reason
+    that says so; the next run that finishes fit resumes it. Nothing of the hung run is left (the
+    fixture's teardown finds no process in the node's namespace)."""
+    healthy = FABRIC["02-"]
+    ip = load_case(healthy)["fabric_ip"]
+    cluster.assign(NODES[1], "health", "hang", ip, bound_s=3)
+    try:
+        t0 = time.monotonic()
+        assert cluster.judged(NODES[1], "health", "hang") == 0  # slurmd ignores the code: the drain is the signal
+        node = _wait("afd-n2 drained after its run hung", lambda: _drained(cluster, NODES[1]), 10)
+        print(f"health check: hung run drained after {time.monotonic() - t0:.1f} s ({node['Reason']!r})",
+              file=sys.stderr)
+        assert node["Reason"] == "afddiag: healthcheck: run not finished in 3 s", node
+        cluster.assign(NODES[1], "health", healthy, ip)
+        assert cluster.judged(NODES[1], "health", healthy) == 0
+        _wait("afd-n2 resumed once judged fit", lambda: not _drained(cluster, NODES[1]), 10)
+    finally:
+        cluster.assign(NODES[1], "health", None)
+        cluster.cmd("scontrol", "update", f"nodename={NODES[1]}", "state=resume", check=False)
 
 
 def test_prolog_refuses_a_job_on_an_unfit_node(cluster, tmp_path):
