@@ -24,10 +24,13 @@ from afddiag.probes import pair as pairmod
 from afddiag.probes.pair import BandwidthSpec
 from afddiag.probes.registry import Sources
 
-#: What a bandwidth run is judged by: an RDMA device at all, the rail's link, its speed and MTU, the run,
-#: the counters.
-PAIR_GATES = ("fabric.rdma-present", "fabric.link", "fabric.mtu", "fabric.link-speed", "fabric.rail-bandwidth",
-              "fabric.port-counters")
+#: What a bandwidth run is judged by: an RDMA device at all (on a DGX Spark: a cable in the CX-7's cage), the
+#: rail's link, its speed and MTU, the run, the counters.
+PAIR_GATES = ("fabric.cx7-hotplug", "fabric.rdma-present", "fabric.link", "fabric.mtu", "fabric.link-speed",
+              "fabric.rail-bandwidth", "fabric.port-counters")
+
+#: What every bandwidth report judges whatever the role: a device at all (on a Spark: a cable in the cage).
+REQUIRED_GATES = ("fabric.cx7-hotplug", "fabric.rdma-present")
 
 #: Seconds a bandwidth run needs on top of its own: set up, drain, the peer's check.
 BW_OVERHEAD_S = 20
@@ -94,39 +97,41 @@ def pair_test(inputs: Inputs, serve: bool, target: str | None, port: int = pairm
     for both sides at once or a bad ``HOST:PORT``."""
     if serve and target:
         raise InputsError("give --serve or --pair, not both")
-    fab = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"}), probe_timeout_s=inputs.probe_timeout_s),
-                         only={"fabric"}).fabric
+    seen = runner.observe(Inputs(run_qp=False, families=frozenset({"fabric"}), probe_timeout_s=inputs.probe_timeout_s,
+                                 xid_log=inputs.xid_log), only={"fabric", "nic"})
+    fab, nic = seen.fabric, seen.nic  # nic: a Spark's CX-7 powered off for want of a cable is "no cable"
     given, _ = given_fabric_ip(inputs)  # None: the pair test picks the only IPv4 RoCE v2 address
     if serve:
         facts = pairmod.serve(port, fabric_ip=given, timeout_s=timeout_s, fabric=fab, peer=peer or "",
-                              key=key)
+                              key=key, nic=nic)
     else:
         try:
             host, port = pairmod.parse_hostport(target or "", port)
         except ValueError as e:
             raise InputsError(f"--pair {e}") from None
         facts = pairmod.pair(host, port, fabric_ip=given, timeout_s=timeout_s, fabric=fab,
-                             bandwidth=bandwidth, key=key)
+                             bandwidth=bandwidth, key=key, nic=nic)
     if facts.bandwidth is None:
         ok = facts.error is None and facts.destroyed and all(p.verified for p in facts.phases)
         return PairResult(facts, None, 0 if ok else 2)
-    rep = judge_pair(inputs, fab, to_jsonable(facts))
+    rep = judge_pair(inputs, fab, to_jsonable(facts), nic)
     return PairResult(facts, rep, rep["exit_code"] if facts.destroyed else 2)
 
 
-def judge_pair(inputs: Inputs, fabric: Any, pair_json: dict[str, Any]) -> Report:
+def judge_pair(inputs: Inputs, fabric: Any, pair_json: dict[str, Any], nic: Any = None) -> Report:
     """The JSON report of one side's bandwidth run: ``pair_json`` (the pair test's JSON) read through
     the probe registry's pair entry (as a replay of a saved one is), this host's fabric facts, and the
     gates of :data:`PAIR_GATES` the role runs, on the rail the pair test used; RDMA is required (the test
-    needs a device), so a host with none FAILs ``fabric.rdma-present``, the root of the rest."""
+    needs a device), so a host with none FAILs ``fabric.rdma-present``, the root of the rest; ``nic`` (the NIC
+    probe's facts): a Spark whose CX-7 is powered off for want of a cable FAILs ``fabric.cx7-hotplug`` instead."""
     pb = inputs.playbook or Playbook()
     # the pair test runs over RDMA whatever the role: no device is its root (fabric.rdma-present FAILs and
     # explains the rest), not a bandwidth ERROR listed before it
-    pb = dataclasses.replace(pb, gates=[g for g in PAIR_GATES if pb.runs(g) or g == "fabric.rdma-present"],
+    pb = dataclasses.replace(pb, gates=[g for g in PAIR_GATES if pb.runs(g) or g in REQUIRED_GATES],
                              requires=sorted({*pb.requires, "rdma"}),
                              name=pb.name if "rdma" in pb.requires else f"{pb.name} (for the pair test)")
     inp = dataclasses.replace(inputs, families=frozenset({"fabric"}), playbook=pb, run_qp=False,
                               fabric_ip=pair_json.get("fabric_ip") or given_fabric_ip(inputs)[0])
     obs = runner.gather(inp, host=Sources(pair=lambda: pair_json), only={"pair"})
-    obs.fabric = fabric
+    obs.fabric, obs.nic = fabric, nic
     return runner.judge(inp, obs)

@@ -7,6 +7,7 @@ strings from NV-Kernels PR 271's mtk-pcie-hotplug.c)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -220,6 +221,23 @@ def test_a_stale_rail_that_came_up_after_a_hotplug_event_says_so():
             link_speed_mbps=200000))
         assert (v.verdict, v.action) == (FAIL, "REBOOT")
         assert ("came up after a hot-plug event" in v.summary) is said
+
+
+def test_the_pair_test_stops_on_no_cable_not_on_load_the_driver():
+    from afddiag.pairtest import judge_pair
+    from afddiag.probes.pair import format_pair, pair
+
+    unplugged = nic(functions=[], debug_state=0)
+    f = pair("127.0.0.1", port=1, fabric_ip="192.0.2.77", fabric=FabricFacts(), timeout_s=5, nic=unplugged)
+    assert f.local_error and f.local_error.startswith("no RDMA device on this host: its CX-7 is powered off")
+    assert "load the" not in f.local_error and "fabric.cx7-hotplug" in format_pair(f)
+    plain = pair("127.0.0.1", port=1, fabric_ip="192.0.2.77", fabric=FabricFacts(), timeout_s=5,
+                 nic=nic(functions=[], debug_state=1))
+    assert plain.local_error and "load the RDMA driver" in plain.local_error  # a cable was seen: not "no cable"
+    f.bandwidth = BandwidthRun(seconds_asked=1.0, stage="handshake")
+    rep = judge_pair(Inputs(), FabricFacts(), json.loads(json.dumps(f, default=vars)), unplugged)
+    got = {g["id"]: (g["verdict"], g["action"]) for g in rep["gates"]}
+    assert got["fabric.cx7-hotplug"] == (FAIL, "FIX_LINK") and got["fabric.rdma-present"][0] == SKIP
 
 
 # ---------------------------------------------------------------- the healthy Spark capture

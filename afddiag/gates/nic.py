@@ -17,40 +17,10 @@ from typing import Any
 from afddiag import packaged
 from afddiag.catalog import load, remedy, tomllib
 from afddiag.gates import Context, declared, gate, not_probed, probe_failed
-from afddiag.model.nic import NicFacts, hotplug_events, message
+from afddiag.model.nic import NicFacts, at_seconds, driver_events, hotplug_events, message, no_cable_evidence
 from afddiag.verdict import FAIL, PASS, SKIP, WARN, Verdict
 
 HOTPLUG_GATE = "fabric.cx7-hotplug"
-
-
-def _at(ev: dict[str, Any]) -> str:
-    return f" at {ev['seconds']:.1f} s" if isinstance(ev.get("seconds"), float) else ""
-
-
-def _driver_events(nic: NicFacts) -> list[dict[str, Any]]:
-    """The hot-plug driver's own cable events ("plugin", "removal"), in order."""
-    return [e for e in hotplug_events(nic.kernel_lines) if e["event"] in ("plugin", "removal")]
-
-
-def no_cable_evidence(nic: NicFacts | None) -> str | None:
-    """Why the CX-7's functions are absent for want of a cable, in words, or None when the facts do not
-    show it: the hot-plug driver present and enabled, no Mellanox PCI function listed, and either its last
-    cable event in the kernel log is "Cable removal", or it logged none and ``debug_state`` (or the older
-    ``cx7_dbg/plugin``) is 0, which the driver sets from the cage's presence pin when it starts. Pure."""
-    if nic is None or not nic.captured or nic.failed or not nic.hotplug_driver or nic.hotplug_enabled != 1:
-        return None
-    if nic.functions is None or nic.functions:
-        return None
-    events = _driver_events(nic)
-    if events:
-        last = events[-1]
-        return (f"the hot-plug driver logged \"Cable removal\"{_at(last)} and no \"Cable plugin\" since"
-                if last["event"] == "removal" else None)
-    boot_state = nic.debug_state if nic.debug_state is not None else nic.legacy_plugin
-    if boot_state == 0:
-        seen = "logged no cable event since" if nic.kernel_lines is not None else "kernel log not read"
-        return f"no cable was in the cage when the hot-plug driver started: debug_state 0, {seen}"
-    return None
 
 
 def unplugged_skip(ctx: Context, gate_id: str) -> Verdict | None:
@@ -71,10 +41,10 @@ def hotplug_note(ctx: Context) -> str:
     nic = ctx.obs.nic
     if not isinstance(nic, NicFacts) or not nic.kernel_lines:
         return ""
-    plugins = [e for e in _driver_events(nic) if e["event"] == "plugin"]
+    plugins = [e for e in driver_events(nic) if e["event"] == "plugin"]
     if not plugins:
         return ""
-    return f"; the CX-7 came up after a hot-plug event (cx7-pcie-hotplug \"Cable plugin\"{_at(plugins[-1])})"
+    return f"; the CX-7 came up after a hot-plug event (cx7-pcie-hotplug \"Cable plugin\"{at_seconds(plugins[-1])})"
 
 
 def _named(ctx: Context) -> bool:

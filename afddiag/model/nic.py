@@ -84,3 +84,47 @@ def hotplug_events(lines: list[str] | None) -> list[dict[str, Any]]:
                 out.append({"event": name, "seconds": line_seconds(line), "text": message(line)[:300]})
                 break
     return out
+
+
+def at_seconds(ev: dict[str, Any]) -> str:
+    """`` at 812.3 s`` for an event that carries seconds since boot, else "". Pure."""
+    return f" at {ev['seconds']:.1f} s" if isinstance(ev.get("seconds"), float) else ""
+
+
+def driver_events(nic: NicFacts) -> list[dict[str, Any]]:
+    """The hot-plug driver's own cable events ("plugin", "removal"), in order."""
+    return [e for e in hotplug_events(nic.kernel_lines) if e["event"] in ("plugin", "removal")]
+
+
+def no_cable_evidence(nic: NicFacts | None) -> str | None:
+    """Why the CX-7's functions are absent for want of a cable, in words, or None when the facts do not
+    show it: the hot-plug driver present and enabled, no Mellanox PCI function listed, and either its last
+    cable event in the kernel log is "Cable removal", or it logged none and ``debug_state`` (or the older
+    ``cx7_dbg/plugin``) is 0, which the driver sets from the cage's presence pin when it starts. Pure."""
+    if nic is None or not nic.captured or nic.failed or not nic.hotplug_driver or nic.hotplug_enabled != 1:
+        return None
+    if nic.functions is None or nic.functions:
+        return None
+    events = driver_events(nic)
+    if events:
+        last = events[-1]
+        return (f"the hot-plug driver logged \"Cable removal\"{at_seconds(last)} and no \"Cable plugin\" since"
+                if last["event"] == "removal" else None)
+    boot_state = nic.debug_state if nic.debug_state is not None else nic.legacy_plugin
+    if boot_state == 0:
+        seen = "logged no cable event since" if nic.kernel_lines is not None else "kernel log not read"
+        return f"no cable was in the cage when the hot-plug driver started: debug_state 0, {seen}"
+    return None
+
+
+def no_cable_stop(fabric: Any, nic: NicFacts | None) -> str | None:
+    """The pair test's local stop on a host whose fabric was looked at and lists no RDMA device while the
+    NIC facts show a Spark's CX-7 powered off for want of a cable (:func:`no_cable_evidence`): the sentence
+    naming that root and its cabling remedy; None otherwise (the pair test's own "no RDMA device" stop then
+    applies). ``fabric``: :class:`afddiag.model.fabric.FabricFacts` or None. Pure."""
+    if fabric is None or not fabric.captured or fabric.failed or fabric.devices:
+        return None
+    cable = no_cable_evidence(nic)
+    return None if cable is None else ("no RDMA device on this host: its CX-7 is powered off by the hot-plug driver "
+                                       f"because no cable is in its QSFP cage ({cable}): plug the cable in "
+                                       "(fabric.cx7-hotplug)")

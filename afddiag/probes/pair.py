@@ -71,6 +71,7 @@ from typing import Any
 from afddiag import endpoint
 from afddiag.model import to_jsonable
 from afddiag.model.fabric import FabricFacts
+from afddiag.model.nic import NicFacts
 from afddiag.model.pair import REFUSED_KEPT as REFUSED_KEPT
 from afddiag.model.pair import (
     BandwidthRun,
@@ -104,6 +105,7 @@ from afddiag.probes.pair_wire import (
     _num,
     _peer_hello,
     _qp_list,
+    stop_if_no_cable,
 )
 from afddiag.probes.pair_wire import KEY_MAX_BYTES as KEY_MAX_BYTES
 from afddiag.probes.pair_wire import KEY_MIN_BYTES as KEY_MIN_BYTES
@@ -260,7 +262,7 @@ class SessionBudget:
 
 def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | None = None,
           timeout_s: float = 60.0, fabric: FabricFacts | None = None, *, peer: str,
-          key: bytes | None = None) -> PairFacts:
+          key: bytes | None = None, nic: NicFacts | None = None) -> PairFacts:
     """Serve one pair session: listen on TCP ``bind`` (default: the fabric IP) ``port``, admit the
     client at ``peer`` (an IP address: ``--peer``) that sends an afddiag handshake and, with ``key``
     (the pair key's bytes), proves the key, then follow its phases or its one bandwidth run, tear
@@ -279,6 +281,7 @@ def serve(port: int = DEFAULT_PORT, bind: str | None = None, fabric_ip: str | No
         facts.expected_peer = str(expected)
         big = max(DEFAULT_SIZES)
         budget.take(big * 2, 1, "the handshake QP and buffer")
+        stop_if_no_cable(fabric, nic, fabric_ip, facts)  # a Spark's CX-7 powered off: no cable, not no driver
         r = _open(fabric, fabric_ip, big * 2, facts)
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -614,7 +617,7 @@ def _write_for(r: _Rdma, bw: BandwidthRun, cq: Any, mr: Any, qps: list[Any], rem
 def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, sizes: tuple[int, ...] = DEFAULT_SIZES,
          lat_iters: int = LAT_ITERS, bw_count: int = BW_COUNT, timeout_s: float = 60.0,
          fabric: FabricFacts | None = None, bandwidth: BandwidthSpec | None = None,
-         key: bytes | None = None) -> PairFacts:
+         key: bytes | None = None, nic: NicFacts | None = None) -> PairFacts:
     """Connect to a ``serve`` on ``host:port`` and run SEND ping-pong, SEND stream and WRITE phases
     at each of ``sizes`` (bytes, at most 64 KiB). Returns the client's facts (latency in µs,
     bandwidth in GB/s per phase); ``error`` says where it stopped. Bounded by ``timeout_s``.
@@ -640,6 +643,7 @@ def pair(host: str, port: int = DEFAULT_PORT, fabric_ip: str | None = None, size
     sizes = tuple(s for s in sizes if 0 < s <= big)
     bw_count = min(bw_count, QUEUE_DEPTH)
     try:
+        stop_if_no_cable(fabric, nic, fabric_ip, facts)  # a Spark's CX-7 powered off: no cable, not no driver
         r = _open(fabric, fabric_ip, big * 2, facts)
         connect_by = min(deadline, time.monotonic() + 30.0)  # the server may still be starting: retry refusals
         # from the rail's fabric IP: the address the server's --peer names (with two rails on one subnet the

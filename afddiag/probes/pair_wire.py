@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from afddiag.atomic import read_secret
+from afddiag.model.nic import no_cable_stop
 
 PROTO = 3  # handshake protocol: 1 = phases only (no "proto" key); 2 adds "modes"/"mode" and the bandwidth run;
 # 3 adds the server's refusal line ({"error"}) and the pair key's challenge-response ("nonce", "challenge", "auth",
@@ -27,6 +28,15 @@ AUTH_SERVER = b"afddiag pair key: server proof\0"
 
 class PairError(Exception):
     """A step of the pair test that failed; the message says which and why (recorded, never raised out)."""
+
+
+def stop_if_no_cable(fabric: Any, nic: Any, fabric_ip: str | None, facts: Any) -> None:
+    """Raise :class:`PairError` (``facts.local_error`` set, nothing opened) when this host lists no RDMA
+    device because a DGX Spark's hot-plug driver powered its CX-7 off for want of a cable
+    (:func:`afddiag.model.nic.no_cable_stop`): that root and its cabling remedy, not "load the driver"."""
+    if (why := no_cable_stop(fabric, nic)) is not None:
+        facts.fabric_ip, facts.local_error = fabric_ip, why
+        raise PairError(why)
 
 
 MAX_MESSAGE = 1 << 20  # bytes: a control line longer than this (no newline yet) is refused, never held
