@@ -396,7 +396,7 @@ def load(obj: Any) -> Summary | None:
 
 def of(rep: dict[str, Any] | None) -> Summary:
     """The report's own summary (:func:`load`), else one built from it (a report of an older afddiag);
-    {} without a report."""
+    {} without a report. Redacted either way (:func:`afddiag.envvars.redact_report`)."""
     if not isinstance(rep, dict):
         return {}
     loaded = load(rep.get("summary"))
@@ -413,4 +413,4 @@ def of(rep: dict[str, Any] | None) -> Summary:
         s = {**s, "firmware": firmware_of(rep)}
     if "known_bad" not in s:  # a summary made before known_bad joined it: read the gate's facts
         s = {**s, "known_bad": known_bad_of(_known_bad_gate(rep))}
-    return cast(Summary, s)
+    return cast(Summary, redact_report(s))  # a report from elsewhere may hold a credential, as from_report's

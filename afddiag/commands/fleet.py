@@ -30,6 +30,7 @@ from afddiag.fleet import (
     load_inventory,
     load_reports,
     select_hosts,
+    write_fleet_json,
     write_fleet_table,
 )
 from afddiag.fleet.rails import format_plan, plan_inventory
@@ -49,8 +50,7 @@ def _emit(fr: dict[str, Any], as_json: bool, hosts: list[HostResult] | None = No
             raise click.UsageError(output_error(f"--html {html_path}", e)) from e
         click.echo(f"afddiag: fleet page written to {html_path}", err=True)
     if as_json:
-        json.dump(fr, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        write_fleet_json(fr, sys.stdout)
     else:
         write_fleet_table(fr)
     return fr["exit_code"]
@@ -187,16 +187,19 @@ def fleet(inventory_path, as_json, known_hosts, identity, nodes, concurrency, ti
 @click.option("--expect-gid-index", type=click.IntRange(0, 1 << 16), help="The GID index a stack forces.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False),
               help="Also write one self-contained HTML page (no network fetches): the diagnosis first, each gate's "
-                   "verdict per host, hosts → HCAs → ports → IPs.")
-def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, html_path) -> int:
+                   "verdict per host, hosts → HCAs → ports → IPs (holds every report in memory).")
+@click.option("--full-reports", is_flag=True, help="With --json: embed every host's whole report under `reports` "
+              "(default: each host's row carries its per-host summary; the reports are not kept).")
+def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, html_path, full_reports) -> int:
     """Run the cross-host gates over per-host `afddiag all --json` reports collected by anything
     (Slurm srun, Ansible, pdsh, clush). A FILE holds one report, a JSON array of them, or JSON lines.
 
-    Exit codes as `afddiag fleet`.
+    Each report is checked, then reduced to its per-host summary as it is read (whole reports are
+    kept only for --full-reports and --html). Exit codes as `afddiag fleet`.
     """
     notes: list[str] = []
     try:
-        hosts = load_reports(list(files), notes)
+        hosts = load_reports(list(files), notes, keep_reports=full_reports or bool(html_path))
     except InputError as e:
         raise click.UsageError(f"merge input {e}") from e
 
@@ -218,5 +221,5 @@ def merge(files, as_json, inventory_path, expect_capacity, expect_gid_index, htm
         expect["capacity"] = expect_capacity
     if expect_gid_index is not None:
         expect["gid_index"] = expect_gid_index
-    fr = judge(hosts, expect, source=f"merge of {len(files)} file(s)")
+    fr = judge(hosts, expect, source=f"merge of {len(files)} file(s)", keep_reports=full_reports and as_json)
     return _emit(fr, as_json, hosts, html_path)

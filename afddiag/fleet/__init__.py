@@ -35,6 +35,7 @@ from afddiag.fleet.judge import (
                                      judge,
                                      load_reports,
                                      parse_report,
+                                     write_fleet_json,
 )
 from afddiag.fleet.ssh import (
                                      MAX_OUTPUT_MIB,
@@ -51,7 +52,7 @@ from afddiag.gates.fleet import HostResult
 from afddiag.verdict import Verdict
 
 __all__ = ["HostResult", "Inventory", "InventoryError", "SshOptions", "Verdict", "build_zipapp", "collect",
-           "judge", "load_inventory", "load_reports", "parse_report", "write_fleet_table",
+           "judge", "load_inventory", "load_reports", "parse_report", "write_fleet_json", "write_fleet_table",
            "FLEET_SCHEMA", "FLEET_SCHEMA_VERSION", "MAX_MERGE_FILE_BYTES", "MAX_OUTPUT_MIB", "PEER_POLICIES",
            "VENDORED",
            "InvHost", "Progress", "SshSetupError", "check_identity", "parse_target", "peers_for", "remote_args",

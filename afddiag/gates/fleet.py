@@ -44,7 +44,11 @@ class HostResult:
 
     ``report`` is the parsed ``afddiag all --json`` object (None when collection failed; then
     ``error`` says why: unreachable, timed out, not JSON, ...). ``role``/``fabric_ip`` are the
-    inventory's (None from ``merge``); ``target`` the SSH target or the report's file.
+    inventory's (None from ``merge``); ``target`` the SSH target or the report's file. ``merge``
+    keeps a report only when asked (``--full-reports``, ``--html``): otherwise it reduces each one as
+    it is read to ``brief`` (``{"gates": [[id, verdict], ...], "exit_code", "afddiag_version"}``,
+    :func:`afddiag.fleet.judge.brief_of`) and its summary (given as ``_summary``), all the fleet
+    report and the fleet gates read.
     """
 
     name: str
@@ -54,13 +58,14 @@ class HostResult:
     report: dict[str, Any] | None = None
     error: str | None = None
     elapsed_s: float | None = None
+    brief: dict[str, Any] | None = None
     _gates: dict[str, dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     _summary: Summary | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
-        """True when the host gave a report."""
-        return self.report is not None
+        """True when the host gave a report (kept whole, or reduced to ``brief`` and its summary)."""
+        return self.report is not None or self.brief is not None
 
     def gate(self, gate_id: str) -> dict[str, Any]:
         """The report's gate ``gate_id`` as a dict ({} when absent)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from afddiag.termsafe import line
 
-Check = Callable[[Any, str], "str | None"]  # (value, path) -> the first problem, or None
+Check = Callable[[Any, Any], "str | None"]  # (value, path: text or a lazy path, _at) -> the first problem, or None
 _ANNOTATIONS = {"description", "title", "$schema", "$id", "$comment", "format", "examples", "default"}
 _TYPES: dict[str, Callable[[Any], bool]] = {
     "object": lambda v: isinstance(v, dict),
@@ -45,8 +45,27 @@ def _shown(v: Any) -> str:
     return s if len(s) <= MAX_SHOWN else s[:MAX_SHOWN] + "..."
 
 
+def _member(k: Any) -> str:
+    """``.name`` for a plain ASCII name of at most 41 characters, else ``[<the name shown>]``."""
+    k = str(k)
+    return f".{k}" if len(k) <= 41 and k.isascii() and k.isidentifier() else f"[{_shown(k)}]"
+
+
 def _key(path: str, k: Any) -> str:
-    return f"{path}.{k}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", str(k)) else f"{path}[{_shown(str(k))}]"
+    return path + _member(k)
+
+
+MEMBER, INDEX, NAME = 0, 1, 2  # how a lazy path's last step reads: .key / [i] / " (name)"
+
+
+def _at(p: Any) -> str:
+    """A lazy path as text. The checks pass ``(parent, key, MEMBER|INDEX|NAME)`` tuples down, not
+    strings: a path is only written out for the one problem that is reported."""
+    steps: list[str] = []
+    while isinstance(p, tuple):
+        p, k, how = p
+        steps.append(_member(k) if how == MEMBER else f"[{k}]" if how == INDEX else " (name)")
+    return str(p) + "".join(reversed(steps))
 
 
 def _scalar_checks(schema: dict[str, Any]) -> list[Check]:
@@ -57,46 +76,49 @@ def _scalar_checks(schema: dict[str, Any]) -> list[Check]:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         tests = [_TYPES[t] for t in types]
         want = " or ".join(types)
+        one = tests[0] if len(tests) == 1 else None
 
-        def typed(v: Any, p: str) -> str | None:
-            return None if any(t(v) for t in tests) else f"{p}: {_shown(v)} is not of type {want}"
+        def typed(v: Any, p: Any) -> str | None:
+            if one(v) if one is not None else any(t(v) for t in tests):
+                return None
+            return f"{_at(p)}: {_shown(v)} is not of type {want}"
         checks.append(typed)
     if "const" in schema:
         const = schema["const"]
 
-        def is_const(v: Any, p: str) -> str | None:
-            return None if v == const and type(v) is type(const) else f"{p}: {_shown(v)} is not {_shown(const)}"
+        def is_const(v: Any, p: Any) -> str | None:
+            return None if v == const and type(v) is type(const) else f"{_at(p)}: {_shown(v)} is not {_shown(const)}"
         checks.append(is_const)
     if "enum" in schema:
         allowed = schema["enum"]
 
-        def in_enum(v: Any, p: str) -> str | None:
+        def in_enum(v: Any, p: Any) -> str | None:
             ok = any(v == a and (isinstance(v, bool) == isinstance(a, bool)) for a in allowed)
-            return None if ok else f"{p}: {_shown(v)} is not one of {_shown(allowed)}"
+            return None if ok else f"{_at(p)}: {_shown(v)} is not one of {_shown(allowed)}"
         checks.append(in_enum)
     if "pattern" in schema or "minLength" in schema:
         pat = re.compile(schema["pattern"]) if "pattern" in schema else None
         min_len = schema.get("minLength", 0)
 
-        def text(v: Any, p: str) -> str | None:
+        def text(v: Any, p: Any) -> str | None:
             if not isinstance(v, str):
                 return None
             if len(v) < min_len:
-                return f"{p}: {_shown(v)} is shorter than {min_len}"
+                return f"{_at(p)}: {_shown(v)} is shorter than {min_len}"
             if pat is not None and not pat.search(v):
-                return f"{p}: {_shown(v)} does not match {pat.pattern!r}"
+                return f"{_at(p)}: {_shown(v)} does not match {pat.pattern!r}"
             return None
         checks.append(text)
     if "minimum" in schema or "maximum" in schema:
         lo, hi = schema.get("minimum"), schema.get("maximum")
 
-        def bounded(v: Any, p: str) -> str | None:
+        def bounded(v: Any, p: Any) -> str | None:
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 return None
             if lo is not None and v < lo:
-                return f"{p}: {_shown(v)} is less than {lo}"
+                return f"{_at(p)}: {_shown(v)} is less than {lo}"
             if hi is not None and v > hi:
-                return f"{p}: {_shown(v)} is greater than {hi}"
+                return f"{_at(p)}: {_shown(v)} is greater than {hi}"
             return None
         checks.append(bounded)
     return checks
@@ -109,11 +131,11 @@ def _container_checks(schema: dict[str, Any], root: dict[str, Any]) -> list[Chec
     if "required" in schema:
         required = list(schema["required"])
 
-        def has(v: Any, p: str) -> str | None:
+        def has(v: Any, p: Any) -> str | None:
             if isinstance(v, dict):
                 missing = next((k for k in required if k not in v), None)
                 if missing is not None:
-                    return f"{p}: {missing!r} is required"
+                    return f"{_at(p)}: {missing!r} is required"
             return None
         checks.append(has)
     if "properties" in schema or "additionalProperties" in schema or "propertyNames" in schema:
@@ -122,13 +144,13 @@ def _container_checks(schema: dict[str, Any], root: dict[str, Any]) -> list[Chec
         extra = compile_schema(extra_schema, root) if isinstance(extra_schema, dict) else None
         names = compile_schema(schema["propertyNames"], root) if "propertyNames" in schema else None
 
-        def members(v: Any, p: str) -> str | None:
+        def members(v: Any, p: Any) -> str | None:
             if not isinstance(v, dict):
                 return None
             for k, item in v.items():
                 sub = props.get(k) if isinstance(k, str) else None
-                where = _key(p, k)
-                if names is not None and (why := names(k, f"{where} (name)")):
+                where = (p, k, MEMBER)
+                if names is not None and (why := names(k, (where, None, NAME))):
                     return why
                 if sub is not None:
                     why = sub(item, where)
@@ -143,18 +165,18 @@ def _container_checks(schema: dict[str, Any], root: dict[str, Any]) -> list[Chec
     if "items" in schema:
         each = compile_schema(schema["items"], root)
 
-        def items(v: Any, p: str) -> str | None:
+        def items(v: Any, p: Any) -> str | None:
             if not isinstance(v, list):
                 return None
             for i, item in enumerate(v):
-                if why := each(item, f"{p}[{i}]"):
+                if why := each(item, (p, i, INDEX)):
                     return why
             return None
         checks.append(items)
     if "anyOf" in schema:
         options = [compile_schema(s, root) for s in schema["anyOf"]]
 
-        def any_of(v: Any, p: str) -> str | None:
+        def any_of(v: Any, p: Any) -> str | None:
             whys = [o(v, p) for o in options]
             return None if any(w is None for w in whys) else whys[0]
         checks.append(any_of)
@@ -179,7 +201,10 @@ def compile_schema(schema: dict[str, Any], root: dict[str, Any] | None = None) -
     checks += _scalar_checks(schema)
     checks += _container_checks(schema, root)
 
-    def check(v: Any, p: str) -> str | None:
+    if len(checks) == 1:
+        return checks[0]
+
+    def check(v: Any, p: Any) -> str | None:
         for c in checks:
             if why := c(v, p):
                 return why
