@@ -14,8 +14,8 @@ the case's address rewritten), ``generated_at`` and GPU UUIDs; even hosts carry 
 ``summary`` the host's afddiag builds (:func:`afddiag.summary.from_report` of the rewritten report),
 odd ones none (an older afddiag: merge builds it). Host 0 is the coordinator.
 
-Each run is ``/usr/bin/time -f '%e %M' python -m afddiag merge [--json] FILES`` in a fresh process
-(interpreter start, imports, reading, checking, the fleet gates, the output written to a file):
+Each run is ``python -m afddiag merge [--json] FILES`` in a fresh process (interpreter start,
+imports, reading, checking, the fleet gates, the output written to a file; its own rusage):
 wall seconds, CPU seconds (user + system: less swayed by a shared machine's load than wall time)
 and peak RSS (MiB). ``--form``: one file per host (Slurm's ``--output=%N.json``), or
 all in one JSON-lines file, or one JSON array. The figure is the median of ``--repeat`` runs; the
@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 CASES = Path(os.environ.get("AFDDIAG_CASES", REPO.parent / "shared" / "cases"))
 #: (fabric case, GPU case) pairs that make the base reports: healthy and faulty hosts of both kinds
+BASES: Path | None = None  # --bases: the base reports from a file (another machine, no cases there)
 PAIRS = [("02-spark-map-set-healthy", "01-gb10-healthy-unified-memory"),
          ("12-cx7-single-port-healthy", "06-h200-healthy-measured"),
          ("01-spark-fabric-ip-on-nonfirst-device", "02-gb10-class-a-stuck-low-clock"),
@@ -104,7 +105,7 @@ def make_reports(n: int, out: Path, form: str = "files") -> list[Path]:
     """Write ``n`` host reports under ``out`` as ``form``: ``files`` (``host-00000.json`` …),
     ``jsonl`` (one ``reports.jsonl``) or ``array`` (one ``reports.json``). Returns the paths to merge."""
     out.mkdir(parents=True, exist_ok=True)
-    bases = base_reports(out)
+    bases = [tuple(b) for b in json.loads(BASES.read_text())] if BASES else base_reports(out)
     reps = (host_report(i, *bases[i % len(bases)]) for i in range(n))
     if form == "files":
         paths = []
@@ -124,18 +125,18 @@ def make_reports(n: int, out: Path, form: str = "files") -> list[Path]:
 
 
 def run_merge(paths: list[Path], as_json: bool, work: Path) -> dict:
-    """One `afddiag merge` in a fresh process under /usr/bin/time: wall s, peak RSS MiB, exit code."""
-    out, timing = work / "fleet.out", work / "time.txt"
-    cmd = ["/usr/bin/time", "-o", str(timing), "-f", "%e %M %U %S", sys.executable, "-m", "afddiag", "merge",
-           *(["--json"] if as_json else []), *map(str, paths)]
+    """One `afddiag merge` in a fresh process: wall s, CPU s (user + system), peak RSS MiB (that
+    child's own rusage, ``os.wait4``), exit code, the load average as it started."""
+    out = work / "fleet.out"
+    cmd = [sys.executable, "-m", "afddiag", "merge", *(["--json"] if as_json else []), *map(str, paths)]
     load = os.getloadavg()[0]
     t = time.monotonic()
     with out.open("wb") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, cwd=REPO)
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.DEVNULL, cwd=REPO)
+        _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t
-    _, rss_kib, user_s, sys_s = timing.read_text().split()[-4:]
-    row = {"wall_s": round(wall, 2), "cpu_s": round(float(user_s) + float(sys_s), 2),
-           "peak_rss_mib": round(int(rss_kib) / 1024, 1), "rc": p.returncode,
+    row = {"wall_s": round(wall, 2), "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
+           "peak_rss_mib": round(ru.ru_maxrss / 1024, 1), "rc": os.waitstatus_to_exitcode(status),
            "load_1min": round(load, 2), "out_mib": round(out.stat().st_size / 2**20, 1)}
     if as_json:
         fr = json.loads(out.read_text())
@@ -150,7 +151,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--form", choices=["files", "jsonl", "array"], default="files")
     ap.add_argument("--json", action="store_true", help="merge --json (the fleet report) instead of the table")
     ap.add_argument("--out", help="append the result as one JSON line to this file")
+    ap.add_argument("--save-bases", help="write the base reports ([[report, fabric_ip], ...]) to this file and stop")
+    ap.add_argument("--bases", help="take the base reports from a --save-bases file instead of the cases")
     a = ap.parse_args(argv)
+    if a.save_bases:
+        with tempfile.TemporaryDirectory(prefix="afddiag-merge-bases-") as d:
+            Path(a.save_bases).write_text(json.dumps(base_reports(Path(d))))
+        return 0
+    global BASES
+    BASES = Path(a.bases) if a.bases else None
     for n in a.hosts:
         work = Path(tempfile.mkdtemp(prefix="afddiag-merge-bench-"))
         try:
