@@ -1,9 +1,9 @@
 """The known-bad matrix (``checks/known_bad.toml``) and ``host.known-bad``, which judges this host's
 versions against it: kernel (the versions probe), DGX OS and board (the platform probe), HCA firmware
-(the fabric probe), NVIDIA driver (the GPU probe), NCCL builds (not read yet). An entry matches when every
-version it names is in its range and its signature, where it defines one, is seen in the facts (the
-evidence of its own cause); a version in range whose signature was not read is listed as not checked,
-never a verdict. Pure: facts in, verdicts out.
+(the fabric probe), NVIDIA driver (the GPU probe), NCCL builds (the NCCL probe's libnccl copies). An
+entry matches when every version it names is in its range and its signature, where it defines one, is
+seen in the facts (the evidence of its own cause); a version in range whose signature was not read is
+listed as not checked, never a verdict. Pure: facts in, verdicts out.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _versions(ctx: Context) -> dict[str, list[str] | None]:
     plat = obs.platform if obs.platform is not None and getattr(obs.platform, "captured", False) else None
     fab = obs.fabric if obs.fabric is not None and obs.fabric.captured else None
     fw = sorted({d.fw_ver for d in fab.devices if d.fw_ver}) if fab is not None else []
-    nccl = plat.nccl if plat is not None else None
+    nccl = _nccl_copies(ctx)
     return {"kernel": [ver["kernel"]] if ver.get("kernel") else None,
             "dgx_os": [plat.dgx_os] if plat is not None and plat.dgx_os else None,
             "firmware": fw or None,
@@ -77,9 +77,19 @@ def _stale(ctx: Context, entry: dict[str, Any]) -> bool | None:
     return lo <= bw.gbps <= hi
 
 
-def _nccl_builds(ctx: Context, entry: dict[str, Any]) -> bool | None:
+def _nccl_copies(ctx: Context) -> list[dict[str, Any]] | None:
+    """The libnccl copies ``[{"version", "build_id", "path"}]``: the NCCL probe's (None: not searched),
+    else what the platform facts carry."""
+    f = ctx.obs.nccl
+    if f is not None and getattr(f, "captured", False) and f.copies is not None:
+        return [{"version": c.version, "build_id": c.build_id, "path": c.real_path} for c in f.copies]
     plat = ctx.obs.platform
-    copies = getattr(plat, "nccl", None)
+    copies = getattr(plat, "nccl", None) if plat is not None and getattr(plat, "captured", False) else None
+    return copies if isinstance(copies, list) else None
+
+
+def _nccl_builds(ctx: Context, entry: dict[str, Any]) -> bool | None:
+    copies = _nccl_copies(ctx)
     if not isinstance(copies, list):
         return None
     builds = {str(c.get("build_id")) for c in copies

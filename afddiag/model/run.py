@@ -87,6 +87,7 @@ class Observation:
     fabric_ip: Any = None  # afddiag.endpoint.FabricIp, resolved once right after the fabric probe; None: not yet
     platform: Any = None  # afddiag.model.platform.PlatformFacts: DGX OS release, board; None: not probed
     nic: Any = None  # afddiag.model.nic.NicFacts: CX-7 hot-plug state, the NIC's kernel-log lines; None: not probed
+    nccl: Any = None  # afddiag.model.nccl.NcclFacts: libnccl copies, NCCL_* variables, nccl.conf; None: not probed
     pair: Any = None  # afddiag.model.pair.PairFacts: the pair test's result (bandwidth run); None: not run
     stored_inputs: dict[str, Any] | None = None  # a replayed capture's inputs.json (checked); None: none kept
     notes: list[str] = field(default_factory=list)

@@ -294,6 +294,8 @@ PROBES: tuple[Entry, ...] = (
     Entry("reach", "afddiag.probes.reach", frozenset({"launch"}), feeds=("launch.control-plane",), needs=("fabric",)),
     Entry("cpu", "afddiag.probes.cpu", frozenset({"host"}), report=True, feeds=("host.cpu-clock",)),
     Entry("platform", "afddiag.probes.platform", frozenset({"host"}), feeds=("host.known-bad",)),
+    Entry("nccl", "afddiag.probes.nccl", frozenset({"launch", "host"}), report=True,
+          feeds=("launch.nccl", "host.known-bad")),
     Entry("pair", "afddiag.probes.pair_result", frozenset({"fabric"}), report=True,
           feeds=("fabric.rail-bandwidth", "fabric.port-counters", "host.known-bad")),
     Entry("versions", "afddiag.probes.versions", _EVERY, report=True),
