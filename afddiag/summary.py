@@ -42,7 +42,9 @@ Fields (None where the host did not say):
   outcome}], not_tried: [{peer, port}], advertised_bad: [{key, value, why}]}`` from ``launch.control-plane``;
   None when the report has no such gate: an older afddiag, or the launch gates were not run);
 - ``known_bad`` (:func:`known_bad_of`: ``{verdict, matched: [entry ids]}`` of ``host.known-bad``; None when
-  the report has no such gate).
+  the report has no such gate);
+- ``nccl`` (``{path, origin, version, build_id}``: the libnccl the engine loads, the NCCL probe's first
+  copy in the loader's order; None when not searched or none found; fleet.nccl-build compares them).
 """
 
 from __future__ import annotations
@@ -67,7 +69,15 @@ from afddiag.model.found import (
 from afddiag.model.gpu import LOAD_FIGURES, GpuFacts
 from afddiag.model.report import Report
 from afddiag.model.run import Inputs, Observation
-from afddiag.model.summary import SUMMARY_VERSION, ControlPlane, FirmwareRow, GpuRow, Summary, VerdictBrief
+from afddiag.model.summary import (
+    SUMMARY_VERSION,
+    ControlPlane,
+    FirmwareRow,
+    GpuRow,
+    NcclBuild,
+    Summary,
+    VerdictBrief,
+)
 from afddiag.schema.validate import summary_check
 from afddiag.textnum import digits
 from afddiag.verdict import VERDICTS, Verdict
@@ -244,8 +254,23 @@ def from_report(rep: Report | Mapping[str, Any]) -> dict[str, Any]:
             "launch_env": inputs.get("launch_env")}
     host = {"device_map": _d(rep.get("device_map")), "gpus": gpus, "versions": versions_of(rep),
             "firmware": firmware_of(rep), "control_plane": control_plane_of(rep),
-            "known_bad": known_bad_of(_known_bad_gate(rep))}
+            "known_bad": known_bad_of(_known_bad_gate(rep)), "nccl": nccl_of(rep)}
     return _assemble(head, _d(inputs.get("env")), gates, host)
+
+
+def _nccl_build(c: Mapping[str, Any]) -> NcclBuild | None:
+    path = c.get("real_path") or c.get("path")
+    if not isinstance(path, str) or not isinstance(c.get("origin"), str):
+        return None
+    ver, bid = c.get("version"), c.get("build_id")
+    return {"path": path[:4096], "origin": c["origin"][:32], "version": ver[:64] if isinstance(ver, str) else None,
+            "build_id": bid[:128] if isinstance(bid, str) else None}
+
+
+def nccl_of(rep: Mapping[str, Any]) -> NcclBuild | None:
+    """The libnccl the engine loads, from a report's ``facts.nccl.copies`` (the first: loader order)."""
+    copies = _d(_d(rep.get("facts")).get("nccl")).get("copies")
+    return _nccl_build(copies[0]) if isinstance(copies, list) and copies and isinstance(copies[0], dict) else None
 
 
 def _found(gates: Mapping[Any, Verdict], gate_id: str, kind: type[F]) -> F | None:
@@ -295,6 +320,7 @@ def _assemble(head: dict[str, Any], env: Mapping[Any, Any], gates: Mapping[Any, 
         "firmware": host["firmware"],
         "control_plane": host["control_plane"],
         "known_bad": host.get("known_bad"),
+        "nccl": host.get("nccl"),
     }
 
 
@@ -381,7 +407,8 @@ def from_run(inputs: Inputs, obs: Observation, fabric_ip: tuple[str | None, str 
     host = {"device_map": device_map, "gpus": _gpus(obs.gpu), "versions": _versions(obs), "firmware": _firmware(obs),
             "control_plane": _control_plane(gates.get("launch.control-plane"), obs),
             "known_bad": known_bad_of({"verdict": kb.verdict, "facts": kb.facts})
-            if (kb := gates.get("host.known-bad")) is not None else None}
+            if (kb := gates.get("host.known-bad")) is not None else None,
+            "nccl": _nccl_build(vars(obs.nccl.loaded)) if obs.nccl is not None and obs.nccl.loaded else None}
     built = _assemble(head, obs.env or {}, gates, host)
     return cast(Summary, redact_report(built))
 
@@ -413,4 +440,6 @@ def of(rep: dict[str, Any] | None) -> Summary:
         s = {**s, "firmware": firmware_of(rep)}
     if "known_bad" not in s:  # a summary made before known_bad joined it: read the gate's facts
         s = {**s, "known_bad": known_bad_of(_known_bad_gate(rep))}
+    if "nccl" not in s:  # a summary made before nccl joined it: the report's facts
+        s = {**s, "nccl": nccl_of(rep)}
     return cast(Summary, redact_report(s))  # a report from elsewhere may hold a credential, as from_report's

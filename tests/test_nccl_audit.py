@@ -12,16 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from afddiag import summary
 from afddiag.capture import collect_bundle
+from afddiag.gates import fleet as fg
 from afddiag.model.nccl import NcclConfFile, NcclCopy, NcclFacts
 from afddiag.model.run import Inputs, Observation
 from afddiag.probes import nccl as ncclprobe
-from afddiag.probes.nccl import elf_build_id, read_nccl, version_string
+from afddiag.probes.nccl import elf_build_id, version_string
 from afddiag.probes.registry import Run, Sources
 from afddiag.runner import diagnose
+from afddiag.schema.validate import summary_check
 from afddiag.verdict import ERROR, PASS, SKIP, WARN
 from conftest import case_dirs
 from fakes import judge, observation
+from test_judging_fleet import host  # the fleet tests' recorded host (its per-host summary)
 
 SYS = "/usr/lib/aarch64-linux-gnu"
 VENV = "/opt/engine/.venv"
@@ -149,7 +153,8 @@ def test_conf_files_keep_their_nccl_lines_only_and_nccl_conf_file_replaces_home(
     put(root, "/srv/n.conf", "NCCL_SOCKET_IFNAME=eth9\n")
     f = read_facts(root, {"HOME": "/home/eng"})
     assert [(c.path, [(x["line"], x["key"]) for x in c.lines]) for c in f.conf_files] == [
-        ("/home/eng/.nccl.conf", [(1, "NCCL_IB_HCA")]), ("/etc/nccl.conf", [(2, "NCCL_P2P_DISABLE"), (5, "NCCL_DEBUG")])]
+        ("/home/eng/.nccl.conf", [(1, "NCCL_IB_HCA")]),
+        ("/etc/nccl.conf", [(2, "NCCL_P2P_DISABLE"), (5, "NCCL_DEBUG")])]
     f = read_facts(root, {"HOME": "/home/eng", "NCCL_CONF_FILE": "/srv/n.conf"})
     assert [c.path for c in f.conf_files] == ["/srv/n.conf", "/etc/nccl.conf"]
 
@@ -251,3 +256,49 @@ def test_report_json_carries_the_nccl_facts(tmp_path):
     root = spark_tree(tmp_path / "host")
     files, _h, _n = collect_bundle(Sources(root=str(root)))
     assert json.loads(files["nccl.json"])["copies"][0]["build_id"] == BUILD_SYS
+
+
+# ---------------------------------------------------------------- the per-host summary and fleet.nccl-build
+
+
+def nccl_host(name: str, version: str | None, build: str | None, origin: str = "wheel"):
+    b = {"path": f"/{origin}/libnccl.so.2", "origin": origin, "version": version, "build_id": build}
+    return host(name, nccl=b if version or build else None)
+
+
+def fleet_verdict(fleet):
+    return next(v for v in fg.run_fleet_gates(fleet) if v.id == "fleet.nccl-build")
+
+
+def test_fleet_ranks_on_two_builds_of_one_version_warn_naming_each_group():
+    v = fleet_verdict([nccl_host("s1", "2.28.9", BUILD_PIP), nccl_host("s2", "2.28.9", BUILD_PIP),
+                       nccl_host("s3", "2.28.9", BUILD_SYS, "system")])
+    assert v.verdict == WARN and v.action == "SET_ENV"
+    assert v.summary.startswith(f"ranks load 2 different NCCL builds: s1, s2: NCCL 2.28.9 build {BUILD_PIP[:12]} "
+                                f"(wheel); s3: NCCL 2.28.9 build {BUILD_SYS[:12]} (system)")
+
+
+def test_fleet_same_build_passes_and_too_few_skip():
+    v = fleet_verdict([nccl_host("s1", "2.28.9", BUILD_SYS), nccl_host("s2", "2.28.9", BUILD_SYS),
+                       nccl_host("s3", None, None)])
+    assert v.verdict == PASS and "2 host(s) load the same NCCL 2.28.9" in v.summary and "s3" in v.summary
+    assert fleet_verdict([nccl_host("s1", "2.28.9", BUILD_SYS), nccl_host("s2", None, None)]).verdict == SKIP
+
+
+def test_fleet_hostile_build_fields_are_escaped():
+    v = fleet_verdict([nccl_host("s1", "2.28.9\x1b[31m", BUILD_SYS), nccl_host("s2\u202e", "2.28.9", BUILD_PIP)])
+    assert v.verdict == WARN and "\x1b" not in v.summary and "\u202e" not in v.summary
+
+
+def test_summary_carries_the_loaded_build_and_reads_it_back_from_an_older_report(tmp_path):
+    root = spark_tree(tmp_path / "host")
+    files, _h, _n = collect_bundle(Sources(root=str(root)))
+    snap = tmp_path / "snap"
+    for rel, data in files.items():
+        (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+        (snap / rel).write_bytes(data)
+    rep, _obs = diagnose(Inputs(snapshot=str(snap)))
+    want = {"path": f"{SYS}/libnccl.so.2.28.9", "origin": "system", "version": "2.28.9", "build_id": BUILD_SYS}
+    assert rep["summary"]["nccl"] == want and summary_check()(rep["summary"], "summary") is None
+    older = {k: v for k, v in rep.items() if k != "summary"}
+    assert summary.of(older)["nccl"] == want

@@ -97,6 +97,16 @@ class KnownBad(TypedDict):
     matched: list[str]
 
 
+class NcclBuild(TypedDict):
+    """The libnccl the engine loads (the NCCL probe, ``launch.nccl``): its path with links resolved,
+    where it was found (LD_PRELOAD, LD_LIBRARY_PATH, wheel, system), its version and ELF build id."""
+
+    path: str
+    origin: str
+    version: str | None
+    build_id: str | None
+
+
 class Summary(TypedDict, total=False):
     """The per-host summary (fields documented in :mod:`afddiag.summary`); None where the host did not say;
     ``{}`` for no report at all (:func:`afddiag.summary.of`)."""
@@ -130,3 +140,4 @@ class Summary(TypedDict, total=False):
     firmware: list[FirmwareRow]
     control_plane: ControlPlane | None
     known_bad: KnownBad | None
+    nccl: NcclBuild | None
