@@ -113,6 +113,7 @@ def resolve(snapshot: str | None = None, timeout_s: float | None = None, fabric_
             expect_sm: int | None = None, role: str | None = None, playbook_path: str | None = None,
             launch_env_path: str | None = None, expect_capacity: int | None = None, load: bool = False,
             baseline_path: str | None = None, xid_log: str | None = None, no_load: bool = False,
+            engine_log: str | None = None,
             families: frozenset[str] = FAMILIES["all"], gates: Collection[str] = ()) -> Resolved:
     """The operator's words (flag names as the CLI's) → :class:`Resolved`. Raises :class:`InputsError`
     for a bad launch env or playbook (naming the file and line), ``load`` with ``no_load``, a ``gates``
@@ -135,8 +136,8 @@ def resolve(snapshot: str | None = None, timeout_s: float | None = None, fabric_
     inputs = Inputs(fabric_ip=fabric_ip, peers=list(peers), expect_sm=expect_sm, snapshot=snapshot,
                     probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
                     launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
-                    baseline_path=baseline_path, xid_log=xid_log, families=families, role_source=role_source,
-                    gates=selected)
+                    baseline_path=baseline_path, xid_log=xid_log, engine_log=engine_log, families=families,
+                    role_source=role_source, gates=selected)
     inputs.sources = _flag_sources(inputs, bool(peers))
     ports = parse_ports((launch_env or {}).get("AFD_ENGINE_PORTS", "")) or list(pb.engine_ports if pb else [])
     if not snapshot and (why := bounds_problem(inputs.peers, ports)):  # the control-plane probe's bound

@@ -146,6 +146,9 @@ def launch_opts(f):
                      help="A playbook file instead of a role name.")(f)
     f = click.option("--launch-env", "launch_env_path", type=click.Path(dir_okay=False),
                      help="The launcher's KEY=VALUE env file (AFD_FABRIC_IP, capacities, AFD_IMAGE, the map).")(f)
+    f = click.option("--engine-log", type=click.Path(dir_okay=False, exists=True),
+                     help="The engine's output run with NCCL_DEBUG=INFO: what NCCL chose (HCA, port, GID index, "
+                     "socket fallback) is checked against the device map and the fabric IP.")(f)
     f = click.option("--expect-capacity", type=click.IntRange(1, 1 << 20),
                      help="The other side's capacity flag (ranks' for a coordinator, coordinator's for a rank).")(f)
     return f

@@ -34,6 +34,7 @@ class Inputs:
     load: bool = False  # run the GPU load probe (also when the playbook asks)
     load_budget_s: float = 3.0
     baseline_path: str | None = None
+    engine_log: str | None = None  # --engine-log: the engine's output (NCCL_DEBUG=INFO) to read NCCL's choices from
     xid_log: str | None = None  # a saved kernel log to read Xid events and the NIC's lines from instead of /dev/kmsg
     families: frozenset[str] = ALL_FAMILIES  # the gate families the command runs (and the probes feeding them)
     role_source: str = ""  # where the playbook came from (afddiag.inputs.resolve): "--role expert", "AFD_ROLE in FILE"
@@ -87,6 +88,7 @@ class Observation:
     fabric_ip: Any = None  # afddiag.endpoint.FabricIp, resolved once right after the fabric probe; None: not yet
     platform: Any = None  # afddiag.model.platform.PlatformFacts: DGX OS release, board; None: not probed
     nic: Any = None  # afddiag.model.nic.NicFacts: CX-7 hot-plug state, the NIC's kernel-log lines; None: not probed
+    engine: Any = None  # afddiag.model.engine.EngineFacts: what NCCL said it chose (--engine-log); None: not read
     nccl: Any = None  # afddiag.model.nccl.NcclFacts: libnccl copies, NCCL_* variables, nccl.conf; None: not probed
     pair: Any = None  # afddiag.model.pair.PairFacts: the pair test's result (bandwidth run); None: not run
     stored_inputs: dict[str, Any] | None = None  # a replayed capture's inputs.json (checked); None: none kept

@@ -296,6 +296,8 @@ PROBES: tuple[Entry, ...] = (
     Entry("platform", "afddiag.probes.platform", frozenset({"host"}), feeds=("host.known-bad",)),
     Entry("nccl", "afddiag.probes.nccl", frozenset({"launch", "host"}), report=True,
           feeds=("launch.nccl", "host.known-bad")),
+    Entry("engine", "afddiag.probes.engine", frozenset({"launch"}), report=True, feeds=("launch.engine-net",),
+          needs=("fabric",)),
     Entry("pair", "afddiag.probes.pair_result", frozenset({"fabric"}), report=True,
           feeds=("fabric.rail-bandwidth", "fabric.port-counters", "host.known-bad")),
     Entry("versions", "afddiag.probes.versions", _EVERY, report=True),
