@@ -343,6 +343,32 @@ def _launch_runs(tmp: Path, seen: Seen) -> None:
                      "--launch-env", str(envfile(tmp, "cap.env", envs[4]))])["gates"], "capacity vs --expect-capacity")
 
 
+def _nccl_readings() -> list[dict]:
+    """nccl.json readings as the NCCL probe records them (tests/test_nccl_audit.py): one system copy, a wheel
+    build of the same version loaded before it, a leftover /etc/nccl.conf line, no copy found."""
+    lib, wheel = "/usr/lib/aarch64-linux-gnu", "/opt/e/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+    one = {"path": f"{lib}/libnccl.so.2", "real_path": f"{lib}/libnccl.so.2.28.9", "origin": "system", "where": lib,
+           "version": "2.28.9", "build_id": "a1" * 20}
+    two = {**one, "path": wheel, "real_path": wheel, "origin": "wheel", "build_id": "b2" * 20}
+    conf = [{"path": "/etc/nccl.conf", "lines": [{"line": 1, "key": "NCCL_P2P_DISABLE", "value": "1"}]}]
+    return [{"copies": [one]}, {"copies": [two, one]}, {"copies": [one], "conf_files": conf},
+            {"copies": [], "searched": ["/usr/lib"]}]
+
+
+def _nccl_runs(tmp: Path, seen: Seen) -> None:
+    """launch.nccl and launch.engine-net on case 12 (fabric IP 198.51.100.72 on mlx5_0 port 1) with the NCCL
+    probe's readings and engine logs as NCCL prints them with NCCL_DEBUG=INFO (tests/test_engine_log.py)."""
+    p = "coord:7:7 [0] NCCL INFO "
+    logs = ["", f"{p}NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:198.51.100.72<0>\n{p}Using network IB",
+            f"{p}NET/IB : Using [0]mlx5_9:1/RoCE; OOB eth0:198.51.100.72<0>\n{p}Using network IB",
+            f"{p}NET/Socket : Using [0]eth0:198.51.100.72<0>\n{p}Using network Socket"]
+    for i, (nccl, log) in enumerate(zip(_nccl_readings(), logs, strict=True)):
+        snap = derive(fabric_case("12-"), tmp / f"nccl{i}", {"nccl.json": json.dumps(nccl), "engine.log": log + "\n"})
+        for role in ("expert", "generic"):
+            seen.add(report(["all", "--snapshot", str(snap), "--role", role, "--fabric-ip", "198.51.100.72"])["gates"],
+                     f"nccl {i} {role}")
+
+
 def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_path):
     seen = Seen()
     _case_runs(tmp_path, seen)
@@ -354,6 +380,7 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
     _known_bad_runs(tmp_path, seen)
     _host_runs(tmp_path, seen)
     _launch_runs(tmp_path, seen)
+    _nccl_runs(tmp_path, seen)
     want = {("fabric.link", "FIX_LINK"), ("fabric.link", "RERUN"), ("fabric.rocev2-ipv4", "SET_ENV"),
             ("fabric.rocev2-ipv4", "HW_INSPECTION"), ("fabric.first-device", "FIX_ADDRESS"),
             ("fabric.first-device", "RERUN"), ("fabric.qp-rtr", "FIX_ROUTE"), ("fabric.qp-rtr", "SET_ENV"),
@@ -433,6 +460,13 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
     seen.add(_merge(tmp_path, [report(["all", "--snapshot", str(ok_k), "--role", "expert"])])["gates"],
              "a spark on kernel 6.17.0-1031")
     seen.add(_merge(tmp_path, [a, b, coord])["gates"], "spark-a, spark-b, coord (another subnet)")
+    nccl = {}  # fleet.nccl-build: two ranks on one libnccl build, a third on the wheel's build of the same version
+    for name, reading in (("nccl-a", 0), ("nccl-b", 0), ("nccl-c", 1)):
+        snap = derive(fabric_case("02-"), tmp_path / name, {"host": f"{name}\n", "case.json": None,
+                                                            "nccl.json": json.dumps(_nccl_readings()[reading])})
+        nccl[name] = report(["all", "--snapshot", str(snap), "--role", "expert"])
+    seen.add(_merge(tmp_path, [nccl["nccl-a"], nccl["nccl-b"]])["gates"], "one NCCL build")
+    seen.add(_merge(tmp_path, [nccl["nccl-a"], nccl["nccl-c"]])["gates"], "two NCCL builds")
     # spark-b's NCCL_IB_HCA selects its second rail (192.168.101.0/24): spark-a has an address there, coord none
     le = envfile(tmp_path, "rails.env", {"AFD_FABRIC_IP": "192.168.100.11", "AFD_EXPERT_CAPACITY": "256",
                                          "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1", "NCCL_IB_GID_INDEX": "3",

@@ -114,6 +114,14 @@ def test_a_hostile_note_size_or_header_count_stops_the_parser(tmp_path):
     assert elf_build_id(str(put(tmp_path, "b.so", bytes(bad)))) is None
 
 
+@pytest.mark.parametrize("text,want", [
+    (b"NCCL version 2.28.9+cuda13.0", ("2.28.9", "13.0")),  # pip's nvidia-nccl-cu13 (strings libnccl.so.2)
+    (b"NCCL version 2.28.3 compiled with CUDA 13.0", ("2.28.3", "13.0")),  # a libnccl2 package, as an H200 host has it
+    (b"NCCL version 2.21.5", ("2.21.5", None)), (b"NCCL version x", (None, None))])
+def test_version_string_forms(tmp_path, text, want):
+    assert version_string(str(put(tmp_path, "v.so", b"\0" * 64 + text + b"\0")), deadline=1e18) == want
+
+
 def test_version_string_is_found_across_a_chunk_edge_and_bounded(tmp_path):
     p = put(tmp_path, "l.so", b"\0" * ((1 << 20) - 10) + b"NCCL version 2.27.3+cuda12.9\0")
     assert version_string(str(p), deadline=1e18) == ("2.27.3", "12.9")

@@ -36,7 +36,9 @@ MAX_CONF_BYTES = 1 << 20
 NOTE_MAX_BYTES = 1 << 16  # a PT_NOTE segment read at most
 SCAN_MAX_BYTES = 256 << 20  # bytes of a library scanned for its version string
 _SONAME_VERSION = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
-_VERSION_STRING = re.compile(rb"NCCL version (\d{1,3}\.\d{1,3}\.\d{1,3})(?:\+cuda(\d{1,3}\.\d{1,3}))?")
+# "NCCL version 2.28.9+cuda13.0" (the wheel's), "NCCL version 2.28.3 compiled with CUDA 13.0" (a libnccl2 package's)
+_VERSION_STRING = re.compile(rb"NCCL version (\d{1,3}\.\d{1,3}\.\d{1,3})"
+                             rb"(?:\+cuda| compiled with CUDA )?(\d{1,3}\.\d{1,3})?")
 _META_VERSION = re.compile(r"^Version:\s*([0-9][0-9A-Za-z.+-]{0,40})\s*$", re.M)
 _CONF_LINE = re.compile(r"^(NCCL_[A-Z0-9_]{1,64})=(.{0,200})$")  # NCCL trims nothing: "KEY=VALUE" as written
 
