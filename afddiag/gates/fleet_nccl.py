@@ -48,7 +48,9 @@ def nccl_build(fleet: list[Any], expect: dict[str, Any], gate_id: str) -> Verdic
         shown.setdefault(key, b)
     facts = {"builds": [{"version": v, "build_id": bid, "hosts": names} for (v, bid), names in builds.items()],
              "not_read": unread}
-    tail = f" ({len(unread)} host(s) without a libnccl read: {_hosts(unread)})" if unread else ""
+    down = [h.name for h in fleet if not h.ok]
+    tail = (f" ({len(unread)} host(s) without a libnccl read: {_hosts(unread)})" if unread else "") + (
+        f" ({len(down)} host(s) without a report not judged: {_hosts(down)})" if down else "")
     judged = sum(len(n) for n in builds.values())
     if judged < 2:
         return Verdict(gate_id, SKIP, f"{judged} host(s) with the libnccl their engine loads read: nothing to "
