@@ -121,11 +121,12 @@ def _zipapp(push: bool) -> Iterator[str | None]:
               help="The fleet's inventory (TOML: [fleet], [expect], [[host]]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet report (with every host's report) on stdout.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False),
-              help="known_hosts file to verify host keys against (default: the inventory's, else ~/.ssh/known_hosts).")
+              help="The one known_hosts file host keys are checked against, whatever ~/.ssh/config says (default: "
+                   "the inventory's, else ~/.ssh/known_hosts).")
 @click.option("--identity", type=click.Path(),
               help="Client private key, a regular file (default: agent and ~/.ssh/id_*).")
-@click.option("-w", "--nodes", "nodes", help="Collect only these inventory hosts: a node set (spark[01-16],"
-              "coord).")
+@click.option("-w", "--nodes", "nodes", metavar="NODESET",
+              help="Collect only these inventory hosts: a node set (spark[01-16],coord).")
 @click.option("--concurrency", type=click.IntRange(1, 1024),
               help="Fan-out window: ssh processes at once (ClusterShell's fanout; default 16).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600),
