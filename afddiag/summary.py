@@ -44,7 +44,9 @@ Fields (None where the host did not say):
 - ``known_bad`` (:func:`known_bad_of`: ``{verdict, matched: [entry ids]}`` of ``host.known-bad``; None when
   the report has no such gate);
 - ``nccl`` (``{path, origin, version, build_id}``: the libnccl the engine loads, the NCCL probe's first
-  copy in the loader's order; None when not searched or none found; fleet.nccl-build compares them).
+  copy in the loader's order; None when not searched or none found; fleet.nccl-build compares them);
+- ``engine`` (``{network, devices: ["device:port/link layer"], gid_indexes}``: what NCCL said it chose in
+  the engine log given with ``--engine-log``; None without NCCL NET lines; fleet.engine-net compares them).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from afddiag.model.run import Inputs, Observation
 from afddiag.model.summary import (
     SUMMARY_VERSION,
     ControlPlane,
+    EngineNet,
     FirmwareRow,
     GpuRow,
     NcclBuild,
@@ -254,7 +257,8 @@ def from_report(rep: Report | Mapping[str, Any]) -> dict[str, Any]:
             "launch_env": inputs.get("launch_env")}
     host = {"device_map": _d(rep.get("device_map")), "gpus": gpus, "versions": versions_of(rep),
             "firmware": firmware_of(rep), "control_plane": control_plane_of(rep),
-            "known_bad": known_bad_of(_known_bad_gate(rep)), "nccl": nccl_of(rep)}
+            "known_bad": known_bad_of(_known_bad_gate(rep)), "nccl": nccl_of(rep),
+            "engine": engine_of(_d(_d(rep.get("facts")).get("engine")))}
     return _assemble(head, _d(inputs.get("env")), gates, host)
 
 
@@ -265,6 +269,24 @@ def _nccl_build(c: Mapping[str, Any]) -> NcclBuild | None:
     ver, bid = c.get("version"), c.get("build_id")
     return {"path": path[:4096], "origin": c["origin"][:32], "version": ver[:64] if isinstance(ver, str) else None,
             "build_id": bid[:128] if isinstance(bid, str) else None}
+
+
+def engine_of(e: Mapping[str, Any]) -> EngineNet | None:
+    """What NCCL chose, from the engine facts (:class:`afddiag.model.engine.EngineFacts` as a dict: a run's,
+    or a report's ``facts.engine``); None without a ``Using network``/``NET/IB``/``NET/Socket`` line."""
+    nets = [n for n in e.get("networks") or [] if isinstance(n, str)]
+    ib = [d for d in e.get("ib_devices") or [] if isinstance(d, dict)]
+    sock = e.get("socket_devices") or []
+    network = nets[-1] if nets else "IB" if ib else "Socket" if sock else None
+    if network is None:
+        return None
+    gids = sorted({c["gid_index"] for c in e.get("connections") or []
+                   if isinstance(c, dict) and isinstance(c.get("gid_index"), int)})
+    forced = _d(e.get("env")).get("NCCL_IB_GID_INDEX")
+    if not gids and isinstance(forced, str) and forced.isdigit():
+        gids = [int(forced)]
+    return {"network": network[:64], "gid_indexes": gids[:16],
+            "devices": [f"{d.get('device')}:{d.get('port')}/{d.get('link_layer')}"[:100] for d in ib[:16]]}
 
 
 def nccl_of(rep: Mapping[str, Any]) -> NcclBuild | None:
@@ -321,6 +343,7 @@ def _assemble(head: dict[str, Any], env: Mapping[Any, Any], gates: Mapping[Any, 
         "control_plane": host["control_plane"],
         "known_bad": host.get("known_bad"),
         "nccl": host.get("nccl"),
+        "engine": host.get("engine"),
     }
 
 
@@ -408,7 +431,8 @@ def from_run(inputs: Inputs, obs: Observation, fabric_ip: tuple[str | None, str 
             "control_plane": _control_plane(gates.get("launch.control-plane"), obs),
             "known_bad": known_bad_of({"verdict": kb.verdict, "facts": kb.facts})
             if (kb := gates.get("host.known-bad")) is not None else None,
-            "nccl": _nccl_build(vars(obs.nccl.loaded)) if obs.nccl is not None and obs.nccl.loaded else None}
+            "nccl": _nccl_build(vars(obs.nccl.loaded)) if obs.nccl is not None and obs.nccl.loaded else None,
+            "engine": engine_of(vars(obs.engine)) if obs.engine is not None else None}
     built = _assemble(head, obs.env or {}, gates, host)
     return cast(Summary, redact_report(built))
 
@@ -442,4 +466,6 @@ def of(rep: dict[str, Any] | None) -> Summary:
         s = {**s, "known_bad": known_bad_of(_known_bad_gate(rep))}
     if "nccl" not in s:  # a summary made before nccl joined it: the report's facts
         s = {**s, "nccl": nccl_of(rep)}
+    if "engine" not in s:  # a summary made before engine joined it: the report's facts
+        s = {**s, "engine": engine_of(_d(_d(rep.get("facts")).get("engine")))}
     return cast(Summary, redact_report(s))  # a report from elsewhere may hold a credential, as from_report's

@@ -467,6 +467,16 @@ def test_every_fleet_gate_action_is_listed_in_the_catalog(tmp_path, capsys):
         nccl[name] = report(["all", "--snapshot", str(snap), "--role", "expert"])
     seen.add(_merge(tmp_path, [nccl["nccl-a"], nccl["nccl-b"]])["gates"], "one NCCL build")
     seen.add(_merge(tmp_path, [nccl["nccl-a"], nccl["nccl-c"]])["gates"], "two NCCL builds")
+    p = "spark:7:7 [0] NCCL INFO "  # fleet.engine-net: two ranks on RoCE, a third fell back to sockets
+    logs = {"net-a": f"{p}NET/IB : Using [0]rocep1s0f1:1/RoCE; OOB enp1s0f1np1:192.168.100.11<0>\n{p}Using network IB",
+            "net-c": f"{p}NET/Socket : Using [0]enp1s0f1np1:192.168.100.11<0>\n{p}Using network Socket"}
+    net = {}
+    for name, log in (("net-a", logs["net-a"]), ("net-b", logs["net-a"]), ("net-c", logs["net-c"])):
+        snap = derive(fabric_case("02-"), tmp_path / name, {"host": f"{name}\n", "case.json": None,
+                                                            "engine.log": log + "\n"})
+        net[name] = report(["all", "--snapshot", str(snap), "--role", "expert"])
+    seen.add(_merge(tmp_path, [net["net-a"], net["net-b"]])["gates"], "ranks on RoCE")
+    seen.add(_merge(tmp_path, [net["net-a"], net["net-c"]])["gates"], "a rank on sockets")
     # spark-b's NCCL_IB_HCA selects its second rail (192.168.101.0/24): spark-a has an address there, coord none
     le = envfile(tmp_path, "rails.env", {"AFD_FABRIC_IP": "192.168.100.11", "AFD_EXPERT_CAPACITY": "256",
                                          "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1", "NCCL_IB_GID_INDEX": "3",

@@ -13,16 +13,20 @@ import os
 
 import pytest
 
+from afddiag import summary
 from afddiag.capture import collect_bundle
+from afddiag.gates import fleet as fg
 from afddiag.model.engine import parse
 from afddiag.model.run import Inputs
 from afddiag.playbook import Playbook
 from afddiag.probes.engine import read_engine_log
 from afddiag.runner import diagnose
+from afddiag.schema.validate import summary_check
 from afddiag.verdict import FAIL, PASS, SKIP, WARN
 from conftest import case_dirs
 from fakes import case_sources
 from snapfix import fabric_case
+from test_judging_fleet import host  # the fleet tests' recorded host (its per-host summary)
 
 P = "spark-b:4242:4242 [0] NCCL INFO "
 IB_F1 = P + "NET/IB : Using [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:192.168.100.11<0>"
@@ -125,3 +129,40 @@ def test_capture_keeps_the_evidence_lines_and_replay_judges_them(tmp_path):
 def test_healthy_captures_skip_without_an_engine_log(case):
     rep, _ = diagnose(Inputs(snapshot=str(case)))
     assert next(g for g in rep["gates"] if g["id"] == "launch.engine-net")["verdict"] == SKIP
+
+
+# ---------------------------------------------------------------- the per-host summary and fleet.engine-net
+
+
+def ranks(*engines):
+    return [host(f"s{i}", engine=e) for i, e in enumerate(engines)]
+
+
+def fleet_verdict(fleet):
+    return next(v for v in fg.run_fleet_gates(fleet) if v.id == "fleet.engine-net")
+
+
+ROCE3 = {"network": "IB", "devices": ["rocep1s0f1:1/RoCE"], "gid_indexes": [3]}
+
+
+def test_fleet_a_rank_on_sockets_beside_roce_ranks_warns_naming_it():
+    v = fleet_verdict(ranks(ROCE3, ROCE3, {"network": "Socket", "devices": [], "gid_indexes": []}))
+    assert v.verdict == WARN and v.action == "CHECK_FABRIC"
+    assert v.summary.startswith("ranks on different NCCL networks: s0, s1: IB/RoCE; s2: Socket")
+
+
+def test_fleet_same_network_passes_listing_gid_indexes_and_too_few_skip():
+    v = fleet_verdict(ranks(ROCE3, ROCE3, None))
+    assert v.verdict == PASS and v.summary.startswith("2 rank(s) on NCCL network IB/RoCE, GID index 3")
+    assert "1 host(s) without NCCL NET lines read: s2" in v.summary
+    v = fleet_verdict(ranks(ROCE3, {**ROCE3, "gid_indexes": [5]}))  # each rank its own fabric GID: not a fault
+    assert v.verdict == PASS and "GID index per rank" in v.summary
+    assert fleet_verdict(ranks(ROCE3, None)).verdict == SKIP
+
+
+def test_summary_carries_what_nccl_chose_and_reads_it_back_from_an_older_report(tmp_path):
+    log = tmp_path / "engine.out"
+    log.write_text("\n".join([IB_F1, NET_IB, CONNECT.format(g=3)]) + "\n")
+    rep, _ = diagnose(Inputs(snapshot=str(fabric_case("02-")), engine_log=str(log), fabric_ip="192.168.100.11"))
+    assert rep["summary"]["engine"] == ROCE3 and summary_check()(rep["summary"], "summary") is None
+    assert summary.of({k: v for k, v in rep.items() if k != "summary"})["engine"] == ROCE3

@@ -56,11 +56,13 @@ PLANTED = {
     "fleet-faults": {"fleet.capacity": "FAIL", "fleet.fabric-ip": "PASS", "fleet.mtu": "FAIL",
                      "fleet.gid-index": "PASS", "fleet.devicemap": "FAIL", "fleet.gpu": "SKIP",
                      "fleet.versions": "PASS", "fleet.rails": "SKIP", "fleet.control-plane": "SKIP",
-                     "fleet.known-bad": "SKIP", "fleet.nccl-build": "SKIP"},  # recorded before they existed
+                     "fleet.known-bad": "SKIP", "fleet.nccl-build": "SKIP",
+                     "fleet.engine-net": "SKIP"},  # recorded before they existed
     "fleet-link-down": {"fleet.capacity": "PASS", "fleet.fabric-ip": "PASS", "fleet.mtu": "PASS",
                         "fleet.gid-index": "PASS", "fleet.devicemap": "PASS", "fleet.gpu": "SKIP",
                         "fleet.versions": "PASS", "fleet.rails": "SKIP", "fleet.control-plane": "SKIP",
-                        "fleet.known-bad": "SKIP", "fleet.nccl-build": "SKIP"},
+                        "fleet.known-bad": "SKIP", "fleet.nccl-build": "SKIP",
+                        "fleet.engine-net": "SKIP"},
 }
 
 

@@ -26,7 +26,7 @@ from afddiag import summary
 from afddiag.catalog import commands, remedy
 from afddiag.diagnosis import fill_actions
 from afddiag.envvars import CAPACITY_KEYS, MAP_VAR, NCCL_GID_VAR, parse_device_map
-from afddiag.gates import declared, fleet_known_bad, fleet_nccl, gate
+from afddiag.gates import declared, fleet_engine, fleet_known_bad, fleet_nccl, gate
 from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
 from afddiag.model.gpu import LOAD_FIGURES
 from afddiag.model.summary import Summary
@@ -753,7 +753,7 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
                    f"{note}" + tail, "nothing to do", facts)
 
 
-GATES = declared(__name__) + fleet_known_bad.GATES + fleet_nccl.GATES  # each in its own module
+GATES = declared(__name__) + fleet_known_bad.GATES + fleet_nccl.GATES + fleet_engine.GATES  # each in its own module
 
 
 def run_fleet_gates(fleet: Fleet, expect: dict[str, Any] | None = None) -> list[Verdict]:

@@ -107,6 +107,15 @@ class NcclBuild(TypedDict):
     build_id: str | None
 
 
+class EngineNet(TypedDict):
+    """What NCCL said it chose (``--engine-log``, ``launch.engine-net``): its network (``IB``, ``Socket``),
+    the devices of ``NET/IB : Using`` as ``device:port/link layer``, the GID indexes its connections used."""
+
+    network: str
+    devices: list[str]
+    gid_indexes: list[int]
+
+
 class Summary(TypedDict, total=False):
     """The per-host summary (fields documented in :mod:`afddiag.summary`); None where the host did not say;
     ``{}`` for no report at all (:func:`afddiag.summary.of`)."""
@@ -141,3 +150,4 @@ class Summary(TypedDict, total=False):
     control_plane: ControlPlane | None
     known_bad: KnownBad | None
     nccl: NcclBuild | None
+    engine: EngineNet | None
