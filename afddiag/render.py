@@ -144,10 +144,13 @@ def gate_table(gates: list[dict[str, Any]], title: str | None = None, below: fro
     return t
 
 
-def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None, caption: str | None = None) -> None:
+def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None, caption: str | None = None,
+                     fix_order: list[str] | None = None) -> None:
     """Print :func:`gate_table` on ``con`` so that no command is split: a remedy's commands are printed
     under the table, each on lines of its own (:func:`command_lines`), and so is a remedy whose long
-    word would not fit its cell (the table is rendered once to see, :func:`wrap`)."""
+    word would not fit its cell (the table is rendered once to see, :func:`wrap`). ``fix_order``: gate
+    ids in the diagnosis' order; the blocks under the table follow it (then table order), so pasting
+    them top to bottom fixes the root first."""
     from rich.console import Console
     from rich.text import Text
 
@@ -158,7 +161,8 @@ def print_gate_table(con, gates: list[dict[str, Any]], title: str | None = None,
     below = frozenset(g["id"] for g in gates if g["verdict"] in TELLS and g.get("remedy")
                       and not all(any(u in ln for ln in lines) for u in unbroken(g["remedy"])))
     con.print(gate_table(gates, title, below, caption))
-    for g in gates:
+    rank = {gid: i for i, gid in enumerate(fix_order or [])}
+    for g in sorted(gates, key=lambda g: rank.get(g["id"], len(rank))):  # stable: the rest keep table order
         cmds = (g.get("commands") or []) if g["verdict"] in TELLS and g.get("remedy") else []
         if g["id"] in below or cmds:
             con.print(Text(f"{g['verdict']} {g['id']} {action_tag(g)}:", style=COLORS.get(g["verdict"], "")),

@@ -54,7 +54,7 @@ def write_table(report: Mapping[str, Any], out: TextIO | None = None, width: int
         write_diagnosis(report, out, con.width)
         rows, folded = (list(report["gates"]), None) if view.all_rows else fold_skips(report["gates"])
         print_gate_table(con, rows, f"afddiag {report['afddiag_version']} — {report['host']} "
-                         f"({report['source']})", folded)
+                         f"({report['source']})", folded, [d["gate"] for d in report.get("diagnosis") or []])
     dm = report.get("device_map") or {}
     if dm:
         line = f"device map: {MAP_VAR}={format_device_map(dm)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -298,3 +299,20 @@ def test_a_catalog_remedy_comes_with_its_catalog_commands(reports):
             if "commands" in row and g.get("commands") and row["remedy"] == g["remedy"] and row["verdict"] in (
                     "WARN", "FAIL", "ERROR"):
                 assert row["commands"] == commands(row["id"]), (name, row)
+
+
+def test_blocks_under_the_table_follow_the_diagnosis_order(reports):
+    """Pasting the commands under the table top to bottom fixes the root first: their blocks come in
+    the diagnosis' order (case 01 replayed: the device map before the MTU, which restarts queues)."""
+    checked = 0
+    for name, rep in reports:
+        if "host" not in rep:  # a fleet report: its own table (afddiag.fleet.table)
+            continue
+        order = [d["gate"] for d in rep.get("diagnosis") or []]
+        buf = io.StringIO()
+        write_table(rep, buf, width=80)
+        heads = [m.group(1) for m in re.finditer(r"^(?:WARN|FAIL|ERROR) (\S+) \[", buf.getvalue(), re.M)]
+        ranked = [h for h in heads if h in order]
+        assert ranked == sorted(ranked, key=order.index), (name, ranked, order)
+        checked += len(ranked) > 1
+    assert checked >= 1, checked
