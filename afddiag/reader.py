@@ -151,7 +151,9 @@ def read_each(paths: list[str], max_bytes: int = MAX_JSON_BYTES, timeout_s: floa
             except queue.Empty:
                 raise InputError(f"{reading[0]}: not read within {timeout_s:g} s (a hung mount?)") from None
             left -= len(batch)
-            for path, item in batch:
+            batch.reverse()
+            while batch:
+                path, item = batch.pop()  # handed on, not held here: a 250 MB file is freed once parsed
                 if isinstance(item, FileNotFoundError):
                     yield path, item
                 elif isinstance(item, InputError):
@@ -161,7 +163,8 @@ def read_each(paths: list[str], max_bytes: int = MAX_JSON_BYTES, timeout_s: floa
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    yield path, item
+                    out, item = (path, item), None
+                    yield out
     finally:
         stop.set()
         while True:  # let a worker blocked on a full queue see the stop

@@ -214,7 +214,9 @@ def load_reports(paths: list[str], notes: list[str] | None = None, keep_reports:
         if isinstance(data, FileNotFoundError):
             out.append(HostResult(name=Path(path).name, target=path, error=f"{path}: {data.strerror}"))
             continue
-        for where, rep, err in _file_values(data, path):
+        values = _file_values(data, path)
+        del data  # the bytes go once decoded to text (_file_values): one file's bytes and text never outlive it
+        for where, rep, err in values:
             add(where, rep, err)
     return out
 
