@@ -203,7 +203,8 @@ def start_fleet(outdir: str) -> dict:
     afd = f"{sys.executable} -m afddiag"
     lines = ["[fleet]", 'user = "root"', f'known_hosts = "{FLEET_DIR}/known_hosts"', f'identity = "{FLEET_DIR}/client"',
              f'afddiag = "{afd}"', "concurrency = 3", "timeout_s = 400", "connect_timeout_s = 30", "",
-             "[expect]", f"capacity = {CAPACITY}", ""]
+             "[expect]", f"capacity = {CAPACITY}",
+             "mtu = 1024  # the lab's veths run at MTU 1500: RoCE MTU 1024 is this site's target", ""]
     for host, (role, _, mgmt, _) in HOSTS.items():
         lines += ["[[host]]", f'name = "{host}"', f'role = "{role}"', f'ssh = "root@{mgmt}"',
                   f'fabric_ip = "{fip(host)}"', f'launch_env = "{FLEET_DIR}/{host}.env"',

@@ -131,14 +131,31 @@ def test_mtu_every_verdict_and_action():
     assert (v.verdict, v.action, v.summary) == (PASS, "NONE", "2 host(s) at RoCE MTU 4096")
     v = judged("fleet.mtu", [a, b, low])
     assert (v.verdict, v.action) == (FAIL, "SET_MTU")
-    assert v.summary == "c RoCE MTU 1024 (eth1 MTU 1500): differs from the fleet's 4096"
+    assert v.summary == "c RoCE MTU 1024 (eth1 MTU 1500): differs from the role's target RoCE MTU 4096 (2 host(s) at 4096)"
     v = judged("fleet.mtu", [a, b], {"mtu": 1024})
-    assert v.verdict == FAIL and "differs from the inventory's 1024" in v.summary
+    assert v.verdict == WARN and "differ from the inventory's 1024" in v.summary
+    v = judged("fleet.mtu", [low, host("e", roce_mtu_bytes=1024)], {"mtu": 1024})
+    assert v.verdict == PASS
     v = judged("fleet.mtu", [a, host("d")])
     assert (v.verdict, v.action) == (WARN, "RERUN")
     assert v.summary == "d: RoCE MTU not reported; 1 host(s) at 4096"
     v = judged("fleet.mtu", [host("d")])
     assert (v.verdict, v.action) == (SKIP, "NONE")
+
+
+def test_mtu_judges_every_host_against_the_roles_target_not_the_majority():
+    """Four Sparks left at MTU 1500 and a coordinator at 9000: the four are named, not the coordinator."""
+    coord = host("coord", "coordinator", roce_mtu_bytes=4096, netdev="enp1s0f0np0", netdev_mtu_bytes=9000)
+    sparks = [host(f"spark-{i}", roce_mtu_bytes=1024, netdev="enp1s0f1np1", netdev_mtu_bytes=1500) for i in range(4)]
+    v = judged("fleet.mtu", [coord, *sparks])
+    assert (v.verdict, v.action) == (FAIL, "SET_MTU")
+    named = v.summary.split(": differ")[0]
+    assert named == ", ".join(f"spark-{i} RoCE MTU 1024 (enp1s0f1np1 MTU 1500)" for i in range(4))
+    assert "coord" not in named and "the role's target RoCE MTU 4096" in v.summary
+    assert v.facts["target"] == 4096
+    # a fleet that agrees below the target: every host named, WARN (consistent, but every large transfer is cut)
+    v = judged("fleet.mtu", sparks)
+    assert (v.verdict, v.action) == (WARN, "SET_MTU") and v.summary.startswith("spark-0 RoCE MTU 1024")
 
 
 # ---------------------------------------------------------------- fleet.gid-index

@@ -28,6 +28,7 @@ from afddiag.diagnosis import fill_actions
 from afddiag.envvars import CAPACITY_KEYS, MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.gates import declared, fleet_engine, fleet_known_bad, fleet_nccl, gate
 from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
+from afddiag.model import ROCE_MTUS
 from afddiag.model.gpu import LOAD_FIGURES
 from afddiag.model.summary import Summary
 from afddiag.summary import as_int as _int  # one reading of an integer, with the summary
@@ -277,8 +278,10 @@ def fabric_ip(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
 
 @gate("fleet.mtu")
 def mtu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
-    """Every host's RoCE path MTU (``fabric.mtu`` facts ``roce_mtu``, bytes) is the same (and equals
-    the inventory's ``mtu`` when given): a 1024 side against a 4096 side fails with retry-exceeded."""
+    """Every host's RoCE path MTU (summary ``roce_mtu_bytes``, bytes) against the target: the inventory's
+    ``mtu`` when given, else the role's (RoCE path MTU 4096, what ``fabric.mtu`` passes), never the
+    majority: four ranks at 1024 and a coordinator at 4096 name the four. Hosts that disagree FAIL (a
+    1024 side against a 4096 side fails with retry-exceeded); a fleet that agrees below the target WARNs."""
     mtus: dict[str, int] = {}
     netdev: dict[str, str] = {}
     unknown: list[str] = []
@@ -292,18 +295,21 @@ def mtu(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
             continue
         mtus[h.name] = m
         netdev[h.name] = f"{s.get('netdev')} MTU {s.get('netdev_mtu_bytes')}"
-    facts = {"roce_mtu": mtus, "netdev": netdev, "unknown": unknown, "not_judged": _not_judged(fleet)}
+    want = _int(expect.get("mtu"))
+    ref = want if want is not None else ROCE_MTUS[0]
+    facts = {"roce_mtu": mtus, "netdev": netdev, "unknown": unknown, "target": ref, "not_judged": _not_judged(fleet)}
     if not mtus:
         return Verdict(gate_id, SKIP, "no host reported a RoCE MTU (fabric.mtu did not judge: fabric IP unknown or "
                        "fabric not captured)" + _tail(fleet), remedy("fleet.unreachable"), facts)
-    want = _int(expect.get("mtu"))
-    ref = want if want is not None else _minority(mtus)[0]
     off = [n for n, m in mtus.items() if m != ref]
     if off:
         parts = [f"{n} RoCE MTU {mtus[n]} ({netdev[n]})" for n in off]
-        src = "the inventory's" if want is not None else "the fleet's"
-        return Verdict(gate_id, FAIL, f"{_names(parts)}: differs from {src} {ref}" + _tail(fleet), remedy(gate_id),
-                       facts)
+        src = "the inventory's" if want is not None else "the role's target RoCE MTU"
+        agree = len(set(mtus.values())) == 1
+        return Verdict(gate_id, WARN if agree else FAIL,
+                       f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from {src} {ref}"
+                       + ("" if agree else f" ({len(mtus) - len(off)} host(s) at {ref})") + _tail(fleet),
+                       remedy(gate_id), facts, action="SET_MTU")
     if unknown:
         return Verdict(gate_id, WARN, f"{_names(unknown)}: RoCE MTU not reported; {len(mtus)} host(s) at {ref}"
                        + _tail(fleet), remedy("fleet.unreachable"), facts)
