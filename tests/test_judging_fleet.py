@@ -356,6 +356,40 @@ def test_control_plane_every_verdict_and_action():
     assert (v.verdict, v.action) == (SKIP, "NONE")
 
 
+def test_connects_dropped_by_a_host_off_the_subnet_are_the_address_fault_not_a_firewall():
+    """Two ranks on a subnet no route reaches: fleet.fabric-ip names the address fault, and fleet.control-plane
+    points at it (FIX_ADDRESS) instead of telling anyone to open a firewall port."""
+    c = cp("c", "10.0.0.1", "coordinator", [("10.0.0.2", 5000, "connected"), ("10.0.1.2", 5000, "connected"),
+                                            ("10.0.1.3", 5000, "unreachable")])
+    a = cp("a", "10.0.0.2", attempts=[("10.0.0.1", 5000, "connected")])
+    b = cp("b", "10.0.1.2", attempts=[("10.0.0.1", 5000, "timeout")])  # c reaches b, b never gets back: "asymmetric"
+    d = cp("d", "10.0.1.3", attempts=[("10.0.0.1", 5000, "unreachable")])
+    fleet = [c, a, b, d]
+    fip = judged("fleet.fabric-ip", fleet)
+    # two against two: the coordinator's subnet is the fleet's (every rank must reach it), not a tie-break
+    assert fip.verdict == FAIL and fip.summary.startswith("b 10.0.1.2 (10.0.1.0/24), d 10.0.1.3 (10.0.1.0/24): "
+                                                          "not on the fleet's subnet 10.0.0.0/24"), fip.summary
+    v = judged("fleet.control-plane", fleet)
+    assert (v.verdict, v.action) == (FAIL, "FIX_ADDRESS"), (v.action, v.remedy)
+    assert "b is not on the fleet's subnet 10.0.0.0/24 (fleet.fabric-ip)" in v.summary
+    assert "asymmetric" not in v.summary and v.facts["asymmetric"] == []
+    assert v.remedy.startswith("fix the fabric address first on b, d (fleet.fabric-ip")
+    assert not any(w in v.remedy for w in ("firewall port", "ufw", "open port", "nftables"))
+    assert {(e["source"], e["peer"]) for e in v.facts["explained_by_address"]} == {("b", "c"), ("c", "d"), ("d", "c")}
+    # the same hosts on one subnet: the one-way drop is a firewall again (the rule is the address, not the pair)
+    b_on = cp("b", "10.0.0.3", attempts=[("10.0.0.1", 5000, "timeout")])
+    c_on = cp("c", "10.0.0.1", "coordinator", [("10.0.0.2", 5000, "connected"), ("10.0.0.3", 5000, "connected")])
+    v = judged("fleet.control-plane", [c_on, a, b_on])
+    assert (v.verdict, v.action) == (FAIL, "OPEN_PORTS") and v.remedy.startswith("on c, open port(s) 5000")
+    # an address fault and a firewall elsewhere: both named, each once
+    e = cp("e", "10.0.0.4", attempts=[("10.0.0.1", 5000, "timeout")])
+    c = cp("c", "10.0.0.1", "coordinator", [("10.0.0.2", 5000, "connected"), ("10.0.1.2", 5000, "connected"),
+                                            ("10.0.1.3", 5000, "unreachable"), ("10.0.0.4", 5000, "connected")])
+    v = judged("fleet.control-plane", [c, a, b, d, e])
+    assert (v.verdict, v.action) == (FAIL, "OPEN_PORTS")
+    assert "on c, open port(s) 5000 to e's" in v.remedy and "fix the fabric address first on b, d" in v.remedy
+
+
 def test_a_gate_that_raises_is_error_for_that_gate_only(monkeypatch):
     def boom(fleet, expect):
         raise KeyError("x")

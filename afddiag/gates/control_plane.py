@@ -6,7 +6,7 @@ which host reached which peer's engine port, from each host's summary ``control_
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 from afddiag.summary import as_int
@@ -76,14 +76,15 @@ def connect_matrix(fleet: Iterable[Any], owner: dict[str, str]
 
 
 def asymmetric(matrix: Matrix, down: dict[tuple[str, str], dict[int, str]],
-               by_link: dict[tuple[str, str], dict[int, str]]) -> list[dict[str, Any]]:
+               explained: Container[tuple[str, str]]) -> list[dict[str, Any]]:
     """The pairs where d reaches s on every port it tried while s's connects to d are dropped (not a
-    source that could not bind, not a link that is down): d's side drops what it does not start."""
+    source that could not bind, not a pair ``explained`` by another fault: a link that is down, a host off
+    the fleet's subnet): d's side drops what it does not start."""
     reached = {(s, d) for s, row in matrix.items() for d, cells in row.items()
                if any(o in REACHED for o in cells.values())}
     asym: list[dict[str, Any]] = []
     for (s, d), cells in down.items():
-        if (s, d) in by_link:  # a link that is down is no firewall
+        if (s, d) in explained:  # a link that is down, an address off the subnet: no firewall
             continue
         if (d, s) in reached and (d, s) not in down and all(o in DROPPED for o in cells.values()):
             asym.append({"reaches": d, "cannot_reach_back": s, "drops": d, "ports": sorted(cells),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,8 @@ from afddiag.diagnosis import fill_actions
 from afddiag.envvars import CAPACITY_KEYS, MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.gates import declared, fleet_engine, fleet_known_bad, fleet_nccl, gate
 from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
+from afddiag.gates.fleet_address import Subnets, fabric_subnets, off_subnet_pairs
+from afddiag.gates.fleet_address import minority as _minority
 from afddiag.model import ROCE_MTUS
 from afddiag.model.gpu import LOAD_FIGURES
 from afddiag.model.summary import Summary
@@ -156,15 +158,6 @@ def _tail(fleet: Fleet) -> str:
     return f" ({len(bad)} host(s) without a report not judged: {_names(bad)})" if bad else ""
 
 
-def _minority(values: dict[str, Any]) -> tuple[Any, list[str]]:
-    """The most common value and the hosts holding any other value (host order kept). A tie goes
-    to the largest value (the larger MTU, the newer-sorting version), so the result is stable."""
-    counts = Counter(values.values())
-    top = max(counts.values())
-    common = max((v for v, c in counts.items() if c == top), key=lambda v: (str(type(v)), v))
-    return common, [h for h, v in values.items() if v != common]
-
-
 # ---------------------------------------------------------------- fleet.capacity
 
 @gate("fleet.capacity")
@@ -215,11 +208,6 @@ def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
 
 # ---------------------------------------------------------------- fleet.fabric-ip
 
-def _prefix(h: HostResult, ip: str) -> int | None:
-    """The prefix length of ``ip`` on the netdev holding it (summary ``ipv4_prefixlen``), None if unseen."""
-    return _int((h.summary.get("ipv4_prefixlen") or {}).get(ip))
-
-
 @gate("fleet.fabric-ip")
 def fabric_ip(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Every host has a fabric IP, no two share one, and all are on one subnet (the prefix length
@@ -249,17 +237,13 @@ def fabric_ip(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     for ip, ns in by_ip.items():
         if len(ns) > 1:
             fails.append(f"{_names(ns)} share fabric IP {ip}")
-    prefixes = {n: _prefix(h, ips[n]) for h in fleet for n in [h.name] if n in ips}
-    known = [p for p in prefixes.values() if p is not None]
-    default_plen = Counter(known).most_common(1)[0][0] if known else 24
-    nets: dict[str, str] = {}
-    for n, ip in ips.items():
-        plen = prefixes.get(n) if prefixes.get(n) is not None else default_plen
-        nets[n] = str(ipaddress.IPv4Network(f"{ip}/{plen}", strict=False))
-    facts.update({"subnets": nets, "prefix_assumed_for": [n for n, p in prefixes.items() if p is None]})
+    sub = fabric_subnets(fleet, ips)
+    nets = sub.nets
+    facts.update({"subnets": nets, "prefix_assumed_for": sub.assumed, "fleet_subnet": sub.common,
+                  "fleet_subnet_from": sub.source})
     if len(set(nets.values())) > 1:
-        common, off = _minority(nets)
-        fails.append(f"{_names([f'{n} {ips[n]} ({nets[n]})' for n in off])}: not on the fleet's subnet {common}")
+        off = [f"{n} {ips[n]} ({nets[n]})" for n in sub.off]
+        fails.append(f"{_names(off)}: not on the fleet's subnet {sub.common}")
     if missing:
         fails.append(f"{_names(missing)}: no fabric IP (give fabric_ip in the inventory or AFD_FABRIC_IP)")
     unsaid = [m.split(" (")[0] for m in missing if m.endswith("(ambiguous)")]
@@ -657,22 +641,37 @@ def rails(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
 
 
 
-def _control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]],
-                    by_link: dict[tuple[str, str], dict[int, str]], asym: list[dict[str, Any]],
-                    link_down: dict[str, str], advertised: dict[str, list[dict[str, str]]],
-                    fip: dict[str, str | None]) -> tuple[str, str]:
-    """fleet.control-plane's FAIL remedy and action: FIX_LINK when every dropped connection is explained
-    by a fabric link that is down; OPEN_PORTS for dropped connections (the firewall rule to open on the
+def _root_fixes(by_link: dict[tuple[str, str], Any], link_down: dict[str, str],
+                by_addr: dict[tuple[str, str], str], sub: Subnets) -> list[str]:
+    """The faults that explain dropped connects, each named once as its root: a fabric link that is down
+    (fabric.link on that host), a host off the fleet's subnet (fleet.fabric-ip)."""
+    fixes = []
+    if by_link:
+        fixes.append("fix the fabric link first on " + "; on ".join(
+            f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
+                {h for k in by_link for h in k if h in link_down}))
+            + ": the connections to and from it are judged again once it is up")
+    if by_addr:
+        off = sorted(set(by_addr.values()))
+        fixes.append(f"fix the fabric address first on {_names(off)} (fleet.fabric-ip: not on the fleet's subnet "
+                     f"{sub.common}; its remedy): the connections to and from {'it' if len(off) == 1 else 'them'} "
+                     "are judged again once on it (no firewall is at fault for them)")
+    return fixes
+
+
+def _control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]], explained: int,
+                    roots: list[str], root_action: str, asym: list[dict[str, Any]],
+                    advertised: dict[str, list[dict[str, str]]], fip: dict[str, str | None]) -> tuple[str, str]:
+    """fleet.control-plane's FAIL remedy and action: the root's (FIX_LINK for a link that is down,
+    FIX_ADDRESS for a host off the fleet's subnet) when those explain every dropped connection
+    (``explained`` of them); OPEN_PORTS for the other dropped connections (the firewall rule to open on the
     dropping side when each is one-way); SET_ENV when only advertised addresses are wrong."""
-    link_fix = ("fix the fabric link first on " + "; on ".join(
-        f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
-            {h for k in by_link for h in k if h in link_down}))
-        + ": the connections to and from it are judged again once it is up") if by_link else ""
-    if down and len(by_link) == len(down):  # every dropped connection is explained by a link that is down
-        return link_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else ""), "FIX_LINK"
+    root_fix = "; and ".join(roots)
+    if down and explained == len(down):  # every dropped connection is explained by a root fault
+        return root_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else ""), root_action
     if not down:
         return remedy("launch.control-plane.advertised"), "SET_ENV"
-    if asym and len(asym) == len(down) - len(by_link):
+    if asym and len(asym) == len(down) - explained:
         fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
                           f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
                           f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
@@ -680,8 +679,8 @@ def _control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]],
         rem = fixes + ": its firewall drops connections it does not start (the other way works)"
     else:
         rem = remedy(gate_id)
-    if link_fix:
-        rem += "; and " + link_fix
+    if root_fix:
+        rem += "; and " + root_fix
     if advertised:
         rem += "; and " + remedy("launch.control-plane.advertised")
     return rem, "OPEN_PORTS"
@@ -706,7 +705,10 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
                  if h.ok and isinstance(link := h.summary.get("fabric_link"), dict)
                  and link.get("verdict") == FAIL}
     by_link = {k: v for k, v in down.items() if k[0] in link_down or k[1] in link_down}
-    asym = asymmetric(matrix, down, by_link)
+    # a host off the fleet's subnet (fleet.fabric-ip) explains the connects to and from it across subnets
+    sub = fabric_subnets(fleet)
+    by_addr = {k: n for k, n in off_subnet_pairs(sub, down).items() if k not in by_link}
+    asym = asymmetric(matrix, down, set(by_link) | set(by_addr))
     roles = {h.name: h.host_role for h in fleet if h.ok}
     untested_pairs, untested_counts = not_tested(matrix, [n for n, r in roles.items() if r == COORDINATOR],
                                                  [n for n, r in roles.items() if r != COORDINATOR], fip, MAX_NAMED)
@@ -719,6 +721,7 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
         "not_tested_count": untested_counts,
         "link_down": link_down,
         "explained_by_link_down": [{"source": s, "peer": d} for (s, d) in by_link],
+        "explained_by_address": [{"source": s, "peer": d, "off_subnet": n} for (s, d), n in by_addr.items()],
         "not_tried": {n: sorted(v) for n, v in not_tried.items()},
         "advertised_bad": advertised, "hosts_not_judged": unjudged, "not_judged": _not_judged(fleet)}
     tail = (f" ({len(unjudged)} host(s) not judged: {_names([u.split(' (')[0] for u in unjudged])})" if unjudged
@@ -732,7 +735,9 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
         if (s, d) in asym_keys:
             continue
         why = (f": {s}'s fabric link is down" if s in link_down else
-               f": {d}'s fabric link is down" if d in link_down else "")
+               f": {d}'s fabric link is down" if d in link_down else
+               f": {by_addr[(s, d)]} is not on the fleet's subnet {sub.common} (fleet.fabric-ip)" if (s, d) in by_addr
+               else "")
         fails.append(f"{s} cannot reach {d} ({fip.get(d) or d}) port {ports_txt(cells)}{why}")
     for a in asym:
         s, d = a["cannot_reach_back"], a["reaches"]
@@ -746,7 +751,9 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
                 for s, ds in untested_pairs.items()]
     if fails:
         txt = "; ".join(fails) + (f"; also {'; '.join(untested)}" if untested else "")
-        rem, action = _control_remedy(gate_id, down, by_link, asym, link_down, advertised, fip)
+        rem, action = _control_remedy(gate_id, down, len(by_link) + len(by_addr),
+                                      _root_fixes(by_link, link_down, by_addr, sub),
+                                      "FIX_LINK" if by_link else "FIX_ADDRESS", asym, advertised, fip)
         return Verdict(gate_id, FAIL, txt + tail, rem, facts, action=action)
     n_att = sum(len(c) for row in matrix.values() for c in row.values())
     n_ref = sum(1 for row in matrix.values() for c in row.values() for o in c.values() if o == "refused")
