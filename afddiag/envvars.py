@@ -348,10 +348,13 @@ def _check_value(key: str, val: str, where: str) -> None:
             raise LaunchEnvError(f"{where}: {MAP_VAR}: {problems[0]} (form: ip=device[,ip=device])")
 
 
-def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, str] | None = None) -> dict[str, str]:
+def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, str] | None = None,
+                     spelled: dict[str, str] | None = None) -> dict[str, str]:
     """Parse a launch env file strictly: ``KEY=VALUE`` lines, ``export`` prefixes, single or double
     quotes, blank lines and ``#`` comments. ``aliases`` maps a site's own variable names to afddiag's
-    (``{"SITE_IP": "AFD_FABRIC_IP"}``). Returns every key (afddiag's names for aliased ones).
+    (``{"SITE_IP": "AFD_FABRIC_IP"}``). Returns every key (afddiag's names for aliased ones); ``spelled``,
+    when given, receives afddiag's name → the file's own for each aliased key the file sets (a remedy
+    names a variable as the operator's file spells it).
 
     Raises :class:`LaunchEnvError` naming ``path`` and the line for garbage lines, duplicate keys
     (aliases included) and bad values of the keys afddiag reads.
@@ -391,4 +394,6 @@ def parse_launch_env(text: str, path: str = "<launch env>", aliases: dict[str, s
         _check_value(name, value, where)
         out[name] = value
         first_line[name] = (n, key)
+        if spelled is not None and name != key:
+            spelled[name] = key
     return out

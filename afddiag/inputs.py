@@ -64,7 +64,7 @@ def _launch_env_text(path: str) -> str:
 
 
 def _role(role: str | None, playbook_path: str | None, launch_env_path: str | None,
-          notes: list[str]) -> tuple[pbmod.Playbook | None, str, dict[str, str] | None]:
+          notes: list[str], spelled: dict[str, str]) -> tuple[pbmod.Playbook | None, str, dict[str, str] | None]:
     """(playbook, where the role came from, the parsed launch env): the module docstring's precedence."""
     pb, source = None, "default (no --role, --playbook or AFD_ROLE)"
     if playbook_path or role:
@@ -73,7 +73,7 @@ def _role(role: str | None, playbook_path: str | None, launch_env_path: str | No
     if not launch_env_path:
         return pb, source, None
     text = _launch_env_text(launch_env_path)
-    launch_env = parse_launch_env(text, launch_env_path, pb.aliases if pb else None)
+    launch_env = parse_launch_env(text, launch_env_path, pb.aliases if pb else None, spelled)
     named = launch_env.get("AFD_ROLE")
     if pb is not None and named and named != pb.name:
         notes.append(f"judging as role {pb.name} (--role/--playbook), although {launch_env_path} says "
@@ -81,7 +81,7 @@ def _role(role: str | None, playbook_path: str | None, launch_env_path: str | No
     if pb is None and named:
         pb, source = pbmod.load(named), f"AFD_ROLE in {launch_env_path}"
         if pb.aliases:  # the role's aliases apply to the file that named it
-            launch_env = parse_launch_env(text, launch_env_path, pb.aliases)
+            launch_env = parse_launch_env(text, launch_env_path, pb.aliases, spelled)
     return pb, source, launch_env
 
 
@@ -120,8 +120,9 @@ def resolve(snapshot: str | None = None, timeout_s: float | None = None, fabric_
     pattern that matches nothing (:func:`select_gates`), or (live) more peers x engine ports than the
     control-plane probe connects to (:func:`afddiag.probes.reach.bounds_problem`)."""
     notes: list[str] = []
+    spelled: dict[str, str] = {}  # afddiag's name -> the launch env file's own (the site's aliases)
     try:
-        pb, role_source, launch_env = _role(role, playbook_path, launch_env_path, notes)
+        pb, role_source, launch_env = _role(role, playbook_path, launch_env_path, notes, spelled)
     except (LaunchEnvError, pbmod.PlaybookError) as e:
         raise InputsError(str(e)) from None
     if no_load:
@@ -137,7 +138,7 @@ def resolve(snapshot: str | None = None, timeout_s: float | None = None, fabric_
                     probe_timeout_s=timeout_s, qp_timeout_s=qp_timeout, run_qp=not no_qp, launch_env=launch_env,
                     launch_env_path=launch_env_path, expect_capacity=expect_capacity, playbook=pb, load=load,
                     baseline_path=baseline_path, xid_log=xid_log, engine_log=engine_log, families=families,
-                    role_source=role_source, gates=selected)
+                    role_source=role_source, gates=selected, launch_env_spelled=spelled)
     inputs.sources = _flag_sources(inputs, bool(peers))
     ports = parse_ports((launch_env or {}).get("AFD_ENGINE_PORTS", "")) or list(pb.engine_ports if pb else [])
     if not snapshot and (why := bounds_problem(inputs.peers, ports)):  # the control-plane probe's bound

@@ -29,7 +29,8 @@ Fields (None where the host did not say):
   ``fabric.devicemap-env``), ``fabric_link`` (``{verdict, summary}`` of ``fabric.link``: a host whose
   link is down explains the connections to and from it), ``first_device`` (``{verdict, summary}`` of
   ``fabric.first-device``: whether the device the engine opens, map or no map, carries the fabric IP);
-- ``capacity`` (``{key, value, set}``: this role's capacity flag);
+- ``capacity`` (``{key, value, set}``, and ``spelled`` when the launch env file names it through an
+  alias: this role's capacity flag);
 - ``gpus`` (``[{name, uuid, sm_count, under_load: {clock_sm_mhz, fp32_tflops, bf16_tflops,
   gemv_gbps, copy_gbps}}]``), ``slow_state`` (``{verdict, summary}`` of ``gpu.slow-state``),
   ``gpu_busy`` (the GPU was busy with another job: figures inconclusive);
@@ -203,7 +204,9 @@ def _legacy_found(gate_id: str, facts: dict[str, Any]) -> Found | None:
     facts are read by key: a report of an afddiag that carries no summary). Never raises on odd content."""
     if gate_id == "launch.capacity":
         value = as_int(facts.get("value"))
-        return CapacityFlag(facts["key"], value, bool(facts.get("set"))) \
+        sp = facts.get("spelled")  # the launch env file's own name for it (a site alias), when not afddiag's
+        return CapacityFlag(facts["key"], value, bool(facts.get("set")),
+                            sp if isinstance(sp, str) and sp not in CAPACITY_KEYS.values() else None) \
             if facts.get("key") in CAPACITY_KEYS.values() and value is not None else None
     if gate_id == "fabric.rocev2-ipv4":
         e = _d(facts.get("entry"))
@@ -331,7 +334,8 @@ def _assemble(head: dict[str, Any], env: Mapping[Any, Any], gates: Mapping[Any, 
         "devicemap_env": _brief(gates.get("fabric.devicemap-env")),
         "fabric_link": _brief(gates.get("fabric.link")),
         "first_device": _brief(gates.get("fabric.first-device")),
-        "capacity": ({"key": cap.key, "value": cap.value, "set": cap.set}
+        "capacity": ({"key": cap.key, "value": cap.value, "set": cap.set,
+                      **({"spelled": cap.spelled} if cap.spelled else {})}
                      if cap is not None and cap.key in CAPACITY_KEYS.values() else None),
         "gpus": host["gpus"],
         "slow_state": _brief(gates.get("gpu.slow-state")),

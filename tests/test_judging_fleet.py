@@ -66,6 +66,23 @@ def test_capacity_reference_is_the_inventory_then_the_coordinator_then_the_major
     assert v.verdict == PASS and "1 host(s) without a report not judged: z" in v.summary
 
 
+def test_capacity_names_each_flag_as_its_hosts_file_spells_it():
+    coord = cap("c", "AFD_PREFILL_CAPACITY", 256, role="coordinator")
+    b = cap("b", value=128)
+    b.report["summary"]["capacity"]["spelled"] = "CAPACITY"  # the site's alias, as launch.capacity recorded it
+    v = judged("fleet.capacity", [coord, cap("a"), b])
+    assert (v.verdict, v.action) == (FAIL, "SET_ENV")
+    assert v.summary.startswith("b CAPACITY=128 in /etc/afd.env: differs from coordinator c's AFD_PREFILL_CAPACITY=256")
+    assert v.remedy.startswith("set CAPACITY=256 in /etc/afd.env on b; ")
+    assert v.facts["flags"]["b"] == {"key": "AFD_EXPERT_CAPACITY", "spelled": "CAPACITY", "value": 128, "set": True,
+                                     "launch_env": "/etc/afd.env"}
+    # a spelling no launch env file could hold is not repeated: afddiag's own name instead
+    b.report["summary"]["capacity"]["spelled"] = "CAP; rm -rf /"
+    b._summary = None
+    v = judged("fleet.capacity", [coord, cap("a"), b])
+    assert v.summary.startswith("b AFD_EXPERT_CAPACITY=128")
+
+
 # ---------------------------------------------------------------- fleet.fabric-ip
 
 def fip(name, ip, plen=24, **kw):
@@ -131,7 +148,8 @@ def test_mtu_every_verdict_and_action():
     assert (v.verdict, v.action, v.summary) == (PASS, "NONE", "2 host(s) at RoCE MTU 4096")
     v = judged("fleet.mtu", [a, b, low])
     assert (v.verdict, v.action) == (FAIL, "SET_MTU")
-    assert v.summary == "c RoCE MTU 1024 (eth1 MTU 1500): differs from the role's target RoCE MTU 4096 (2 host(s) at 4096)"
+    assert v.summary == ("c RoCE MTU 1024 (eth1 MTU 1500): differs from the role's target RoCE MTU 4096 "
+                         "(2 host(s) at 4096)")
     v = judged("fleet.mtu", [a, b], {"mtu": 1024})
     assert v.verdict == WARN and "differ from the inventory's 1024" in v.summary
     v = judged("fleet.mtu", [low, host("e", roce_mtu_bytes=1024)], {"mtu": 1024})

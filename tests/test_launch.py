@@ -273,6 +273,41 @@ def test_launch_env_quotes_comments_export_and_aliases():
         parse_launch_env("SITE_IP=10.0.0.1\nAFD_FABRIC_IP=10.0.0.1\n", "f.env", {"SITE_IP": "AFD_FABRIC_IP"})
 
 
+def test_capacity_is_named_as_the_sites_file_spells_it(tmp_path, monkeypatch):
+    """A site's role maps its own CAPACITY to AFD_EXPERT_CAPACITY: launch.capacity and, from the reports'
+    summaries, fleet.capacity name CAPACITY (the word the operator will look for in the file), never the
+    afddiag name the file does not hold."""
+    from afddiag.gates.fleet import HostResult, run_fleet_gates
+
+    (tmp_path / "siterank.toml").write_text('name = "siterank"\ngates = ["launch.*"]\n[launch]\n'
+                                            'capacity_key = "AFD_EXPERT_CAPACITY"\n'
+                                            '[aliases]\nCAPACITY = "AFD_EXPERT_CAPACITY"\n')
+    monkeypatch.setenv("AFDDIAG_PLAYBOOK_DIR", str(tmp_path))
+    spelled: dict[str, str] = {}
+    env = parse_launch_env("CAPACITY=128\n", "f.env", {"CAPACITY": "AFD_EXPERT_CAPACITY"}, spelled)
+    assert env == {"AFD_EXPERT_CAPACITY": "128"} and spelled == {"AFD_EXPERT_CAPACITY": "CAPACITY"}
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "host").write_text("rank\n")
+    reps = {}
+    for name, text in (("rank-a", "AFD_ROLE=siterank\nCAPACITY=128\n"),
+                       ("rank-b", "AFD_ROLE=siterank\nAFD_EXPERT_CAPACITY=256\n")):
+        f = envfile(tmp_path, text, f"{name}.env")
+        res = CliRunner().invoke(cli, ["all", "--json", "--snapshot", str(snap), "--launch-env", str(f),
+                                       "--expect-capacity", "256"], standalone_mode=False, catch_exceptions=False)
+        reps[name] = json.loads(res.stdout)
+    cap = next(g for g in reps["rank-a"]["gates"] if g["id"] == "launch.capacity")
+    assert cap["verdict"] == "FAIL" and cap["summary"].startswith("CAPACITY=128 (alias of AFD_EXPERT_CAPACITY)")
+    assert reps["rank-a"]["summary"]["capacity"] == {"key": "AFD_EXPERT_CAPACITY", "value": 128, "set": True,
+                                                     "spelled": "CAPACITY"}
+    assert "spelled" not in reps["rank-b"]["summary"]["capacity"]  # the file uses afddiag's own name
+    fleet = [HostResult(name=n, report=r) for n, r in reps.items()]
+    v = next(v for v in run_fleet_gates(fleet, {"capacity": 256}) if v.id == "fleet.capacity")
+    assert v.verdict == "FAIL" and v.summary.startswith(f"rank-a CAPACITY=128 in {tmp_path / 'rank-a.env'}: differs")
+    assert v.remedy.startswith(f"set CAPACITY=256 in {tmp_path / 'rank-a.env'} on rank-a")
+    assert "AFD_EXPERT_CAPACITY" not in v.summary + v.remedy
+
+
 def test_bad_launch_env_is_a_usage_error(tmp_path, capsys):
     env = envfile(tmp_path, "AFD_FABRIC_IP=10.0.0\n")
     assert run(["all", "--launch-env", str(env), "--snapshot", str(tmp_path)]) == 64

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Container, Iterable
 from typing import Any
 
+from afddiag.catalog import remedy
 from afddiag.summary import as_int
 
 REACHED = ("connected", "refused")  # refused: the peer's kernel answered (nothing listens yet before launch)
@@ -116,3 +117,48 @@ def not_tested(matrix: Matrix, coords: list[str], ranks: list[str], fip: dict[st
             if r in matrix and c not in matrix[r] and fip.get(c):
                 add(r, c)
     return dict(names), dict(counts)
+
+
+def root_fixes(by_link: dict[tuple[str, str], Any], link_down: dict[str, str], off_named: str, n_off: int,
+               fleet_subnet: str | None) -> list[str]:
+    """The faults that explain dropped connects, each named once as its root: a fabric link that is down
+    (``by_link``: the pairs it explains; ``link_down``: host → its fabric.link summary), ``n_off`` hosts
+    off the fleet's subnet (``off_named``: their names, as the gate lists them; fleet.fabric-ip)."""
+    fixes = []
+    if by_link:
+        fixes.append("fix the fabric link first on " + "; on ".join(
+            f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
+                {h for k in by_link for h in k if h in link_down}))
+            + ": the connections to and from it are judged again once it is up")
+    if n_off:
+        fixes.append(f"fix the fabric address first on {off_named} (fleet.fabric-ip: not on the fleet's subnet "
+                     f"{fleet_subnet}; its remedy): the connections to and from {'it' if n_off == 1 else 'them'} "
+                     "are judged again once on it (no firewall is at fault for them)")
+    return fixes
+
+
+def control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]], explained: int,
+                    roots: list[str], root_action: str, asym: list[dict[str, Any]],
+                    advertised: dict[str, list[dict[str, str]]], fip: dict[str, str | None]) -> tuple[str, str]:
+    """fleet.control-plane's FAIL remedy and action: the root's (FIX_LINK for a link that is down,
+    FIX_ADDRESS for a host off the fleet's subnet) when those explain every dropped connection
+    (``explained`` of them); OPEN_PORTS for the other dropped connections (the firewall rule to open on the
+    dropping side when each is one-way); SET_ENV when only advertised addresses are wrong."""
+    root_fix = "; and ".join(roots)
+    if down and explained == len(down):  # every dropped connection is explained by a root fault
+        return root_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else ""), root_action
+    if not down:
+        return remedy("launch.control-plane.advertised"), "SET_ENV"
+    if asym and len(asym) == len(down) - explained:
+        fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
+                          f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
+                          f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
+                          f"{a['ports'][0]}`, or nftables/iptables)" for a in asym)
+        rem = fixes + ": its firewall drops connections it does not start (the other way works)"
+    else:
+        rem = remedy(gate_id)
+    if root_fix:
+        rem += "; and " + root_fix
+    if advertised:
+        rem += "; and " + remedy("launch.control-plane.advertised")
+    return rem, "OPEN_PORTS"

@@ -16,6 +16,7 @@ rails (``[{port, ip, subnet, gid_index}]``), versions. The gates never read anot
 from __future__ import annotations
 
 import ipaddress
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -27,8 +28,17 @@ from afddiag.catalog import commands, remedy
 from afddiag.diagnosis import fill_actions
 from afddiag.envvars import CAPACITY_KEYS, MAP_VAR, NCCL_GID_VAR, parse_device_map
 from afddiag.gates import declared, fleet_engine, fleet_known_bad, fleet_nccl, gate
-from afddiag.gates.control_plane import REACHED, asymmetric, connect_matrix, not_tested, owners, ports_txt
-from afddiag.gates.fleet_address import Subnets, fabric_subnets, off_subnet_pairs
+from afddiag.gates.control_plane import (
+    REACHED,
+    asymmetric,
+    connect_matrix,
+    control_remedy,
+    not_tested,
+    owners,
+    ports_txt,
+    root_fixes,
+)
+from afddiag.gates.fleet_address import fabric_subnets, off_subnet_pairs
 from afddiag.gates.fleet_address import minority as _minority
 from afddiag.model import ROCE_MTUS
 from afddiag.model.gpu import LOAD_FIGURES
@@ -37,6 +47,7 @@ from afddiag.summary import as_int as _int  # one reading of an integer, with th
 from afddiag.verdict import ERROR, FAIL, PASS, SKIP, WARN, Verdict
 
 COORDINATOR = "coordinator"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # a variable name a launch env file can hold
 OUTLIER_FRACTION = 0.8  # a load figure below 80 % of the same-role median names the host
 MAX_NAMED = 8  # hosts named in one summary before "and N more"
 
@@ -160,12 +171,21 @@ def _tail(fleet: Fleet) -> str:
 
 # ---------------------------------------------------------------- fleet.capacity
 
+def _spelled(f: Mapping[str, Any]) -> str:
+    """The capacity flag as the host's launch env file spells it (summary ``capacity.spelled``, the site's
+    alias; a name the file could hold, else afddiag's ``key``)."""
+    sp = f.get("spelled")
+    return sp if isinstance(sp, str) and ENV_NAME.fullmatch(sp) else str(f["key"])
+
+
 @gate("fleet.capacity")
 def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """The coordinator's batch flag (AFD_PREFILL_CAPACITY) equals every rank's capacity flag
     (AFD_EXPERT_CAPACITY) and the inventory's ``capacity`` when given. Facts: ``launch.capacity``
-    gate facts ``{key, value, set}`` of each report; ``inputs.launch_env`` names the file."""
+    gate facts ``{key, value, set, spelled}`` of each report; ``inputs.launch_env`` names the file. Each
+    flag is named as its host's file spells it (a site alias such as ``CAPACITY``)."""
     flags: dict[str, tuple[str, int, bool, str]] = {}
+    keys: dict[str, str] = {}  # host -> afddiag's name of its flag
     unknown: list[str] = []
     for h in fleet:
         if not h.ok:
@@ -173,21 +193,24 @@ def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
         f: Mapping[str, Any] = h.summary.get("capacity") or {}
         val = _int(f.get("value"))
         if f.get("key") in CAPACITY_KEYS.values() and val is not None:
-            flags[h.name] = (f["key"], val, bool(f.get("set")), h.summary.get("launch_env") or "?")
+            flags[h.name] = (_spelled(f), val, bool(f.get("set")), h.summary.get("launch_env") or "?")
+            keys[h.name] = f["key"]
         else:
             unknown.append(h.name)
-    facts = {"flags": {n: {"key": k, "value": v, "set": s, "launch_env": p} for n, (k, v, s, p) in flags.items()},
+    facts = {"flags": {n: {"key": keys[n], "spelled": k, "value": v, "set": s, "launch_env": p}
+                       for n, (k, v, s, p) in flags.items()},
              "unknown": unknown, "expected": expect.get("capacity"), "not_judged": _not_judged(fleet)}
     if not flags:
         return Verdict(gate_id, SKIP, "no host reported a capacity flag (launch.capacity needs --launch-env and a role)"
                        + _tail(fleet), remedy("fleet.no-launch-env"), facts)
     want = _int(expect.get("capacity"))
-    coords = {n: v for n, (k, v, _, _) in flags.items() if k == "AFD_PREFILL_CAPACITY"}
+    coords = {n: v for n, (_, v, _, _) in flags.items() if keys[n] == "AFD_PREFILL_CAPACITY"}
     if want is not None:
         ref, ref_src = want, f"the inventory's capacity {want}"
     elif coords:
         ref, c_off = _minority(coords)
-        ref_src = f"coordinator {next(n for n, v in coords.items() if v == ref)}'s AFD_PREFILL_CAPACITY={ref}"
+        c = next(n for n, v in coords.items() if v == ref)
+        ref_src = f"coordinator {c}'s {flags[c][0]}={ref}"
     else:
         ref, _ = _minority({n: v for n, (_, v, _, _) in flags.items()})
         ref_src = f"the most common flag {ref} (no coordinator reported its batch flag)"
@@ -195,9 +218,10 @@ def capacity(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     if off:
         parts = [f"{n} {flags[n][0]}={flags[n][1]}" + ("" if flags[n][2] else " (engine default)")
                  + f" in {flags[n][3]}" for n in off]
+        sets = [f"{flags[n][0]}={ref} in {flags[n][3]} on {n}" for n in off]
         return Verdict(gate_id, FAIL, f"{_names(parts)}: {'differs' if len(parts) == 1 else 'differ'} from "
                        f"{ref_src}: the coordinator's batch flag and every rank's capacity flag must be equal"
-                       + _tail(fleet), remedy(gate_id), facts)
+                       + _tail(fleet), f"set {_names(sets)}; " + remedy(gate_id), facts)
     if unknown:
         return Verdict(gate_id, WARN, f"{_names(unknown)}: no capacity flag reported (no --launch-env or role "
                        f"unknown); the {len(flags)} other host(s) agree on {ref}" + _tail(fleet),
@@ -641,51 +665,6 @@ def rails(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
 
 
 
-def _root_fixes(by_link: dict[tuple[str, str], Any], link_down: dict[str, str],
-                by_addr: dict[tuple[str, str], str], sub: Subnets) -> list[str]:
-    """The faults that explain dropped connects, each named once as its root: a fabric link that is down
-    (fabric.link on that host), a host off the fleet's subnet (fleet.fabric-ip)."""
-    fixes = []
-    if by_link:
-        fixes.append("fix the fabric link first on " + "; on ".join(
-            f"{n} (fabric.link there: {link_down[n]})" if link_down[n] else n for n in sorted(
-                {h for k in by_link for h in k if h in link_down}))
-            + ": the connections to and from it are judged again once it is up")
-    if by_addr:
-        off = sorted(set(by_addr.values()))
-        fixes.append(f"fix the fabric address first on {_names(off)} (fleet.fabric-ip: not on the fleet's subnet "
-                     f"{sub.common}; its remedy): the connections to and from {'it' if len(off) == 1 else 'them'} "
-                     "are judged again once on it (no firewall is at fault for them)")
-    return fixes
-
-
-def _control_remedy(gate_id: str, down: dict[tuple[str, str], dict[int, str]], explained: int,
-                    roots: list[str], root_action: str, asym: list[dict[str, Any]],
-                    advertised: dict[str, list[dict[str, str]]], fip: dict[str, str | None]) -> tuple[str, str]:
-    """fleet.control-plane's FAIL remedy and action: the root's (FIX_LINK for a link that is down,
-    FIX_ADDRESS for a host off the fleet's subnet) when those explain every dropped connection
-    (``explained`` of them); OPEN_PORTS for the other dropped connections (the firewall rule to open on the
-    dropping side when each is one-way); SET_ENV when only advertised addresses are wrong."""
-    root_fix = "; and ".join(roots)
-    if down and explained == len(down):  # every dropped connection is explained by a root fault
-        return root_fix + ("; and " + remedy("launch.control-plane.advertised") if advertised else ""), root_action
-    if not down:
-        return remedy("launch.control-plane.advertised"), "SET_ENV"
-    if asym and len(asym) == len(down) - explained:
-        fixes = "; ".join(f"on {a['drops']}, open port(s) {', '.join(map(str, a['ports']))} to "
-                          f"{a['cannot_reach_back']}'s fabric address {fip.get(a['cannot_reach_back'])} "
-                          f"(`sudo ufw allow proto tcp from {fip.get(a['cannot_reach_back'])} to any port "
-                          f"{a['ports'][0]}`, or nftables/iptables)" for a in asym)
-        rem = fixes + ": its firewall drops connections it does not start (the other way works)"
-    else:
-        rem = remedy(gate_id)
-    if root_fix:
-        rem += "; and " + root_fix
-    if advertised:
-        rem += "; and " + remedy("launch.control-plane.advertised")
-    return rem, "OPEN_PORTS"
-
-
 @gate("fleet.control-plane")
 def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict:
     """Cross-host control-plane reach, as one matrix: which host reached which peer's engine port
@@ -751,8 +730,9 @@ def control_plane(fleet: Fleet, expect: dict[str, Any], gate_id: str) -> Verdict
                 for s, ds in untested_pairs.items()]
     if fails:
         txt = "; ".join(fails) + (f"; also {'; '.join(untested)}" if untested else "")
-        rem, action = _control_remedy(gate_id, down, len(by_link) + len(by_addr),
-                                      _root_fixes(by_link, link_down, by_addr, sub),
+        rem, action = control_remedy(gate_id, down, len(by_link) + len(by_addr),
+                                      root_fixes(by_link, link_down, _names(sorted(set(by_addr.values()))),
+                                                 len(set(by_addr.values())), sub.common),
                                       "FIX_LINK" if by_link else "FIX_ADDRESS", asym, advertised, fip)
         return Verdict(gate_id, FAIL, txt + tail, rem, facts, action=action)
     n_att = sum(len(c) for row in matrix.values() for c in row.values())

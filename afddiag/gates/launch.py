@@ -65,11 +65,14 @@ def capacity(ctx: Context, gate_id: str) -> Verdict:
                        "this host's", "set AFD_ROLE=coordinator|expert in the launch env or pass --role")
     raw = le.get(key)
     own = int(raw) if raw else ENGINE_DEFAULT_CAPACITY
-    own_txt = f"{key}={own}" + ("" if raw else " (not set: the engine default)")
+    spelled = ctx.inputs.spelled(key)  # the file's own name for it (the site's aliases): what a remedy names
+    own_txt = (f"{spelled}={own}" + (f" (alias of {key})" if spelled != key else "")
+               + ("" if raw else " (not set: the engine default)"))
     e = ctx.expect.capacity  # --expect-capacity, else the other side's flag in the same file
     want, src = (e.value, e.source) if e is not None else (None, "--expect-capacity")
-    facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None}
-    flag = CapacityFlag(key, own, bool(raw))
+    facts = {"key": key, "value": own, "set": bool(raw), "expected": want, "expected_from": src if want else None,
+             "spelled": spelled}
+    flag = CapacityFlag(key, own, bool(raw), spelled if spelled != key else None)
     if want is None:
         return Verdict(gate_id, SKIP, f"{own_txt}; nothing to compare with: give --expect-capacity with the "
                        f"{OTHER_SIDE.get(key, 'other side')} value",

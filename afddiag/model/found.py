@@ -15,11 +15,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class CapacityFlag:
     """``launch.capacity``: this role's capacity flag in the launch env (``AFD_EXPERT_CAPACITY``, ...),
-    its value (the engine default when unset) and whether the file sets it."""
+    its value (the engine default when unset) and whether the file sets it; ``spelled``: the file's own name
+    for it when the site's aliases spell it otherwise (``CAPACITY``), else None."""
 
     key: str
     value: int
     set: bool
+    spelled: str | None = None
 
 
 @dataclass(frozen=True)

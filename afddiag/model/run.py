@@ -29,6 +29,8 @@ class Inputs:
     run_qp: bool = True
     launch_env: dict[str, str] | None = None  # parsed --launch-env file (afddiag's key names)
     launch_env_path: str | None = None
+    # afddiag's name -> the launch env file's own, for the keys it sets through the playbook's aliases
+    launch_env_spelled: dict[str, str] = field(default_factory=dict)
     expect_capacity: int | None = None
     playbook: Playbook | None = None
     load: bool = False  # run the GPU load probe (also when the playbook asks)
@@ -60,6 +62,10 @@ class Inputs:
         if kind not in ("qp_s", "load_s") and self.probe_timeout_s is not None:
             return float(self.probe_timeout_s)
         return timeout_for(self.playbook, kind)
+
+    def spelled(self, name: str) -> str:
+        """``name`` (an afddiag launch variable) as the operator's launch env file spells it."""
+        return self.launch_env_spelled.get(name, name)
 
 
 @dataclass

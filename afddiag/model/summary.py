@@ -21,8 +21,13 @@ class VerdictBrief(TypedDict):
     summary: str
 
 
-class Capacity(TypedDict):
-    """This role's capacity flag (``launch.capacity``): ``key`` one of :data:`afddiag.envvars.CAPACITY_KEYS`."""
+class _CapacitySpelled(TypedDict, total=False):
+    spelled: str  # the launch env file's own name for the flag, when the site's aliases spell it otherwise
+
+
+class Capacity(_CapacitySpelled):
+    """This role's capacity flag (``launch.capacity``): ``key`` one of :data:`afddiag.envvars.CAPACITY_KEYS`;
+    ``spelled`` the launch env file's own name for it when the site's aliases spell it otherwise."""
 
     key: str
     value: int
