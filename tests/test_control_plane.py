@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from afddiag.cli import cli
-from afddiag.gates.launch import bad_advertised
+from afddiag.gates.launch import bad_advertised, bad_listen
 from afddiag.probes.reach import connect_once, read_reach
 
 
@@ -78,9 +78,21 @@ def test_read_reach_is_bounded(listener):
     ({"MASTER_ADDR": "localhost", "AFD_KV_HOST": "[::1]:5000"}, ["AFD_KV_HOST", "MASTER_ADDR"]),
     ({"AFD_ADVERTISE_ADDR": "10.9.0.1", "AFD_FABRIC_IP": "0.0.0.0", "AFD_BIND_ADDR_X": "0.0.0.0"}, []),
     ({"AFD_ENDPOINT": "spark-a:9000", "AFD_PEER_ADDRESS": "10.9.0.2:29500"}, []),
+    # where the engine listens (binds) is no address peers are told: 0.0.0.0 there listens on every address
+    ({"AFD_BIND_ADDR": "0.0.0.0", "AFD_LISTEN_HOST": "[::]:8000", "AFD_ENGINE_BIND_ADDRESS": "0.0.0.0:29500"}, []),
+    ({"AFD_BIND_ADDR": "0.0.0.0", "AFD_ADVERTISE_ADDR": "0.0.0.0"}, ["AFD_ADVERTISE_ADDR"]),
 ])
 def test_bad_advertised(env, flagged):
     assert [k for k, _, _ in bad_advertised(env)] == flagged
+
+
+@pytest.mark.parametrize("env,flagged", [
+    ({"AFD_BIND_ADDR": "0.0.0.0", "AFD_LISTEN_HOST": "10.9.0.1"}, []),
+    ({"AFD_BIND_ADDR": "127.0.0.1:29500", "AFD_LISTEN_URL": "http://localhost:8000", "AFD_ADVERTISE_ADDR": "::1"},
+     ["AFD_BIND_ADDR", "AFD_LISTEN_URL"]),
+])
+def test_bad_listen(env, flagged):
+    assert [k for k, _, _ in bad_listen(env)] == flagged
 
 
 def _gate(tmp_path, attempts, env_lines=("AFD_FABRIC_IP=10.9.0.1",)):
@@ -107,6 +119,11 @@ def _att(port, outcome, error=None):
      "1 of 2 control connection(s) from 10.9.0.1 fail: 10.9.0.2:29501 timeout", "OPEN_PORTS"),
     ([_att(29500, "connected")], ("AFD_ADVERTISE_ADDR=0.0.0.0",), "FAIL", "AFD_ADVERTISE_ADDR=0.0.0.0 is a wildcard",
      "SET_ENV"),
+    # the engine's listen (bind) address of 0.0.0.0 beside the fabric IP it advertises: nothing wrong
+    ([_att(29500, "connected")], ("AFD_BIND_ADDR=0.0.0.0", "AFD_ADVERTISE_ADDR=10.9.0.1"), "PASS", "1 connected",
+     "NONE"),
+    ([_att(29500, "connected")], ("AFD_LISTEN_HOST=127.0.0.1",), "FAIL",
+     "AFD_LISTEN_HOST=127.0.0.1 is a listen address on loopback: no peer can connect to it", "SET_ENV"),
 ])
 def test_control_plane_replay(tmp_path, attempts, env, verdict, words, action):
     v = _gate(tmp_path, attempts, ("AFD_FABRIC_IP=10.9.0.1",) + env)

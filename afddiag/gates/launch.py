@@ -223,15 +223,12 @@ def _label_gpu(dev) -> str:
 
 
 ADDR_SUFFIXES = ("_ADDR", "_ADDRESS", "_HOST", "_URL", "_ENDPOINT")
+LISTEN_WORDS = ("BIND", "LISTEN")  # a key holding one of these words names where the engine listens
 
 
-def bad_advertised(env: dict) -> list[tuple[str, str, str]]:
-    """Launch-env addresses peers would be told to connect to that cannot work across hosts:
-    ``[(key, value, why)]`` for AFD_* keys ending in _ADDR, _ADDRESS, _HOST, _URL or _ENDPOINT (and
-    MASTER_ADDR) whose host part is a wildcard (0.0.0.0, ::) or loopback (127.0.0.0/8, ::1, localhost).
-    Pure."""
-    import ipaddress
-
+def _address_keys(env: dict) -> list[tuple[str, str, str]]:
+    """``[(key, value, host part)]`` of the launch-env addresses: AFD_* keys ending in _ADDR, _ADDRESS,
+    _HOST, _URL or _ENDPOINT, and MASTER_ADDR."""
     out = []
     for key, val in sorted(env.items()):
         if not ((key.startswith("AFD_") and key.endswith(ADDR_SUFFIXES)) or key == "MASTER_ADDR") or not val:
@@ -241,18 +238,50 @@ def bad_advertised(env: dict) -> list[tuple[str, str, str]]:
             host = host[1:].split("]", 1)[0]
         elif host.count(":") == 1:
             host = host.split(":", 1)[0]
-        if host.lower() == "localhost":
-            out.append((key, val, "loopback"))
-            continue
-        try:
-            ip = ipaddress.ip_address(host)
-        except ValueError:
-            continue
-        if ip.is_unspecified:
+        out.append((key, val, host))
+    return out
+
+
+def is_listen_key(key: str) -> bool:
+    """True when ``key`` names a listen (bind) address, where the engine accepts connections
+    (``AFD_BIND_ADDR``, ``AFD_LISTEN_HOST``), not one peers are told to connect to."""
+    return any(w in key.split("_") for w in LISTEN_WORDS)
+
+
+def _host_kind(host: str) -> str | None:
+    """"wildcard", "loopback" or None for an address's host part (a name other than localhost: None)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return "wildcard" if ip.is_unspecified else "loopback" if ip.is_loopback else None
+
+
+def bad_advertised(env: dict) -> list[tuple[str, str, str]]:
+    """Launch-env addresses peers would be told to connect to that cannot work across hosts:
+    ``[(key, value, why)]`` for AFD_* keys ending in _ADDR, _ADDRESS, _HOST, _URL or _ENDPOINT (and
+    MASTER_ADDR) whose host part is a wildcard (0.0.0.0, ::) or loopback (127.0.0.0/8, ::1, localhost).
+    A listen (bind) address (:func:`is_listen_key`) is no advertised one: 0.0.0.0 there is how an engine
+    listens on every address (:func:`bad_listen` judges it). Pure."""
+    out = []
+    for key, val, host in _address_keys(env):
+        kind = None if is_listen_key(key) else _host_kind(host)
+        if kind == "wildcard":
             out.append((key, val, "a wildcard (listen-on-all) address, not one a peer can reach"))
-        elif ip.is_loopback:
+        elif kind == "loopback":
             out.append((key, val, "loopback"))
     return out
+
+
+def bad_listen(env: dict) -> list[tuple[str, str, str]]:
+    """Listen (bind) addresses no peer can connect to: ``[(key, value, why)]`` for the listen keys
+    (:func:`is_listen_key`) on loopback. A wildcard (0.0.0.0, ::) listens on every address and is fine. Pure."""
+    return [(key, val, "a listen address on loopback: no peer can connect to it")
+            for key, val, host in _address_keys(env) if is_listen_key(key) and _host_kind(host) == "loopback"]
 
 
 @gate("launch.control-plane")
@@ -262,14 +291,20 @@ def control_plane(ctx: Context, gate_id: str) -> Verdict:
     r = ctx.obs.reach
     if (v := probe_failed(gate_id, r)) is not None:
         return v
-    facts: dict = {"advertised_bad": [{"key": k, "value": val, "why": w} for k, val, w in bad]}
+    listen = bad_listen(le or {})
+    facts: dict = {"advertised_bad": [{"key": k, "value": val, "why": w} for k, val, w in bad],
+                   "listen_bad": [{"key": k, "value": val, "why": w} for k, val, w in listen]}
     found = Advertised(tuple(AdvertisedAddress(k, val, w) for k, val, w in bad))
     if r is not None and r.captured:
         facts.update(source=r.source, peers=r.peers, ports=r.ports, attempts=r.attempts, notes=r.notes)
-    if bad:
-        return Verdict(gate_id, FAIL, f"{ctx.inputs.launch_env_path}: " + "; ".join(
-            f"{k}={val} is {w}" for k, val, w in bad) + ": peers told this address connect to themselves or nowhere",
-            remedy(gate_id + ".advertised"), facts, action="SET_ENV", found=found)
+    if bad or listen:
+        said = (["; ".join(f"{k}={val} is {w}" for k, val, w in bad)
+                 + ": peers told this address connect to themselves or nowhere"] if bad else [])
+        said += [f"{k}={val} is {w}" for k, val, w in listen]
+        rem = "; and ".join(([remedy(gate_id + ".advertised")] if bad else [])
+                            + ([remedy(gate_id + ".listen")] if listen else []))
+        return Verdict(gate_id, FAIL, f"{ctx.inputs.launch_env_path}: " + "; ".join(said), rem, facts,
+                       action="SET_ENV", found=found)
     if r is None or not r.captured or not r.attempts:
         why = ("no peers (--peer or AFD_PEER_FABRIC_IPS)" if not ctx.inputs.peers else
                "no engine ports (AFD_ENGINE_PORTS in the launch env, or the playbook's [launch] engine_ports)")
