@@ -367,11 +367,16 @@ def test_arp_sysctl_edges_on_two_rails_of_one_subnet(kw, verdict):
         for n in ("enp0", "enp1")])
 
 
+def two_subnets():
+    nds = {"enp0": Netdev("enp0", 9000, "up", ["10.0.1.1/24"]), "enp1": Netdev("enp1", 9000, "up", ["10.0.0.1/24"])}
+    return fabric(dev("mlx5_0", 0, "10.0.1.1", "enp0"), dev("mlx5_1", 1, "10.0.0.1", "enp1"), netdevs=nds)
+
+
 def test_arp_one_rail_per_subnet_and_not_captured():
-    v = fab("fabric.arp", route=sysctls(ai=0))
+    v = fab("fabric.arp", two_subnets(), route=sysctls(ai=0), fabric_ip="10.0.0.1")
     assert (v.verdict, v.action) == (PASS, "NONE")
-    assert v.summary.startswith("one RDMA netdev per subnet (10.0.0.0/24: enp1)")
-    v = fab("fabric.arp")
+    assert v.summary.startswith("one RDMA netdev per subnet (10.0.0.0/24: enp1, 10.0.1.0/24: enp0)")
+    v = fab("fabric.arp", two_subnets(), fabric_ip="10.0.0.1")
     assert v.verdict == SKIP and "but not judged: ARP sysctls not captured (route probe not run)" in v.summary
     v = fab("fabric.arp", arp_fabric(), fabric_ip="10.0.0.1")
     assert v.verdict == SKIP and "enp0 and enp1 share 10.0.0.0/24, but the ARP sysctls were not captured" in v.summary
@@ -379,6 +384,15 @@ def test_arp_one_rail_per_subnet_and_not_captured():
     assert (v.verdict, v.action) == (ERROR, "RERUN")
     v = fab("fabric.arp", fabric(dev("mlx5_0", 0, netdev="enp0")))
     assert v.verdict == SKIP and v.summary.startswith("no IPv4 address on any RDMA netdev")
+
+
+@pytest.mark.parametrize("route", [None, sysctls(ai=0, aa=0, rp=1), RouteFacts(notes=["ARP sysctls not captured"])])
+def test_arp_one_ipv4_rdma_netdev_passes_without_the_sysctls(route):
+    """One IPv4 RDMA netdev (a second port without IPv4 beside it): no sibling port on the L2 domain can answer
+    ARP for its address, so no flux is possible whatever the sysctls, read or not."""
+    v = fab("fabric.arp", route=route)
+    assert (v.verdict, v.action) == (PASS, "NONE")
+    assert v.summary.startswith("one IPv4 RDMA netdev (enp1 on 10.0.0.0/24): no sibling RDMA port")
 
 
 # ---------------------------------------------------------------- fabric.devicemap-env

@@ -635,6 +635,11 @@ def arp(ctx: Context, gate_id: str) -> Verdict:
     if not nets:
         return Verdict(gate_id, SKIP, "no IPv4 address on any RDMA netdev: no ARP replies to judge", "nothing to do",
                        facts)
+    holders = sorted({n for v in nets.values() for n in v})
+    if len(holders) == 1:  # ARP flux needs a sibling port on the L2 domain to answer for this one's address
+        return Verdict(gate_id, PASS, f"one IPv4 RDMA netdev ({holders[0]} on {', '.join(sorted(nets))}): no sibling "
+                       "RDMA port to answer ARP for its address, so no ARP flux whatever the sysctls", "nothing to do",
+                       facts)
     rf = ctx.obs.route
     if (v := probe_failed(gate_id, rf)) is not None:
         return v
