@@ -420,6 +420,38 @@ def test_processes_every_verdict():
     assert v.verdict == PASS and v.summary.startswith("1 GPU(s): no other compute process")
 
 
+def test_memory_and_headroom_never_tell_to_stop_what_processes_calls_no_tenant():
+    """A desktop's display server holds the memory a reservation finds short: gpu.processes passes it as no
+    tenant, so gpu.memory and gpu.headroom do not say "stop the processes" for the same reading."""
+    from afddiag.playbook import Playbook
+
+    total = 32 * 2**30
+    xorg = {"pid": 1234, "name": "/usr/lib/xorg/Xorg", "used_bytes": 2 * 2**30, "type": "graphics"}
+    shell = {"pid": 2345, "name": "gnome-shell", "used_bytes": 2**30, "type": "graphics"}
+    own = {"pid": 7, "name": "afddiag", "type": "compute"}
+    desk = dev(memory_total_bytes=total, memory_free_bytes=29 * 2**30, memory_source="nvml",
+               processes=[xorg, shell, own])
+    pb = Playbook(name="coordinator", reserve_fraction=0.97)
+    procs = judge("gpu.processes", gpu(desk), playbook=pb)
+    assert procs.verdict == PASS and "not tenants" in procs.summary
+    for gid, playbook in (("gpu.memory", pb), ("gpu.headroom", Playbook(name="c", reserve_bytes=31 * 2**30))):
+        v = judge(gid, gpu(desk), playbook=playbook)
+        assert (v.verdict, v.action) == (FAIL, "SET_ENV"), (gid, v.action, v.remedy)
+        assert "a display server holds the rest (no compute tenant)" in v.summary
+        assert "stop" not in v.remedy.replace("it is not a process to stop", "")
+        assert v.remedy.startswith("the display server holds the rest (pid 1234 /usr/lib/xorg/Xorg 2.00 GiB, "
+                                   "pid 2345 gnome-shell 1.00 GiB)")
+        assert "at most 0.90 of this GPU's memory" in v.remedy
+    # a compute tenant beside the display: then both gates say stop it, as gpu.processes does
+    tenant = {"pid": 4242, "name": "python3", "used_bytes": 2**30, "type": "compute"}
+    desk.processes = [xorg, tenant]
+    assert judge("gpu.processes", gpu(desk), playbook=pb).action == "STOP_PROCESSES"
+    v = judge("gpu.memory", gpu(desk), playbook=pb)
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and v.remedy.startswith("stop the other processes")
+    v = judge("gpu.headroom", gpu(desk), playbook=Playbook(name="c", reserve_bytes=31 * 2**30))
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES")
+
+
 # ---------------------------------------------------------------- gpu.headroom
 
 def headroom(d: GpuDevice, meminfo=None, **pb):

@@ -22,6 +22,7 @@ from afddiag.gates.gpu_load import (
     reason_names,
     slow_device,
 )
+from afddiag.gates.gpu_memory import display_only, display_remedy
 from afddiag.model import to_jsonable
 from afddiag.model.found import GpuBusy
 from afddiag.model.gpu import (
@@ -263,9 +264,12 @@ def memory(ctx: Context, gate_id: str) -> Verdict:
                                       Verdict(gate_id, WARN, f"{gpu_label(d)}: free memory not read, cannot check the "
                                               f"{pb.reserve_fraction:.0%} reservation", remedy(gate_id), facts))
             if d.memory_free_bytes < need:
-                return Verdict(gate_id, FAIL, f"{gpu_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of "
-                               f"{total / 2**30:.2f} GiB; a {pb.reserve_fraction:.0%} reservation needs "
-                               f"{need / 2**30:.2f} GiB", "stop the other processes holding GPU memory "
+                txt = (f"{gpu_label(d)}: {d.memory_free_bytes / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB; a "
+                       f"{pb.reserve_fraction:.0%} reservation needs {need / 2**30:.2f} GiB")
+                if shown := display_only(d, g):  # gpu.processes passes these: no process to stop
+                    return Verdict(gate_id, FAIL, txt + ": a display server holds the rest (no compute tenant)",
+                                   display_remedy(shown, d.memory_free_bytes, total), facts, action="SET_ENV")
+                return Verdict(gate_id, FAIL, txt, "stop the other processes holding GPU memory "
                                "(`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`)", facts)
     parts = [f"{gpu_label(d)}: {total / 2**30:.1f} GiB ({d.memory_source})" for d, total in sized]
     if lost:
@@ -719,7 +723,8 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
             results.append((verdict, text, f))
         elif pb.reserve_bytes:
             free = d.memory_free_bytes
-            reserve = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free, "total_bytes": d.memory_total_bytes}
+            reserve: dict[str, Any] = {"need_bytes": pb.reserve_bytes, "nvml_free_bytes": free,
+                                       "total_bytes": d.memory_total_bytes}
             if free is None:
                 m = missing_figure(ctx, d, "NVML free memory", ("nvmlDeviceGetMemoryInfo",),
                                    Verdict(gate_id, WARN, f"{label}: NVML free memory not read, cannot check the "
@@ -727,8 +732,12 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
                                            reserve))
                 results.append((m.verdict, m.summary, reserve))
             elif free < pb.reserve_bytes:
+                shown = display_only(d, g)  # gpu.processes passes these: no process to stop
+                if shown:
+                    reserve["display_remedy"] = display_remedy(shown, free, d.memory_total_bytes)
                 results.append((FAIL, f"{label}: NVML free {free / GIB:.2f} GiB is below the "
-                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", reserve))
+                                f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}"
+                                + (": a display server holds the rest (no compute tenant)" if shown else ""), reserve))
             else:
                 results.append((PASS, f"{label}: NVML free {free / GIB:.2f} GiB covers the "
                                 f"{pb.reserve_bytes / GIB:.2f} GiB reservation of role {pb.name}", reserve))
@@ -751,8 +760,11 @@ def headroom(ctx: Context, gate_id: str) -> Verdict:
            PASS: "nothing to do", SKIP: NOT_RECORDED_REMEDY if unrecorded else
            "set the role's planned reservation ([gpu] reserve_bytes in its playbook)"}[worst]
     action = "DROP_CACHES" if cache else ("RERUN" if worst == WARN else "")
-    return Verdict(gate_id, worst, summary, rem, facts, action=action,
-                   commands=commands(gate_id + ".cache") if cache else [])
+    cmds = commands(gate_id + ".cache") if cache else []
+    fails = [f for v, _, f in results if v == FAIL]
+    if fails and all(f.get("display_remedy") for f in fails):  # only a display server short of the plan
+        rem, action = "; ".join(dict.fromkeys(f["display_remedy"] for f in fails)), "SET_ENV"
+    return Verdict(gate_id, worst, summary, rem, facts, action=action, commands=cmds)
 
 
 GATES = declared(__name__)
