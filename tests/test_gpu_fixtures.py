@@ -2,12 +2,13 @@
 
 import copy
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
 
 from afddiag.cli import cli
-from conftest import REPO
+from conftest import CASES, REPO
 
 FIX = REPO / "tests" / "fixtures" / "gpu"
 
@@ -93,6 +94,24 @@ def test_xid_log_flag_feeds_gpu_errors(tmp_path, monkeypatch):
     g = {x["id"]: x for x in json.loads(res.stdout)["gates"]}
     assert seen["xid_log"] == str(log)
     assert g["gpu.errors"]["verdict"] == "FAIL" and "Xid 79" in g["gpu.errors"]["summary"]
+
+
+def test_a_captured_kernel_log_spanning_reboots_asks_no_reset_for_this_boot(tmp_path):
+    """A capture's kernel log holding an Xid 79 from before the last reboot: replayed, gpu.errors names it as
+    an earlier boot's and asks for no reset or reboot now; the same line in this boot's log still FAILs."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    shutil.copy(CASES / "gpu" / "06-h200-healthy-measured" / "gpu.json", snap / "gpu.json")
+    xid79 = "Nov 30 12:03:06 h kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=2291, GPU has fallen off the bus."
+    two_boots = ["-- Boot 5b0f3c6a --", xid79, "-- Boot 0e1d2c3b --", "Dec 01 08:00:00 h kernel: ok"]
+    for log, verdict in ((two_boots, "WARN"), (["-- Boot 0e1d2c3b --", xid79], "FAIL")):
+        (snap / "journalctl-k.txt").write_text("\n".join(log) + "\n")
+        res = CliRunner().invoke(cli, ["gpu", "--json", "--snapshot", str(snap)], standalone_mode=False,
+                                 catch_exceptions=False)
+        g = {x["id"]: x for x in json.loads(res.stdout)["gates"]}["gpu.errors"]
+        assert g["verdict"] == verdict, g
+        if verdict == "WARN":
+            assert g["action"] == "NONE" and "in an earlier boot" in g["summary"]
 
 
 # where each typed field of the readings lands in the facts, and a value of the wrong type for it

@@ -515,28 +515,28 @@ XID_LINES = [
     "ESR 0x50da30=0x10 0x50da34=0x0",
     "4,1700,90000000,-;NVRM: GPU at PCI:0000:01:00: GPU-7cd2085c-0491-8f33-d0c7-9a185274e8bc",
     "6,1701,90000100,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  580.159.04",
-    "[   3.1] pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
+    "[ 2345.1] pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
     "4,1702,90000200,-;NVRM: Xid (PCI:0000:01:00): bogus",  # no number: not an event
 ]
 
 
 def test_parse_xid_lines():
     assert xid.parse_xid_lines(XID_LINES) == [
-        {"xid": 79, "pci": "0000:01:00",
+        {"xid": 79, "pci": "0000:01:00", "boots_ago": 0,
          "text": "NVRM: Xid (PCI:0000:01:00): 79, pid=2291, name=python3, GPU has fallen off the bus."},
-        {"xid": 48, "pci": "0000:3b:00",
+        {"xid": 48, "pci": "0000:3b:00", "boots_ago": 0,
          "text": "NVRM: Xid (PCI:0000:3b:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit "
                  "error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."},
-        {"xid": 13, "pci": "0000:af:00",
+        {"xid": 13, "pci": "0000:af:00", "boots_ago": 0,
          "text": "NVRM: Xid (0000:af:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): "
                  "Out Of Range Address"},
-        {"xid": 13, "pci": "0008:01:00",
+        {"xid": 13, "pci": "0008:01:00", "boots_ago": 0,
          "text": "NVRM: Xid (PCI:0008:01:00 GPU-I:01): 13, pid=4410, name=vllm, Graphics Exception: "
                  "ESR 0x50da30=0x10 0x50da34=0x0"},
     ]
     assert xid.parse_xid_lines([]) == []
     assert xid.parse_xid_lines(["NVRM: Xid (no address here): 31, pid=1, MMU Fault"]) == [
-        {"xid": 31, "pci": None, "text": "NVRM: Xid (no address here): 31, pid=1, MMU Fault"}]
+        {"xid": 31, "pci": None, "boots_ago": 0, "text": "NVRM: Xid (no address here): 31, pid=1, MMU Fault"}]
 
 
 def test_xid_events_from_a_kmsg_like_pipe(fake_gpus, meminfo):
@@ -587,6 +587,44 @@ def test_kmsg_permission_denied_says_run_as_root(fake_gpus, meminfo, monkeypatch
     monkeypatch.setattr(xid.os, "open", eperm)
     assert xid.read_xid_events()[:2] == (
         None, "not readable: /dev/kmsg: Operation not permitted (run as root or give --xid-log)")
+
+
+JOURNAL_TWO_BOOTS = [  # `journalctl -k -b all` style: an Xid 79 before the reboot, an Xid 13 after it
+    "-- Boot 5b0f3c6a2d7e4f1a9c8b7d6e5f4a3b2c --",
+    "Nov 30 12:03:06 spark-a kernel: NVRM: Xid (PCI:000f:01:00): 79, pid=2291, name=vllm, GPU has fallen off the bus.",
+    "-- Boot 0e1d2c3b4a5f60718293a4b5c6d7e8f9 --",
+    "Dec 01 08:00:00 spark-a kernel: Linux version 6.11.0-1016-nvidia (buildd@lcy02) #16-Ubuntu SMP",
+    "Dec 01 09:10:11 spark-a kernel: NVRM: Xid (PCI:000f:01:00): 13, pid=3001, name=python3, Graphics Exception",
+]
+
+
+@pytest.mark.parametrize("lines, want", [
+    (JOURNAL_TWO_BOOTS, [(79, 1), (13, 0)]),
+    # dmesg saved across a reboot: the timestamps start again
+    (["[ 8123.4] NVRM: Xid (PCI:0000:01:00): 79, pid=1, GPU has fallen off the bus.",
+      "[    0.000000] Booting Linux on physical CPU 0x0000000000 [0x410fd4c1]",
+      "[  912.5] NVRM: Xid (PCI:0000:01:00): 31, pid=2, MMU Fault"], [(79, 1), (31, 0)]),
+    # a log that ends with a boot after its last Xid: that Xid is from an earlier boot too
+    (JOURNAL_TWO_BOOTS[:2] + ["-- Reboot --"], [(79, 1)]),
+])
+def test_xid_events_know_their_boot(lines, want):
+    events = xid.parse_xid_lines(lines)
+    assert [(e["xid"], e["boots_ago"]) for e in events] == want
+    # a capture writes them back with the boots marked, and a replay reads the same boots back
+    assert [(e["xid"], e["boots_ago"]) for e in xid.parse_xid_lines(xid.boots_text(events).splitlines())] == want
+
+
+def test_a_saved_dmesg_older_than_this_boot_is_an_earlier_boot(fake_gpus, meminfo, tmp_path, monkeypatch):
+    """--xid-log with a dmesg saved before the last reboot: its timestamps pass this boot's uptime."""
+    log = tmp_path / "dmesg-before-reboot.txt"
+    log.write_text("[ 8123.4] NVRM: Xid (PCI:0000:01:00): 79, pid=1, GPU has fallen off the bus.\n")
+    fake_gpus([fake_nvml_device(UUID_A)], [{"uuid": UUID_A, "name": "x", "sm": 132, "cc": (9, 0), "integrated": False}])
+    monkeypatch.setattr(gpu, "read_uptime_s", lambda: 600.0)  # up ten minutes: that line is from before
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, kmsg_path="/nonexistent/kmsg", xid_log=str(log))
+    assert [(e["xid"], e["boots_ago"]) for e in r["xid_events"]] == [(79, 1)]
+    monkeypatch.setattr(gpu, "read_uptime_s", lambda: 9000.0)  # up long enough: this boot's
+    r = gpu.read_gpu(timeout_s=5, meminfo_path=meminfo, kmsg_path="/nonexistent/kmsg", xid_log=str(log))
+    assert [(e["xid"], e["boots_ago"]) for e in r["xid_events"]] == [(79, 0)]
 
 
 def test_xid_log_file_is_read_instead_of_kmsg_and_bounded(fake_gpus, meminfo, tmp_path):

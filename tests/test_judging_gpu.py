@@ -76,6 +76,28 @@ def test_a_bus_reset_the_driver_asks_for_is_a_gpu_reset():
     assert "the driver says the GPU needs a node reboot" not in v.remedy  # no recovery-action line: inferred
 
 
+@pytest.mark.parametrize("xid", [79, 48, 154])
+def test_an_earlier_boots_xid_never_asks_for_a_reset_or_reboot(xid):
+    """An Xid from before the last reboot (a --xid-log file, a captured kernel log spanning boots) is history:
+    WARN with no action, never RESET_GPU/REBOOT for the boot now running."""
+    text = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1, GPU Reset Required, recovery action: Node Reboot Required"
+    old = {"xid": xid, "pci": "0000:3b:00", "text": text, "boots_ago": 1}
+    v = judge("gpu.errors", xids(old))
+    assert (v.verdict, v.action) == (WARN, "NONE"), (v.summary, v.action)
+    assert "in an earlier boot, 1 reboot(s) ago: not this boot's fault" in v.summary
+    assert v.remedy.startswith("nothing to do for this boot") and "reset" not in v.remedy.split(":")[0]
+    # the same Xid in this boot beside it: that one is judged, once
+    now = {**old, "boots_ago": 0}
+    v = judge("gpu.errors", xids(old, now))
+    assert v.verdict == FAIL and v.action in ("RESET_GPU", "REBOOT")
+    # a host whose GPU NVML does not list: this boot's Xid is why, an earlier boot's is not
+    absent = {"available": False, "why": "no NVIDIA GPU seen", "xid_source": "/dev/kmsg"}
+    v = judge("gpu.present", observation(gpu=GpuFacts(xid_events=[now], **absent)))
+    assert v.summary.startswith("not judged: gpu.errors failed")
+    v = judge("gpu.present", observation(gpu=GpuFacts(xid_events=[old], **absent)))
+    assert not v.summary.startswith("not judged") and v.summary.startswith("no NVIDIA GPU seen")
+
+
 def test_only_the_last_xid_154_of_a_gpu_counts():
     reset = "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
     back = "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"

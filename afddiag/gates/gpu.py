@@ -43,6 +43,12 @@ def pci_key(text: object) -> tuple[int, int, int] | None:
     return (int(m.group(1) or "0", 16), int(m.group(2), 16), int(m.group(3), 16)) if m else None
 
 
+def this_boot(events: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The Xid events of the boot running when the log was read (``boots_ago`` 0 or absent: /dev/kmsg
+    holds no other); an earlier boot's Xid was before a reboot and asks for no reset or reboot now."""
+    return [e for e in events or [] if isinstance(e, dict) and not e.get("boots_ago")]
+
+
 def lost_gpus(g: GpuFacts) -> tuple[set[int], str]:
     """The GPUs that fell off the bus: devices NVML gave no readings for (their handle failed:
     NVML_ERROR_GPU_IS_LOST, "Unable to determine the device handle") on a host whose kernel log has
@@ -53,7 +59,7 @@ def lost_gpus(g: GpuFacts) -> tuple[set[int], str]:
     if not unread:
         return set(), ""
     readable = {pci_key(d.pci_bus_id) for d in g.devices if d.nvml_read} - {None}
-    xid79 = [e for e in g.xid_events or [] if isinstance(e, dict) and str(e.get("xid")).strip() == "79"
+    xid79 = [e for e in this_boot(g.xid_events) if str(e.get("xid")).strip() == "79"
              and pci_key(e.get("pci")) not in readable]
     if not xid79:
         return set(), ""
@@ -131,8 +137,7 @@ def xid_faults_without_gpu(g: GpuFacts | None) -> list[str]:
     there. Pure."""
     if g is None or not g.captured or g.devices or not g.xid_events:
         return []
-    return list(dict.fromkeys(w for v, w, _ in (xid_judgment(e) for e in g.xid_events if isinstance(e, dict))
-                              if v == FAIL))
+    return list(dict.fromkeys(w for v, w, _ in (xid_judgment(e) for e in this_boot(g.xid_events)) if v == FAIL))
 
 
 @gate("gpu.present")
@@ -524,6 +529,47 @@ def xid_judgment(ev: dict) -> tuple[str, str, str]:
     return WARN, f"Xid {xid} ({XID_UNKNOWN}) on {where}: \"{text}\"", "NONE"
 
 
+EARLIER_BOOT = "in an earlier boot"
+EARLIER_BOOT_REMEDY = ("nothing to do for this boot: the reboot since has reset the GPU; a fatal Xid from this boot "
+                       "would fail this gate (a repeat of the same Xid after the reboot means service, RMA)")
+
+
+def _boots_ago(ev: dict[str, Any]) -> str:
+    n = ev.get("boots_ago")
+    return f"({EARLIER_BOOT}, {n} reboot(s) ago: not this boot's fault)"
+
+
+def _judge_xids(events: list[dict[str, Any]] | None, fails: list[str], warns: list[str],
+                xid_actions: list[str]) -> tuple[list[str], bool, int]:
+    """gpu.errors' Xid part: each of this boot's Xids judged (:func:`xid_judgment`) into ``fails``/``warns``
+    and its action into ``xid_actions`` (of a GPU's Xid 154s, only the last: the recovery action now); a
+    fatal Xid of an earlier boot is history, a WARN. Returns ``(the actions the driver printed in a recovery
+    action line, whether an Xid was unknown, how many Xids were from earlier boots)``."""
+    driver_said: list[str] = []  # REBOOT/RESET_GPU the driver printed (a recovery action line), not inferred
+    unknown_xid = False
+    last_154: dict = {}
+    now = this_boot(events)
+    for ev in now:
+        if ev.get("xid") == 154:
+            last_154[ev.get("pci")] = ev
+    earlier = [ev for ev in events or [] if isinstance(ev, dict) and ev.get("boots_ago")]
+    # before a reboot: history, never a reset or reboot for this boot
+    warns.extend(f"{xid_judgment(ev)[1]} {_boots_ago(ev)}" for ev in earlier if xid_judgment(ev)[0] == FAIL)
+    for ev in now:
+        if ev.get("xid") == 154 and last_154.get(ev.get("pci")) is not ev:
+            continue
+        verdict, what, action = xid_judgment(ev)
+        if verdict == FAIL:
+            fails.append(what)
+            xid_actions.append(action)
+            if "recovery action" in str(ev.get("text") or ev.get("message") or ev.get("line") or "").lower():
+                driver_said.append(action)
+        elif verdict == WARN:
+            warns.append(what)
+            unknown_xid |= XID_UNKNOWN in what
+    return driver_said, unknown_xid, len(earlier)
+
+
 @gate("gpu.errors")
 def errors(ctx: Context, gate_id: str) -> Verdict:
     g = _need_gpu(ctx, gate_id)
@@ -563,24 +609,9 @@ def errors(ctx: Context, gate_id: str) -> Verdict:
             fails.append(f"{label}: page retirement pending: the GPU needs a reset")
         f["not_supported"] = [k for k in ("ecc", "retired_pages", "remapped_rows") if getattr(d, k) == "NOT_SUPPORTED"]
     xid_actions: list[str] = ["HW_INSPECTION"] if service else []  # a remap failure is service, whatever the Xids
-    driver_said: list[str] = []  # REBOOT/RESET_GPU the driver printed (a recovery action line), not inferred
-    unknown_xid = False
-    last_154: dict = {}
-    for ev in g.xid_events or []:
-        if isinstance(ev, dict) and ev.get("xid") == 154:
-            last_154[ev.get("pci")] = ev  # the recovery action now is the last one the driver printed
-    for ev in g.xid_events or []:
-        if not isinstance(ev, dict) or (ev.get("xid") == 154 and last_154.get(ev.get("pci")) is not ev):
-            continue
-        verdict, what, action = xid_judgment(ev)
-        if verdict == FAIL:
-            fails.append(what)
-            xid_actions.append(action)
-            if "recovery action" in str(ev.get("text") or ev.get("message") or ev.get("line") or "").lower():
-                driver_said.append(action)
-        elif verdict == WARN:
-            warns.append(what)
-            unknown_xid |= XID_UNKNOWN in what
+    driver_said, unknown_xid, earlier = _judge_xids(g.xid_events, fails, warns, xid_actions)
+    if earlier:
+        facts["xid_earlier_boots"] = earlier
     facts["xid_actions"] = xid_actions
     if fails:
         act = max(xid_actions, key=lambda a: ACTION_RANK.get(a, 0)) if xid_actions else "RESET_GPU"
@@ -593,11 +624,14 @@ def errors(ctx: Context, gate_id: str) -> Verdict:
     if warns:
         rem = ("application-caused or contained: restart the application that hit it (its log names the "
                "pid); if the same Xid repeats with other applications, drain the host and reset the GPU")
+        if all(EARLIER_BOOT in w for w in warns):
+            rem = EARLIER_BOOT_REMEDY
         if unknown_xid:
             rem = (f"{XID_UNKNOWN}: look it up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) "
                    "before acting" + ("; for the others: " + rem if any(XID_UNKNOWN not in w for w in warns) else ""))
         return Verdict(gate_id, WARN, "; ".join(dict.fromkeys(warns)), rem, facts, action="NONE")
-    xid = ("no Xid in the kernel log" if g.xid_events is not None
+    xid = (f"no Xid from this boot in the kernel log ({earlier} from earlier boots)" if earlier
+           else "no Xid in the kernel log" if g.xid_events is not None
            else f"kernel log not read ({g.xid_source or 'not captured'})")
     na = sorted({k for d in g.devices for k in facts[str(d.index)]["not_supported"]})
     return Verdict(gate_id, PASS, f"{len(g.devices)} GPU(s): no uncorrected ECC, no pending retirement or remap; {xid}"

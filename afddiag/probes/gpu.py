@@ -97,7 +97,7 @@ from afddiag.probes.cudadrv import (
 )
 from afddiag.probes.gpu_nvml import GpuRead, read_nvml
 from afddiag.probes.registry import Artifact, Probe, Run, read_source
-from afddiag.probes.xid import KMSG_PATH, parse_xid_lines, read_xid_events
+from afddiag.probes.xid import KMSG_PATH, boots_text, parse_xid_lines, read_uptime_s, read_xid_events
 from afddiag.textnum import digits
 
 BIOS_VERSION_PATH = "/sys/class/dmi/id/bios_version"
@@ -372,7 +372,8 @@ def _read_drivers(out: dict[str, Any], timeout_s: float, cuda: bool, xid_path: s
         w.start()
     t_xid = time.monotonic()
     try:  # the kernel log, read here while the workers read NVML and CUDA
-        out["xid_events"], out["xid_source"], xid_notes = read_xid_events(xid_path, deadline)
+        out["xid_events"], out["xid_source"], xid_notes = read_xid_events(
+            xid_path, deadline, uptime_s=None if xid_path == KMSG_PATH else read_uptime_s())
     except Exception as e:  # noqa: BLE001
         out["xid_events"], xid_notes = None, []
         out["xid_source"] = f"not read: {xid_path}: {type(e).__name__}: {e}"
@@ -451,8 +452,7 @@ def _read(run: Run, progress: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"gpu.json": readings}
     if isinstance(readings.get("xid_events"), list):
         # the kernel log's Xid lines, as the driver printed them: a replay judges them like --xid-log
-        out[KERNEL_XID_LOG] = "".join(f"{e.get('text')}\n" for e in readings["xid_events"]
-                                      if isinstance(e, dict) and e.get("text"))
+        out[KERNEL_XID_LOG] = boots_text(readings["xid_events"])  # which boot each came from kept
     return out
 
 
