@@ -82,3 +82,32 @@ def test_engine_gid_index_from_the_launch_env_file_is_judged(tmp_path, capsys):
         assert d["verdict"] == "FAIL" and d["summary"].startswith(f"{var}=1 on rocep1s0f1 port 1 is fe80"), d
         assert f"export {var}=3" in d["commands"] and var in d["remedy"], d
         assert env_allowed(var)
+
+
+def test_a_capture_of_a_port_in_infiniband_mode_names_the_link_layer(tmp_path, capsys):
+    """Case 12's ConnectX port switched to the InfiniBand link layer, as a capture shows it: the IB port GID only
+    (no ndevs), the IPoIB netdev (type 32, a 20-byte address ending in the port GID) holding the fabric IP.
+    Read back through the probe: the port is named InfiniBand, the remedy is its type (a drain), not the address."""
+    port = "sys/class/infiniband/mlx5_0/ports/1"
+    guid = "0200:00ff:fe0c:0101"
+    hw = "00:00:10:49:fe:80:00:00:00:00:00:00:02:00:00:ff:fe:0c:01:01"
+    ip_addr = [{"ifindex": 3, "ifname": "ibp3s0", "mtu": 2044, "operstate": "UP", "link_type": "infiniband",
+                "address": hw, "addr_info": [{"family": "inet", "local": "198.51.100.72", "prefixlen": 24}]}]
+    edits: dict[str, str | None] = {f"{port}/link_layer": "InfiniBand\n", f"{port}/gid_attrs": None,
+                                    f"{port}/gids/0": f"fe80:0000:0000:0000:{guid}\n",
+                                    "sys/class/net/ens3np0": None, "sys/class/net/ibp3s0/type": "32\n",
+                                    "sys/class/net/ibp3s0/address": hw + "\n", "sys/class/net/ibp3s0/mtu": "2044\n",
+                                    "sys/class/net/ibp3s0/operstate": "up\n", "ip-addr.json": json.dumps(ip_addr),
+                                    "env": None}
+    edits |= {f"{port}/gids/{i}": "0000:0000:0000:0000:0000:0000:0000:0000\n" for i in range(1, 4)}
+    snap = derive(CASES / "fabric" / "12-cx7-single-port-healthy", tmp_path / "ib", edits)
+    capsys.readouterr()
+    assert cli.run(["fabric", "--json", "--snapshot", str(snap), "--fabric-ip", "198.51.100.72"]) == 2
+    rep = json.loads(capsys.readouterr().out)
+    r = {g["id"]: g for g in rep["gates"]}["fabric.rocev2-ipv4"]
+    assert (r["verdict"], r["action"]) == ("FAIL", "SET_PORT_TYPE"), r
+    assert "mlx5_0 port 1 runs the InfiniBand link layer" in r["summary"]
+    assert r["commands"] == ["sudo mlxconfig -d mlx5_0 set LINK_TYPE_P1=2"] and "netplan" not in r["remedy"]
+    assert rep["facts"]["fabric"]["netdevs"]["ibp3s0"]["link_type"] == "infiniband"
+    root = next(d for d in rep["diagnosis"] if d["gate"] == "fabric.rocev2-ipv4")
+    assert root["drain"] is True

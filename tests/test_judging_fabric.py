@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from afddiag.diagnosis import drains
 from afddiag.envvars import MAP_VAR
 from afddiag.model.fabric import (
     FabricFacts,
@@ -340,6 +341,42 @@ def test_route_every_verdict():
     assert (v.verdict, v.summary) == (SKIP, "routes not captured: route probe not run")
     v = fab("fabric.route")
     assert v.verdict == SKIP and v.summary.startswith("no peer given")
+
+
+# ---------------------------------------------------------------- a port in the InfiniBand link layer
+
+IB_GUID = "58a2:e103:002c:0bf6"
+
+
+def infiniband_host(ip="10.0.0.1"):
+    """A ConnectX port left in InfiniBand link layer (mlx5_1 port 1: IB GID only, its IPoIB netdev ibp1s0f1 holds
+    the fabric IP) beside an Ethernet port without IPv4 (mlx5_0, enp0)."""
+    ib = RdmaDevice("mlx5_1", 1, ports=[Port(1, "ACTIVE", "LinkUp", "InfiniBand", "200 Gb/sec (2X NDR)",
+                                             [Gid(0, f"fe80:0000:0000:0000:{IB_GUID}", "IB/RoCE v1")])])
+    hw = "00:00:10:49:fe:80:00:00:00:00:00:00:" + ":".join(IB_GUID.replace(":", "")[i:i + 2] for i in range(0, 16, 2))
+    nds = {"enp0": Netdev("enp0", 9000, "up", link_type="ether"),
+           "ibp1s0f1": Netdev("ibp1s0f1", 2044, "up", [f"{ip}/24"], link_type="infiniband", hw_address=hw)}
+    return fabric(dev("mlx5_0", 0, netdev="enp0"), ib, netdevs=nds)
+
+
+def test_a_port_in_infiniband_link_layer_is_named_so_with_the_port_type_as_remedy():
+    v = fab("fabric.rocev2-ipv4", infiniband_host(), fabric_ip="10.0.0.1")
+    assert (v.verdict, v.action) == (FAIL, "SET_PORT_TYPE")
+    assert v.summary == ("fabric IP 10.0.0.1 is on IPoIB netdev ibp1s0f1: mlx5_1 port 1 runs the InfiniBand link "
+                         "layer, not Ethernet (RoCE)")
+    assert v.commands == ["sudo mlxconfig -d mlx5_1 set LINK_TYPE_P1=2"] and "reboot" in v.remedy
+    assert v.remedy.startswith("mlx5_1 port 1: the port runs InfiniBand") and "drain the node" in v.remedy
+    assert not v.remedy.startswith("put the fabric IPv4 address")  # moving the address fixes nothing
+    assert drains(v.verdict, v.action)  # a firmware setting and a reboot: the node is drained
+    assert v.facts["infiniband_ports"] == [{"device": "mlx5_1", "port": 1}]
+    # no fabric IP given: the addressed IPoIB netdev is named the same way
+    v = fab("fabric.rocev2-ipv4", infiniband_host())
+    assert (v.verdict, v.action) == (FAIL, "SET_PORT_TYPE") and "InfiniBand link layer" in v.summary
+    # an Ethernet netdev holding an address no GID carries is still an address to move
+    eth = infiniband_host()
+    eth.netdevs["ibp1s0f1"].link_type = "ether"
+    v = fab("fabric.rocev2-ipv4", eth, fabric_ip="10.0.0.1")
+    assert v.action == "FIX_ADDRESS" and "InfiniBand" not in v.summary
 
 
 # ---------------------------------------------------------------- fabric.arp

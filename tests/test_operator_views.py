@@ -84,7 +84,10 @@ def test_link_speed_unread_live_names_the_errno():
     def reader(path):
         if path.endswith("/speed"):
             raise OSError(errno.EINVAL, "Invalid argument")
-        return {"mtu": "9000", "operstate": "down"}[path.rsplit("/", 1)[1]]
+        files = {"mtu": "9000", "operstate": "down"}
+        if path.rsplit("/", 1)[1] not in files:  # a file this netdev lacks (type, address): as the kernel answers
+            raise OSError(errno.ENOENT, "No such file or directory")
+        return files[path.rsplit("/", 1)[1]]
 
     nd = read_netdev("/sys/class/net", "enp1s0f1np1", QuietReader(reader))
     assert nd.speed_mbps is None and nd.speed_errno == errno.EINVAL

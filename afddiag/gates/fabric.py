@@ -16,6 +16,7 @@ from afddiag.envvars import (
 )
 from afddiag.gates import PROBE_FAILED_REMEDY, Context, declared, devicemap, gate, probe_failed, probed
 from afddiag.gates.devicemap import gid_slot
+from afddiag.gates.fabric_port import infiniband_port, roce_v1_only, type_not_read
 from afddiag.gates.nic import unplugged_skip
 from afddiag.model import ROCE_V2, roce_mtu, to_jsonable
 from afddiag.model.fabric import (
@@ -217,33 +218,6 @@ def _fabric_gid(e: Entry) -> FabricGid:
 
 WRONG_FABRIC_IP_REMEDY = ("set the launcher's fabric IP (AFD_FABRIC_IP / --fabric-ip) to this host's RoCE address "
                           "({addrs}); do not move the address given, it is not the fabric's")
-ROCE_V1_REMEDY = ("the HCA offers this address only as RoCE v1: enable RoCE v2 on it (driver/firmware RoCE mode, "
-                  "e.g. mlx4_core roce_mode or the HCA's RoCE mode setting) or use an HCA that supports RoCE v2")
-
-
-def _roce_v1_only(gate_id: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
-    """FAIL: the IPv4 address is offered only as RoCE v1 GIDs (e.g. mlx4 ConnectX-3): the HCA's RoCE mode
-    is the fault, not the address (action HW_INSPECTION; no address fix)."""
-    where = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in entries)
-    head = f"fabric IP {ip}: " if ip else "no IPv4 RoCE v2 GID: "
-    return Verdict(gate_id, FAIL, f"{head}only as RoCE v1: {where}", ROCE_V1_REMEDY, {"inventory": inventory},
-                   action="HW_INSPECTION")
-
-
-TYPE_NOT_READ_REMEDY = ("read the GID types on the host: "
-                        "`cat /sys/class/infiniband/<hca>/ports/<p>/gid_attrs/types/<i>` "
-                        "(or `show_gids`), then re-run; nothing on this host is judged wrong on an unread type")
-
-
-def _type_not_read(gate_id: str, entries: list[Entry], inventory: list, ip: str | None = None) -> Verdict:
-    """SKIP: the IPv4-mapped GIDs offer no RoCE v2 entry, but the type of some was not read
-    (gid_attrs/types/<i> unreadable or missing from a capture): an unread type is neither v1 nor v2."""
-    where = "; ".join(gid_slot(e) for e in entries if e.gid_type is None)
-    head = f"fabric IP {ip}" if ip else "IPv4-mapped GIDs"
-    return Verdict(gate_id, SKIP, f"{head}: GID type not read for {where}: cannot tell RoCE v2 from v1",
-                   TYPE_NOT_READ_REMEDY, {"inventory": inventory})
-
-
 @gate("fabric.rocev2-ipv4")
 def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     fab = ctx.obs.fabric
@@ -267,9 +241,12 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
                            f"ACTIVE: {'; '.join(ports)}", remedy("fabric.link"), {"inventory": inventory},
                            action="FIX_LINK")
         if any(e.gid_type is None for e in entries):
-            return _type_not_read(gate_id, entries, inventory)
+            return type_not_read(gate_id, entries, inventory)
         if entries and all(e.gid_type != ROCE_V2 for e in entries):
-            return _roce_v1_only(gate_id, entries, inventory)
+            return roce_v1_only(gate_id, entries, inventory)
+        if ipoib := [n for n in fab.netdevs.values() if n.ipoib and n.ipv4]:  # addressed ports in InfiniBand mode
+            return infiniband_port(gate_id, fab, ipoib, "no RoCE port holds an IPv4 address; IPoIB netdev",
+                                   inventory)
         kinds = sorted({e.gid_type or "unknown type" for e in entries})
         detail = (f"IPv4-mapped GIDs exist only as {', '.join(kinds)}"
                   if entries else "no GID on any device is IPv4-mapped (only fe80/IPv6 entries)")
@@ -291,9 +268,9 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
     if cs:
         slots = "; ".join(f"{gid_slot(e)}, port {e.port_state}" for e in cs)
         if any(e.gid_type is None for e in cs):  # unread, not v1: never the HCA-mode remedy on it
-            return _type_not_read(gate_id, cs, inventory, ip)
+            return type_not_read(gate_id, cs, inventory, ip)
         if all(e.gid_type != ROCE_V2 for e in cs):
-            return _roce_v1_only(gate_id, cs, inventory, ip)
+            return roce_v1_only(gate_id, cs, inventory, ip)
         why = "not on an ACTIVE port"
         return Verdict(gate_id, FAIL, f"fabric IP {ip}: {why}: {slots}", remedy(gate_id), {"inventory": inventory})
     stray = [e for e in entries if e.ip == ip]
@@ -301,6 +278,8 @@ def rocev2_ipv4(ctx: Context, gate_id: str) -> Verdict:
         return Verdict(gate_id, FAIL, f"fabric IP {ip}: GID present ({gid_slot(stray[0])}) but netdev "
                        f"{stray[0].netdev} does not hold the address", remedy(gate_id), {"inventory": inventory})
     holders = [n.name for n in fab.netdevs.values() if n.holds_ipv4(ip)]
+    if ipoib := [fab.netdevs[n] for n in holders if fab.netdevs[n].ipoib]:  # the port's link layer is the fault
+        return infiniband_port(gate_id, fab, ipoib, f"fabric IP {ip} is on IPoIB netdev", inventory)
     where = (f"it is on netdev {', '.join(holders)}, which no RDMA port is bound to" if holders
              else "no netdev on this host holds it")
     if usable:  # the host has its RoCE address: the launcher names the wrong one (never move a management address)

@@ -128,6 +128,13 @@ class Netdev:
     speed_mbps: int | None = None  # negotiated speed, Mb/s (/sys/class/net/<if>/speed); None: not read, -1: unknown
     speed_errno: int | None = None  # why speed was not read: the read's errno (EINVAL: the kernel refuses it
     # while the link is down; ENOENT: no such file, in a snapshot: not captured); None when it was read
+    link_type: str | None = None  # "ether", "infiniband" (IPoIB), "loopback", ... as `ip link` names it; None: not read
+    hw_address: str | None = None  # /sys/class/net/<if>/address (an IPoIB one: 4 bytes of QPN, then the port GID)
+
+    @property
+    def ipoib(self) -> bool:
+        """True for an IPoIB netdev: its port runs the InfiniBand link layer, not Ethernet (no RoCE GID)."""
+        return self.link_type == "infiniband"
 
     def holds_ipv4(self, ip: str) -> bool:
         return any(a.split("/")[0] == ip for a in self.ipv4)

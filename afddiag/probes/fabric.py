@@ -90,16 +90,22 @@ def read_device(ib_dir: str, name: str, read: QuietReader) -> RdmaDevice:
     return dev
 
 
+ARPHRD = {1: "ether", 32: "infiniband", 772: "loopback"}  # /sys/class/net/<if>/type (if_arp.h) as `ip link` names it
+
+
 def read_netdev(net_dir: str, name: str, read: QuietReader) -> Netdev:
     """Read one netdev's ``mtu`` (bytes), ``operstate`` and ``speed`` (Mb/s; the kernel refuses the
     read with EINVAL while the link is down and prints -1 for SPEED_UNKNOWN, as virtual NICs do;
-    ``ethtool <if>`` "Speed:") from ``/sys/class/net/<name>/``."""
+    ``ethtool <if>`` "Speed:"), its link ``type`` (:data:`ARPHRD`: 32 is an IPoIB netdev) and ``address``
+    from ``/sys/class/net/<name>/``."""
     nd = Netdev(name=name)
     mtu = read(f"{net_dir}/{name}/mtu")
     nd.mtu = kernel_int(mtu, 0, INT32_MAX)
     nd.operstate = read(f"{net_dir}/{name}/operstate")
     speed, nd.speed_errno = read.errno_of(f"{net_dir}/{name}/speed")
     nd.speed_mbps = kernel_int(speed, -1, INT32_MAX)  # the kernel prints an int: -1 SPEED_UNKNOWN; else garbage
+    nd.link_type = ARPHRD.get(kernel_int(read(f"{net_dir}/{name}/type"), 0, 65535) or -1)
+    nd.hw_address = read(f"{net_dir}/{name}/address")
     return nd
 
 
@@ -163,6 +169,8 @@ def probe_fabric(
         nd.ipv6 = list(given.ipv6)
         nd.mtu = nd.mtu if nd.mtu is not None else given.mtu
         nd.operstate = nd.operstate or given.operstate
+        nd.link_type = nd.link_type or given.link_type
+        nd.hw_address = nd.hw_address or given.hw_address
     return facts
 
 
@@ -171,7 +179,7 @@ def probe_fabric(
 
 HCA_ATTRS = ("node_guid", "node_type", "hca_type", "fw_ver", "board_id")
 PORT_ATTRS = ("state", "phys_state", "link_layer", "rate")
-NET_ATTRS = ("mtu", "operstate", "address", "carrier", "speed")
+NET_ATTRS = ("mtu", "operstate", "address", "carrier", "speed", "type")
 def ip_addr_json(run: Run, addresses: dict, netdevs: list[str]) -> list[dict[str, Any]]:
     """``ip -j addr show``-shaped list from afddiag's address reading (``{netdev: Netdev}``) and sysfs
     (``ifindex``, ``mtu`` in bytes, ``operstate``, ``address``): what ``parse_ip_addr_json`` reads."""

@@ -225,6 +225,8 @@ def parse_ip_addr_json(data: object) -> dict[str, Netdev]:
             name=link["ifname"],
             mtu=link["mtu"] if isinstance(link.get("mtu"), int) else None,
             operstate=str(link["operstate"]).lower() if link.get("operstate") else None,
+            link_type=link["link_type"] if isinstance(link.get("link_type"), str) else None,
+            hw_address=link["address"] if isinstance(link.get("address"), str) else None,
         )
         for a in link["addr_info"] if isinstance(link.get("addr_info"), list) else []:
             if not isinstance(a, dict) or not a.get("local"):
