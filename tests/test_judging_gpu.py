@@ -482,6 +482,46 @@ def headroom(d: GpuDevice, meminfo=None, **pb):
     return judge("gpu.headroom", gpu(d, host_meminfo_kb=meminfo), playbook=Playbook(name="expert", **pb))
 
 
+def test_unified_memory_held_by_shared_memory_no_process_holds_names_the_files_not_processes():
+    """A GB10 whose memory a killed engine's POSIX shared memory still holds: no process to stop. The files are
+    named with path and owner, and removing them is the remedy (CLEAN_SHM); live holders are stopped by pid."""
+    from afddiag.model.shm import ShmFacts, ShmFile
+    from afddiag.playbook import Playbook
+
+    gb10 = GpuDevice(0, name="NVIDIA GB10", unified=True, memory_total_bytes=128 * 2**30)
+    need = 100 * 2**30
+    meminfo = {"MemFree": 40 * 2**20, "MemAvailable": 45 * 2**20, "Cached": 75 * 2**20, "Shmem": 60 * 2**20}
+    left = ShmFile("/dev/shm/vllm-kv-7f3a", 60 * 2**30, "afd", holders=[])
+    tiny = ShmFile("/dev/shm/sem.mp-1", 4096, "root", holders=[])
+
+    def judged(shm):
+        obs = observation(gpu=GpuFacts(available=True, devices=[gb10], host_meminfo_kb=meminfo), shm=shm)
+        return judge("gpu.headroom", obs, playbook=Playbook(name="expert", reserve_bytes=need))
+
+    v = judged(ShmFacts(files=[left, tiny], total_bytes=left.bytes + 4096, entries=2, holders_read=True))
+    assert (v.verdict, v.action) == (FAIL, "CLEAN_SHM"), (v.action, v.remedy)
+    assert ("shared memory no live process maps or holds open: 60.0 GiB in /dev/shm/vllm-kv-7f3a (owner afd, "
+            "60.0 GiB)") in v.summary and "sem.mp-1" not in v.summary
+    assert v.remedy.startswith("remove the shared memory an exited engine left behind, no process to stop for it")
+    assert v.commands == ["sudo rm -- /dev/shm/vllm-kv-7f3a"]
+    assert "stop the processes" not in v.remedy
+    # a live engine still maps it: stop that one, named by pid
+    v = judged(ShmFacts(files=[ShmFile(left.path, left.bytes, "afd", holders=[4242])], holders_read=True))
+    assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "/dev/shm/vllm-kv-7f3a: pid 4242" in v.remedy
+    # the processes could not all be read (not root): named, and checked before anything is removed
+    v = judged(ShmFacts(files=[ShmFile(left.path, left.bytes, "afd", holders=None)], holders_read=False))
+    assert v.action == "STOP_PROCESSES" and v.remedy.startswith("check /dev/shm first")
+    assert v.commands == ["sudo fuser -v -- /dev/shm/vllm-kv-7f3a"]
+    # less than the shortfall: both the files and the processes
+    small = ShmFile("/dev/shm/x", 2**30, "afd", holders=[])
+    v = judged(ShmFacts(files=[small], holders_read=True))
+    assert v.action == "STOP_PROCESSES" and v.remedy.startswith("remove the shared memory") and "; and stop" in v.remedy
+    # nothing notable in /dev/shm, or not read: the processes, as before
+    for shm in (ShmFacts(files=[tiny], holders_read=True), None, ShmFacts(captured=False)):
+        v = judged(shm)
+        assert (v.verdict, v.action) == (FAIL, "STOP_PROCESSES") and "shared memory" not in v.summary
+
+
 def test_unified_headroom_memfree_and_memavailable_edges():
     gb10 = GpuDevice(0, name="NVIDIA GB10", unified=True, memory_total_bytes=128 * 2**30)
     need = 64 * 2**30

@@ -226,7 +226,7 @@ def test_the_load_probe_is_its_own_entry_and_both_bundle_layouts_replay(tmp_path
     src = registry.Sources(gpu=lambda: json.loads(json.dumps(idle)))
     inputs = Inputs(load=True, run_qp=False, families=frozenset({"gpu"}))
     quiet = registry.Run(dataclasses.replace(inputs, load=False), Observation(host="h", source="t"), host=src)
-    assert [p.name for p in registry.probes({"gpu"}, quiet)] == ["host", "env", "image", "gpu", "versions"]
+    assert [p.name for p in registry.probes({"gpu"}, quiet)] == ["host", "env", "image", "gpu", "shm", "versions"]
     live_rep, live_obs = runner.diagnose(inputs, host=src)
     assert live_obs.gpu.devices[0].under_load.bf16_tflops == probe["achieved"]["bf16_tflops"]
     files, _, _ = runner.capture(inputs, src)

@@ -93,6 +93,7 @@ class Observation:
     reach: ReachFacts | None = None  # TCP connects to the peers' engine ports; None: not probed
     fabric_ip: Any = None  # afddiag.endpoint.FabricIp, resolved once right after the fabric probe; None: not yet
     platform: Any = None  # afddiag.model.platform.PlatformFacts: DGX OS release, board; None: not probed
+    shm: Any = None  # afddiag.model.shm.ShmFacts: /dev/shm entries and their live holders; None: not probed
     nic: Any = None  # afddiag.model.nic.NicFacts: CX-7 hot-plug state, the NIC's kernel-log lines; None: not probed
     engine: Any = None  # afddiag.model.engine.EngineFacts: what NCCL said it chose (--engine-log); None: not read
     nccl: Any = None  # afddiag.model.nccl.NcclFacts: libnccl copies, NCCL_* variables, nccl.conf; None: not probed

@@ -125,7 +125,7 @@ def preinit_cuda() -> None:
     t.start()
 
 
-MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "CmaTotal", "CmaFree")
+MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "Shmem", "CmaTotal", "CmaFree")
 
 
 def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:

@@ -288,6 +288,7 @@ PROBES: tuple[Entry, ...] = (
           feeds=("gpu.*", "launch.memory-plan", "host.known-bad")),
     Entry("load", "afddiag.probes.load", frozenset({"gpu"}), when=load_probe_runs,  # lays its figures on gpu's
           feeds=("gpu.slow-state",), needs=("gpu",)),
+    Entry("shm", "afddiag.probes.shm", frozenset({"gpu"}), feeds=("gpu.headroom",)),  # /dev/shm: no process holds it
     Entry("memreg", "afddiag.probes.memreg", frozenset({"fabric"}),
           feeds=("fabric.mem-registration", "host.known-bad")),
     Entry("pcie", "afddiag.probes.pcie", frozenset({"host"}), feeds=("host.pcie",)),
