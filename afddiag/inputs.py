@@ -157,6 +157,7 @@ STORED_FLAGS = {"fabric_ip": "--fabric-ip", "peers": "--peer", "role": "--role",
 _MAX_PEERS = 1024
 _MAX_TEXT = 4096
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # a variable name a launch env file holds
 
 
 def _flag_sources(inputs: Inputs, peers_given: bool) -> dict[str, str]:
@@ -179,8 +180,9 @@ def _flag_sources(inputs: Inputs, peers_given: bool) -> dict[str, str]:
 def to_store(inputs: Inputs) -> dict[str, Any]:
     """What a capture keeps of ``inputs`` (the bundle's ``inputs.json``): ``{"fabric_ip", "peers", "role",
     "expect_sm", "expect_capacity", "launch_env" (allow-listed variables, :func:`afddiag.probes.env.env_allowed`,
-    credentials ``<redacted>``: :func:`afddiag.envvars.redact_env`), "launch_env_path", "sources"}``; an
-    input not given is None (peers: [])."""
+    credentials ``<redacted>``: :func:`afddiag.envvars.redact_env`), "launch_env_path", "launch_env_spelled"
+    (afddiag's name → the file's own, for the kept variables it spells through the site's aliases), "sources"}``;
+    an input not given is None (peers: [])."""
     le = None
     if inputs.launch_env is not None:
         le, _ = redact_env({k: v for k, v in inputs.launch_env.items() if env_allowed(k)})
@@ -188,6 +190,7 @@ def to_store(inputs: Inputs) -> dict[str, Any]:
             "role": inputs.playbook.name if inputs.playbook is not None else None,
             "expect_sm": inputs.expect_sm, "expect_capacity": inputs.expect_capacity,
             "launch_env": le, "launch_env_path": inputs.launch_env_path if le is not None else None,
+            "launch_env_spelled": {k: v for k, v in inputs.launch_env_spelled.items() if le and k in le},
             "sources": dict(inputs.sources)}
 
 
@@ -239,7 +242,12 @@ def checked_store(stored: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
                 return bad("launch_env")
         except LaunchEnvError as e:
             return None, f"{e}; replayed without the captured inputs"
-    return {**stored, "peers": list(peers), "sources": dict(sources)}, ""
+    spelled = stored.get("launch_env_spelled") or {}  # afddiag's name -> the file's own (the site's aliases)
+    if not isinstance(spelled, dict) or len(spelled) > 64 or not all(
+            isinstance(k, str) and isinstance(v, str) and _ENV_NAME_RE.fullmatch(k) and _ENV_NAME_RE.fullmatch(v)
+            for k, v in spelled.items()):
+        return bad("launch_env_spelled")
+    return {**stored, "peers": list(peers), "sources": dict(sources), "launch_env_spelled": dict(spelled)}, ""
 
 
 def with_stored(inputs: Inputs, stored: dict[str, Any] | None) -> Inputs:
@@ -260,6 +268,7 @@ def with_stored(inputs: Inputs, stored: dict[str, Any] | None) -> Inputs:
     if inputs.launch_env is None and stored.get("launch_env") is not None:
         take("launch_env", dict(stored["launch_env"]))
         changes["launch_env_path"] = f"{stored['launch_env_path']} (captured)"
+        changes["launch_env_spelled"] = dict(stored.get("launch_env_spelled") or {})
     if not inputs.fabric_ip and stored.get("fabric_ip") and not (inputs.launch_env or {}).get("AFD_FABRIC_IP"):
         take("fabric_ip", stored["fabric_ip"])
     if not inputs.peers and stored.get("peers"):

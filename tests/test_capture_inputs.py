@@ -123,10 +123,24 @@ def test_role_expectations_and_launch_env_are_kept_redacted(tmp_path):
     assert replay["inputs"]["role"] == "coordinator" and replay["inputs"]["sources"]["role"] == "--role coordinator"
 
 
+def test_a_replay_names_the_capacity_flag_as_the_captured_file_spelled_it(tmp_path, monkeypatch):
+    (tmp_path / "siterank.toml").write_text('name = "siterank"\ngates = ["launch.*"]\n[launch]\n'
+                                            'capacity_key = "AFD_EXPERT_CAPACITY"\n'
+                                            '[aliases]\nCAPACITY = "AFD_EXPERT_CAPACITY"\n')
+    monkeypatch.setenv("AFDDIAG_PLAYBOOK_DIR", str(tmp_path))
+    env = tmp_path / "rank.env"
+    env.write_text("CAPACITY=128\n")
+    bundle = capture(tmp_path, role="siterank", launch_env_path=str(env), expect_capacity=256)
+    replay, _ = run_json(["all", "--json", "--snapshot", str(bundle)])
+    cap = next(g for g in replay["gates"] if g["id"] == "launch.capacity")
+    assert cap["verdict"] == "FAIL" and cap["summary"].startswith("CAPACITY=128 (alias of AFD_EXPERT_CAPACITY)"), cap
+
+
 @pytest.mark.parametrize("bad", [{"fabric_ip": "10.0.0.1; reboot"}, {"peers": ["x"] * 3}, {"role": "../../etc"},
                                  {"expect_sm": True}, {"launch_env": {"AFD_FABRIC_IP": "nope"}, "launch_env_path": "f"},
-                                 {"launch_env": {"A": "x\ny"}, "launch_env_path": "f"}, {"sources": {"peers": 3}}],
-                         ids=["ip", "peers", "role", "bool", "env-value", "env-newline", "sources"])
+                                 {"launch_env": {"A": "x\ny"}, "launch_env_path": "f"}, {"sources": {"peers": 3}},
+                                 {"launch_env_spelled": {"AFD_EXPERT_CAPACITY": "CAP; reboot"}}],
+                         ids=["ip", "peers", "role", "bool", "env-value", "env-newline", "sources", "spelled"])
 def test_hostile_stored_inputs_are_refused_whole_with_a_note(bad, tmp_path):
     snap = tmp_path / "snap"
     shutil.copytree(CASE, snap)
