@@ -114,7 +114,7 @@ def test_a_saved_kernel_log_in_a_snapshot_is_judged_and_xid_log_overrides_it(tmp
     snap = derive(fabric_case("02-"), tmp_path / "s", {"dmesg.txt": "\n".join(HEALTHY_BOOT + [FAULTS[1][0]]) + "\n"})
     rep, obs = diagnose(Inputs(snapshot=str(snap), playbook=RDMA))
     v = next(g for g in rep["gates"] if g["id"] == "fabric.nic-kernel-log")
-    assert (v["verdict"], v["action"]) == (FAIL, "REBOOT") and obs.nic.kernel_source == "snapshot dmesg.txt"
+    assert (v["verdict"], v["action"]) == (FAIL, "REBOOT") and obs.nic.kernel_source.startswith("snapshot dmesg.txt")
     clean = tmp_path / "clean.log"
     clean.write_text("\n".join(HEALTHY_BOOT) + "\n")
     rep, _ = diagnose(Inputs(snapshot=str(snap), playbook=RDMA, xid_log=str(clean)))
@@ -138,3 +138,40 @@ def test_healthy_spark_captures_never_warn_or_fail(case):
     rep, _ = diagnose(Inputs(snapshot=str(case)))
     v = next(g for g in rep["gates"] if g["id"] == "fabric.nic-kernel-log")
     assert v["verdict"] in (PASS, SKIP), v
+
+
+def _nic_gate(rep):
+    return next(g for g in rep["gates"] if g["id"] == "fabric.nic-kernel-log")
+
+
+@pytest.mark.parametrize("between", [
+    ["-- Boot 2b4c9e0f1a8d4f3c9d2e7a6b5c4d3e2f --"],  # journalctl -k spanning boots
+    ["[    0.000000] Linux version 6.17.0-1031-nvidia (buildd@bos03) #31-Ubuntu SMP"],  # the kernel's banner
+    [],  # dmesg timestamps that start again (the fault's 17.98 s after the healthy boot's 816 s, reversed)
+])
+def test_a_fault_of_an_earlier_boot_asks_no_reboot_for_this_one(tmp_path, between):
+    """A saved log spanning reboots: the mlx5 health failure printed before the last reboot is not this
+    boot's, so no REBOOT; the source says how many lines of earlier boots were left out."""
+    earlier = [FAULTS[1][0].replace("[   17.982092]", "[ 1017.982092]")] if not between else [FAULTS[1][0]]
+    text = "\n".join(earlier + between + HEALTHY_BOOT) + "\n"
+    snap = derive(fabric_case("02-"), tmp_path / "s", {"dmesg.txt": text})
+    rep, obs = diagnose(Inputs(snapshot=str(snap), playbook=RDMA))
+    v = _nic_gate(rep)
+    assert v["verdict"] == PASS and v.get("action") in (None, "NONE"), v
+    assert "1 NIC line(s) of earlier boots not judged" in obs.nic.kernel_source
+    assert len(obs.nic.kernel_lines) == len(HEALTHY_BOOT)
+    # the same fault in the boot that is running still fails
+    snap2 = derive(fabric_case("02-"), tmp_path / "t", {"dmesg.txt": "\n".join(
+        between + [FAULTS[1][0].replace("[   17.982092]", "[ 1017.982092]")]) + "\n"})
+    rep2, _ = diagnose(Inputs(snapshot=str(snap2), playbook=RDMA))
+    assert (_nic_gate(rep2)["verdict"], _nic_gate(rep2)["action"]) == (FAIL, "REBOOT")
+
+
+def test_a_live_saved_log_older_than_this_boot_is_not_judged(tmp_path, monkeypatch):
+    """--xid-log read live: a log whose last timestamps pass this boot's uptime is an earlier boot."""
+    from afddiag.probes import nic as nicprobe
+
+    lines, earlier = nicprobe.this_boot([FAULTS[1][0].replace("[   17.982092]", "[ 5000.1]")], uptime_s=120.0)
+    assert (lines, earlier) == ([], 1)
+    lines, earlier = nicprobe.this_boot([FAULTS[1][0].replace("[   17.982092]", "[ 50.1]")], uptime_s=120.0)
+    assert len(lines) == 1 and earlier == 0

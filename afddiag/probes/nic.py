@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from afddiag import reader
 from afddiag.model.nic import HOTPLUG_PLATFORM, MELLANOX_VENDOR, NicFacts
 from afddiag.probes.registry import LIVE, Artifact, Probe, Run
 from afddiag.probes.sysfs import entry_names
+from afddiag.probes.xid import BOOT_MARKERS, JOURNAL_BOOT, KERNEL_BOOT, read_uptime_s
 from afddiag.textnum import digits
 
 KMSG_PATH = "/dev/kmsg"
@@ -27,11 +29,53 @@ MAX_LINES = 2000  # NIC lines kept (the last ones; a note counts the rest)
 MAX_FUNCTIONS = 4096  # PCI functions looked at
 #: What makes a kernel-log line the NIC's: mlx5's device prefix, the hot-plug driver's name or ACPI id.
 NIC_MARKS = (b"mlx5", b"cx7-pcie-hotplug", b"MTKP0001")
+#: What a read keeps: the NIC's lines and the lines that start a boot (:func:`this_boot` splits on them).
+KEEP_MARKS = NIC_MARKS + tuple(m.encode() for m in BOOT_MARKERS)
+_DMESG_TS_RE = re.compile(r"^\s*(?:<\d+>)?\[\s*(\d+\.\d+)\]")
 
 
 def is_nic_line(line: str) -> bool:
     """True when a kernel-log line is the NIC's (:data:`NIC_MARKS`). Pure."""
     return any(m.decode() in line for m in NIC_MARKS)
+
+
+def _kept(line: str) -> bool:
+    return any(m.decode() in line for m in KEEP_MARKS)
+
+
+def this_boot(lines: list[str], uptime_s: float | None = None) -> tuple[list[str], int]:
+    """``(the NIC lines of the log's last boot, how many NIC lines earlier boots had)``: a log spanning
+    reboots (journalctl's "-- Boot" lines, the kernel's banner, dmesg timestamps that go back: the Xid
+    reader's rules) is judged on the boot that is running, never on what an earlier boot printed.
+    ``uptime_s`` (a live read of a saved log: this boot's /proc/uptime): a last boot whose timestamps
+    pass it is an earlier boot too. Pure."""
+    boots: list[list[str]] = [[]]
+    last_ts: float | None = None
+    last_boot_ts = 0.0
+    said = False  # a journal line started this boot and no NIC line came since: the banner is that boot
+    for line in lines:
+        m = _DMESG_TS_RE.match(line)
+        ts = float(m.group(1)) if m else None
+        journal = any(b in line for b in JOURNAL_BOOT)
+        banner = any(b in line for b in KERNEL_BOOT)
+        if journal or ((banner or (ts is not None and last_ts is not None and ts < last_ts)) and not said):
+            boots.append([])
+            last_boot_ts = 0.0
+        nic = is_nic_line(line) and not journal and not banner
+        said = journal or (said and not nic)
+        if ts is not None:
+            last_ts = ts
+            last_boot_ts = max(last_boot_ts, ts)
+        if nic:
+            boots[-1].append(line)
+    current, earlier = boots[-1], sum(len(b) for b in boots[:-1])
+    if uptime_s is not None and last_boot_ts > uptime_s:
+        current, earlier = [], earlier + len(current)
+    return current, earlier
+
+
+def _boot_note(earlier: int) -> str:
+    return f"; {earlier} NIC line(s) of earlier boots not judged" if earlier else ""
 
 
 def _int_attr(run: Run, path: str) -> int | None:
@@ -73,7 +117,8 @@ def read_hotplug(run: Run, root: str) -> dict[str, Any] | None:
 
 def read_kernel_lines(path: str = KMSG_PATH, deadline: float | None = None,
                       max_bytes: int = LOG_MAX_BYTES) -> tuple[list[str] | None, str, list[str]]:
-    """The NIC's lines (:func:`is_nic_line`) of the kernel log at ``path``, non-blocking: ``(lines,
+    """The NIC's lines (:func:`is_nic_line`) and boot-start lines of the kernel log at ``path``
+    (:func:`this_boot` splits them), non-blocking: ``(lines,
     source, notes)``; ``path`` is ``/dev/kmsg`` (records until EAGAIN) or a saved log (its last
     ``max_bytes``). Stops at ``max_bytes`` or ``deadline`` (``time.monotonic()``) with a note. Never
     raises: an unreadable log gives ``(None, "not readable: <path>: <error>", notes)``."""
@@ -118,8 +163,8 @@ def read_kernel_lines(path: str = KMSG_PATH, deadline: float | None = None,
             *whole, partial = (partial + chunk).split(b"\n")
             if cut and whole:
                 whole, cut = whole[1:], False
-            kept.extend(p for p in whole if any(m in p for m in NIC_MARKS))
-        if partial and any(m in partial for m in NIC_MARKS):
+            kept.extend(p for p in whole if any(m in p for m in KEEP_MARKS))
+        if partial and any(m in partial for m in KEEP_MARKS):
             kept.append(partial)
     finally:
         os.close(fd)
@@ -139,9 +184,14 @@ def _live_log(run: Run) -> tuple[list[str] | None, str, list[str]]:
     if src is None:
         return None, "not read", []
     if src is LIVE:
-        return read_kernel_lines(run.inputs.xid_log or KMSG_PATH, time.monotonic() + run.inputs.timeout("fabric_s"))
-    text = src()
-    return [x for x in text.splitlines() if is_nic_line(x)], "given", []
+        lines, source, notes = read_kernel_lines(run.inputs.xid_log or KMSG_PATH,
+                                                 time.monotonic() + run.inputs.timeout("fabric_s"))
+        if lines is None:
+            return lines, source, notes
+        lines, earlier = this_boot(lines, read_uptime_s() if run.inputs.xid_log else None)
+        return lines, source + _boot_note(earlier), notes
+    lines, earlier = this_boot([x for x in src().splitlines() if _kept(x)])
+    return lines, "given" + _boot_note(earlier), []
 
 
 def _read(run: Run, progress: Any) -> dict[str, Any]:
@@ -163,10 +213,12 @@ def _snapshot_lines(run: Run, r: dict[str, Any]) -> tuple[list[str] | None, str 
             text = reader.read_text(run.inputs.xid_log, None, SAVED_MAX_BYTES, errors="replace")
         except (OSError, reader.InputError) as e:
             return None, f"not read: {run.inputs.xid_log}: {e}"
-        return [x for x in text.splitlines() if is_nic_line(x)], run.inputs.xid_log
+        lines, earlier = this_boot([x for x in text.splitlines() if _kept(x)])
+        return lines, run.inputs.xid_log + _boot_note(earlier)
     for name in (NIC_LOG, *SAVED_LOGS):
         if isinstance(r.get(name), str):
-            return [x for x in r[name].splitlines() if is_nic_line(x)], f"snapshot {name}"
+            lines, earlier = this_boot([x for x in r[name].splitlines() if _kept(x)])
+            return lines, f"snapshot {name}" + _boot_note(earlier)
     return None, "not captured: no kernel-nic.log or saved kernel log in the snapshot"
 
 
