@@ -284,6 +284,12 @@ def _host_runs(tmp: Path, seen: Seen) -> None:
         snap.mkdir()
         (snap / "pcie.json").write_text(json.dumps(read_pcie(fake_host(tmp / f"pciehost{i}", nic=nic))))
         seen.add(report(["all", "--snapshot", str(snap)])["gates"], f"pcie {nic}")
+    for i, kind in enumerate(("correctable", "nonfatal", "fatal")):  # host.pcie-aer on aer.json readings
+        snap = tmp / f"aer{i}"
+        snap.mkdir()
+        dev = {"bdf": "0000:01:00.0", "kind": "nic", kind: f"DLP 1\nTOTAL_ERR_{kind[:3].upper()} 1\n"}
+        (snap / "aer.json").write_text(json.dumps({"boot_id": "b", "devices": [dev]}))
+        seen.add(report(["all", "--snapshot", str(snap)])["gates"], f"aer {kind}")
     cpus = [{"model": "Cortex-X925", "under_load_mhz": 3900, "max_mhz": 3900, "loop_mops": 10.0},
             {"model": "Cortex-X925", "under_load_mhz": 1800, "max_mhz": 3900, "loop_mops": 10.0,  # stuck, throttling
              # throttling ruled out:
@@ -392,7 +398,7 @@ def test_every_fabric_host_and_launch_gate_action_is_listed_in_the_catalog(tmp_p
             ("host.known-bad", "UPDATE_VERSIONS"),
             ("fabric.rail-bandwidth", "CHECK_FABRIC"), ("fabric.port-counters", "FIX_LINK"),
             ("fabric.route", "FIX_ROUTE"), ("fabric.arp", "SET_SYSCTL"),
-            ("host.pcie", "HW_INSPECTION"), ("host.cpu-clock", "AC_POWER_CYCLE"),
+            ("host.pcie", "HW_INSPECTION"), ("host.pcie-aer", "HW_INSPECTION"), ("host.cpu-clock", "AC_POWER_CYCLE"),
             ("launch.control-plane", "SET_ENV"), ("launch.control-plane", "OPEN_PORTS"),
             ("launch.fabric-address", "SET_ENV"), ("launch.memlock", "RAISE_LIMIT"),
             ("launch.uverbs-access", "PASS_DEVICES"), ("launch.memory-plan", "SET_ENV"), ("launch.capacity", "SET_ENV")}

@@ -46,7 +46,7 @@ def test_a_gate_id_declared_twice_is_refused():
 def test_run_gates_runs_the_playbooks_gates_and_contains_a_gate_that_raises(monkeypatch):
     ctx = context(observation(), playbook=Playbook(gates=["host.*"]))
     out = run_gates(ctx, {"host", "gpu"})
-    assert [v.id for v in out] == ["host.cpu-clock", "host.pcie", "host.known-bad"]
+    assert [v.id for v in out] == ["host.cpu-clock", "host.pcie", "host.pcie-aer", "host.known-bad"]
 
     def boom(ctx):
         raise KeyError("links")
@@ -58,6 +58,6 @@ def test_run_gates_runs_the_playbooks_gates_and_contains_a_gate_that_raises(monk
                                                                for g, f, fn in real(fams)])
     out = run_gates(ctx, {"host"})
     assert [(v.id, v.verdict) for v in out] == [("host.cpu-clock", SKIP), ("host.pcie", ERROR),
-                                                ("host.known-bad", SKIP)]
+                                                ("host.pcie-aer", SKIP), ("host.known-bad", SKIP)]
     assert out[1].summary == "host.pcie: gate failed on these facts (KeyError: 'links')"
     assert isinstance(out[0], Verdict)

@@ -96,7 +96,7 @@ FAMILY_ORDER = ("fabric", "gpu", "host", "launch", "fleet")
 
 
 # The modules that declare each family's gates (imported by name, so a run loads only its families').
-FAMILY_MODULES = {"fabric": ("fabric", "rail", "nic"), "gpu": ("gpu",), "host": ("host", "known_bad"),
+FAMILY_MODULES = {"fabric": ("fabric", "rail", "nic"), "gpu": ("gpu",), "host": ("host", "aer", "known_bad"),
                   "launch": ("launch", "nccl", "engine"), "fleet": ("fleet",)}
 
 _DECLARED: dict[str, dict[str, Callable[..., Verdict]]] = {}  # module name -> {gate id: gate}, declaration order

@@ -90,6 +90,7 @@ class Observation:
     versions: dict[str, Any] | None = None  # kernel, bios, rdma_core; None: not read
     memreg: MemRegFacts | None = None  # which memory the NIC can register; None: not probed
     pcie: PcieFacts | None = None  # PCIe links of the RDMA NICs and GPUs; None: not probed
+    aer: Any = None  # afddiag.model.aer.AerFacts: PCIe AER counters of the NIC functions and GPUs; None: not probed
     reach: ReachFacts | None = None  # TCP connects to the peers' engine ports; None: not probed
     fabric_ip: Any = None  # afddiag.endpoint.FabricIp, resolved once right after the fabric probe; None: not yet
     platform: Any = None  # afddiag.model.platform.PlatformFacts: DGX OS release, board; None: not probed

@@ -292,6 +292,7 @@ PROBES: tuple[Entry, ...] = (
     Entry("memreg", "afddiag.probes.memreg", frozenset({"fabric"}),
           feeds=("fabric.mem-registration", "host.known-bad")),
     Entry("pcie", "afddiag.probes.pcie", frozenset({"host"}), feeds=("host.pcie",)),
+    Entry("aer", "afddiag.probes.aer", frozenset({"host"}), report=True, feeds=("host.pcie-aer",)),
     Entry("reach", "afddiag.probes.reach", frozenset({"launch"}), feeds=("launch.control-plane",), needs=("fabric",)),
     Entry("cpu", "afddiag.probes.cpu", frozenset({"host"}), report=True, feeds=("host.cpu-clock",)),
     Entry("platform", "afddiag.probes.platform", frozenset({"host"}), feeds=("host.known-bad",)),
