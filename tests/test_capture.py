@@ -398,6 +398,7 @@ def _comparable_facts(rep: dict) -> dict:
     fab = f.get("fabric") or {}
     for k in ("order_source", "addresses_source", "notes"):
         fab.pop(k, None)
+    (f.get("nic") or {}).pop("kernel_source", None)  # /dev/kmsg live, the bundle's kernel-nic.log replayed
     route = f.get("route") or {}
     route.pop("notes", None)
     for r in route.get("routes") or []:

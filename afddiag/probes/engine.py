@@ -76,8 +76,10 @@ def _facts(run: Run, r: dict[str, Any], progress: Any) -> dict[str, Any]:
         source, notes = run.inputs.engine_log, notes + more
     else:
         text = r.get(ENGINE_LOG)
-        lines = [x for x in text.splitlines() if is_evidence(x)][-MAX_LINES:] if isinstance(text, str) else None
-        source = f"snapshot {ENGINE_LOG}" if lines is not None else None
+        if not isinstance(text, str):  # captured without --engine-log: as the live run, no engine facts
+            return {"engine": None}
+        lines = [x for x in text.splitlines() if is_evidence(x)][-MAX_LINES:]
+        source = f"snapshot {ENGINE_LOG}"
     if lines is None:
         why = notes[-1] if notes else "no engine log given (--engine-log FILE)"
         return {"engine": EngineFacts(source=source, notes=[why])}
